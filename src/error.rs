@@ -1,0 +1,157 @@
+//! The one error type of the crate.
+//!
+//! Every failure a caller can see is a variant here, carrying the facts needed to act
+//! on it (which rank, which operation and sequence number, which peer, what was
+//! expected and what arrived). Nothing that a peer, a file or a user sends can panic
+//! the process: it becomes one of these.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Shorthand for `std::result::Result<T, ferroccl::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in ferroccl.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was wrong on this rank alone (a length, a rank number, a size).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The reduction is not defined for this element type (for example `Avg` on integers).
+    #[error("{op:?} is not supported for {dtype}: {why}")]
+    UnsupportedOp {
+        /// The requested operation.
+        op: crate::ReduceOp,
+        /// The element type it was asked for.
+        dtype: crate::DataType,
+        /// What to do instead.
+        why: &'static str,
+    },
+
+    /// The launcher environment is missing a variable or contradicts itself.
+    #[error("launcher environment: {0}")]
+    Env(String),
+
+    /// A configuration value is out of range.
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// Could not bind a listening socket because the address is taken.
+    #[error("address {addr} is already in use ({what}); pick another port or stop the process holding it")]
+    AddrInUse {
+        /// The address we tried to bind.
+        addr: SocketAddr,
+        /// What the socket was for ("rendezvous store", "data listener").
+        what: &'static str,
+    },
+
+    /// The rendezvous store could not be reached before the deadline.
+    #[error("rendezvous store at {addr} unreachable after {after:?}: {detail}")]
+    StoreUnreachable {
+        /// `MASTER_ADDR:MASTER_PORT`.
+        addr: String,
+        /// How long we kept retrying.
+        after: Duration,
+        /// The last connection error.
+        detail: String,
+    },
+
+    /// The rendezvous store answered with an error, or with something we did not ask for.
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
+
+    /// A connection was refused during the handshake: wrong magic, version,
+    /// communicator id or rank.
+    #[error("handshake with {peer}: {detail}")]
+    Handshake {
+        /// Who we talked to (an address, or `rank N`).
+        peer: String,
+        /// What was wrong.
+        detail: String,
+    },
+
+    /// A peer closed its connection (it exited or crashed).
+    #[error("rank {rank}: connection to rank {peer} closed during {op}")]
+    PeerClosed {
+        /// This rank.
+        rank: usize,
+        /// The peer whose connection closed.
+        peer: usize,
+        /// The operation in progress, e.g. `all_reduce #17`.
+        op: String,
+    },
+
+    /// A peer sent bytes that break the protocol (a bad frame, a wrong tag or length).
+    #[error("rank {rank}: protocol violation from rank {peer} during {op}: {detail}")]
+    Protocol {
+        /// This rank.
+        rank: usize,
+        /// The peer that sent the bytes.
+        peer: usize,
+        /// The operation in progress.
+        op: String,
+        /// What was wrong.
+        detail: String,
+    },
+
+    /// Ranks called different collectives, or the same one with different arguments.
+    #[error("rank {rank}: mismatched collective with rank {peer}: this rank called {ours}, rank {peer} called {theirs}")]
+    Mismatch {
+        /// This rank.
+        rank: usize,
+        /// The peer that disagrees.
+        peer: usize,
+        /// What this rank called (kind, sequence number, dtype, count, op).
+        ours: String,
+        /// What the peer called.
+        theirs: String,
+    },
+
+    /// A wait made no progress for the configured timeout.
+    #[error("rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}")]
+    Timeout {
+        /// This rank.
+        rank: usize,
+        /// The operation, e.g. `all_reduce #17 (f32, 4194304 elements)`.
+        op: String,
+        /// How long nothing moved.
+        after: Duration,
+        /// What we were waiting for, e.g. `data from rank 2`.
+        waiting_for: String,
+    },
+
+    /// An earlier failure poisoned this communicator; it must be rebuilt.
+    #[error("communicator is poisoned by an earlier failure: {0}")]
+    Poisoned(String),
+
+    /// A transport or feature that is not available in this build or on this machine.
+    #[error("{what} is not available: {why}")]
+    Unavailable {
+        /// The thing asked for, e.g. `transport cuda-ipc`.
+        what: String,
+        /// Why, e.g. `built without the "cuda" feature`.
+        why: String,
+    },
+
+    /// An I/O error outside of a running collective (binding, connecting, files).
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with a sentence saying what we were doing.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The transport contract: one [`Link`] per peer, moving bytes without blocking.
+//!
+//! A link is a reliable, ordered, full-duplex byte stream to one peer, driven by
+//! non-blocking `try_write`/`try_read` calls. The algorithms never block inside a link:
+//! they push on every link that can move, and when none can, they sleep in
+//! [`Waiter::wait`] until one might. That is what lets a ring step send to the right
+//! and receive from the left at the same time, at any message size, with no deadlock
+//! and no extra thread.
+//!
+//! Framing (headers, tags, fingerprints, byte accounting) is common to every transport
+//! and lives in [`crate::wire`]; a transport only moves bytes. Algorithms see neither:
+//! they see a [`crate::Communicator`].
+//!
+//! Implementations: [`tcp`] (mio + socket2) and [`local`] (in-process pipes, for tests
+//! and threads in one process).
+
+use std::io::{IoSlice, IoSliceMut};
+use std::time::Duration;
+
+pub mod local;
+pub mod tcp;
+
+/// Why a link could not move bytes.
+#[derive(Debug)]
+pub enum LinkError {
+    /// The peer closed the stream (it exited, crashed, or shut the link down).
+    Closed,
+    /// Any other I/O error.
+    Io(std::io::Error),
+}
+
+/// A non-blocking byte stream to one peer.
+///
+/// Both calls return how many bytes moved; `Ok(0)` means "would block, try after
+/// [`Waiter::wait`]". A read that finds the stream closed returns [`LinkError::Closed`].
+pub trait Link: Send {
+    /// The peer's rank.
+    fn peer(&self) -> usize;
+
+    /// Writes a prefix of the concatenation of `bufs`; never blocks.
+    fn try_write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, LinkError>;
+
+    /// Reads into a prefix of the concatenation of `bufs`; never blocks.
+    fn try_read(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError>;
+
+    /// Closes both directions, so the peer's next read fails fast instead of waiting
+    /// for a timeout. Idempotent.
+    fn shutdown(&mut self);
+
+    /// Bytes this link has written and read since it was made, counted at the stream
+    /// level (headers and payload alike).
+    fn raw_counts(&self) -> (u64, u64);
+}
+
+/// Sleeps until some link of a communicator may be able to move bytes again.
+pub trait Waiter: Send {
+    /// Blocks for at most `timeout`. Returning early, even spuriously, is allowed:
+    /// callers retry their links and call again.
+    fn wait(&mut self, timeout: Duration) -> std::io::Result<()>;
+}
+
+/// The links of one rank, indexed by peer rank, and the waiter that covers them all.
+pub struct Links {
+    /// `links[p]` is the link to rank `p`, `None` where there is none (self, non-neighbours).
+    pub links: Vec<Option<Box<dyn Link>>>,
+    /// Wakes when any of `links` may progress.
+    pub waiter: Box<dyn Waiter>,
+}
+
+/// Which transport a communicator uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// TCP sockets (the default), one connection per neighbour.
+    #[default]
+    Tcp,
+    /// In-process pipes: only for ranks that are threads of one process
+    /// ([`crate::Communicator::local_group`]).
+    Local,
+}
+
+impl TransportKind {
+    /// Parses a CLI name: `tcp`, `local`; names of transports not built in are refused
+    /// with [`crate::Error::Unavailable`].
+    pub fn parse(s: &str) -> crate::Result<Self> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "local" => Ok(TransportKind::Local),
+            "rdma" | "ibverbs" => Err(crate::Error::Unavailable {
+                what: format!("transport {s}"),
+                why: "this build has no RDMA transport (it arrives with the \"rdma\" feature)".into(),
+            }),
+            "cuda-ipc" | "cuda_ipc" => Err(crate::Error::Unavailable {
+                what: format!("transport {s}"),
+                why: "this build has no CUDA IPC transport (it arrives with the \"cuda\" feature)"
+                    .into(),
+            }),
+            _ => Err(crate::Error::InvalidArgument(format!(
+                "unknown transport {s:?}: expected tcp or local"
+            ))),
+        }
+    }
+
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Local => "local",
+        }
+    }
+}

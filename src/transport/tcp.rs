@@ -1,0 +1,1 @@
+//! TCP transport (mio + socket2).
