@@ -1,11 +1,16 @@
 //! ferroccl: collective communication for data-parallel training, in Rust.
 #![deny(missing_docs)]
 
+pub mod comm;
 pub mod error;
 pub mod reduce;
 pub mod rendezvous;
+mod ring;
 pub mod schedule;
 pub mod transport;
+pub mod wire;
 
+pub use comm::{Communicator, Config};
 pub use error::{Error, Result};
 pub use reduce::{DataType, Element, ReduceOp};
+pub use wire::WireStats;

@@ -1,1 +1,462 @@
-//! TCP transport (mio + socket2).
+//! TCP transport: one connection per peer, non-blocking, driven through mio.
+//!
+//! Connection set-up goes through the rendezvous store: every rank listens on an
+//! ephemeral port of the interface it reaches the store through, publishes
+//! `addr/<rank>`, and for each pair of linked ranks the lower rank connects to the
+//! higher. The first bytes each way are a [`Hello`]: magic number, protocol version,
+//! communicator id, the sender's rank and world size, and the rank it means to reach.
+//! Anything else is rejected — a stranger or a leftover process from an earlier job gets
+//! a refusal and a log line, and does not disturb the job.
+//!
+//! Data sockets get `TCP_NODELAY` and large kernel buffers (see
+//! [`TcpOptions::socket_buffer`]).
+
+use super::{Link, LinkError, Links, Waiter};
+use crate::error::{Error, Result};
+use crate::rendezvous::StoreClient;
+use mio::{Events, Interest, Poll, Token};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Protocol version carried in every handshake; bumped on any wire change.
+pub const PROTOCOL_VERSION: u16 = 1;
+const HELLO_MAGIC: [u8; 4] = *b"FCCH";
+const HELLO_LEN: usize = 32;
+
+/// Socket settings for data links.
+#[derive(Clone, Debug)]
+pub struct TcpOptions {
+    /// `SO_SNDBUF`/`SO_RCVBUF` in bytes (the kernel caps it at `net.core.[rw]mem_max`);
+    /// 0 leaves the kernel's autotuning alone.
+    pub socket_buffer: usize,
+    /// How long connecting to peers may take in all.
+    pub connect_timeout: Duration,
+}
+
+/// The first message on a data connection, each way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Protocol version of the sender.
+    pub version: u16,
+    /// 0: a request or an acceptance; otherwise a refusal code.
+    pub status: u16,
+    /// The job's communicator id (from the store).
+    pub comm_id: u64,
+    /// The sender's rank.
+    pub rank: u32,
+    /// The sender's world size.
+    pub world_size: u32,
+    /// The rank the sender wants to reach (request) or answers as (reply).
+    pub to_rank: u32,
+}
+
+/// Refusal codes carried in [`Hello::status`].
+mod refuse {
+    pub const VERSION: u16 = 1;
+    pub const COMM_ID: u16 = 2;
+    pub const RANK: u16 = 3;
+    pub const DUPLICATE: u16 = 4;
+
+    pub fn text(code: u16) -> &'static str {
+        match code {
+            VERSION => "protocol version differs",
+            COMM_ID => "communicator id differs (a process from another job?)",
+            RANK => "rank or world size not expected here",
+            DUPLICATE => "this rank is already connected",
+            _ => "unknown refusal",
+        }
+    }
+}
+
+impl Hello {
+    /// Serialises the handshake.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&HELLO_MAGIC);
+        b[4..6].copy_from_slice(&self.version.to_le_bytes());
+        b[6..8].copy_from_slice(&self.status.to_le_bytes());
+        b[8..16].copy_from_slice(&self.comm_id.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rank.to_le_bytes());
+        b[20..24].copy_from_slice(&self.world_size.to_le_bytes());
+        b[24..28].copy_from_slice(&self.to_rank.to_le_bytes());
+        b
+    }
+
+    /// Parses a handshake; a wrong magic number is an error (the version is checked by
+    /// the caller, so it can answer with a refusal that says why).
+    pub fn decode(b: &[u8; HELLO_LEN]) -> std::result::Result<Self, String> {
+        if b[0..4] != HELLO_MAGIC {
+            return Err(format!(
+                "wrong magic number {:02x?} (expected {:02x?} \"FCCH\"): not a ferroccl peer",
+                &b[0..4],
+                HELLO_MAGIC
+            ));
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&b[8..16]);
+        Ok(Hello {
+            version: u16_at(4),
+            status: u16_at(6),
+            comm_id: u64::from_le_bytes(id),
+            rank: u32_at(16),
+            world_size: u32_at(20),
+            to_rank: u32_at(24),
+        })
+    }
+}
+
+/// A connected data link.
+struct TcpLink {
+    peer: usize,
+    stream: mio::net::TcpStream,
+    sent: u64,
+    received: u64,
+}
+
+fn classify(e: io::Error) -> std::result::Result<usize, LinkError> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::NotConnected => Err(LinkError::Closed),
+        _ => Err(LinkError::Io(e)),
+    }
+}
+
+impl Link for TcpLink {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn try_write(&mut self, bufs: &[IoSlice<'_>]) -> std::result::Result<usize, LinkError> {
+        match self.stream.write_vectored(bufs) {
+            Ok(0) if bufs.iter().any(|b| !b.is_empty()) => Err(LinkError::Closed),
+            Ok(n) => {
+                self.sent += n as u64;
+                Ok(n)
+            }
+            Err(e) => classify(e),
+        }
+    }
+
+    fn try_read(&mut self, bufs: &mut [IoSliceMut<'_>]) -> std::result::Result<usize, LinkError> {
+        match self.stream.read_vectored(bufs) {
+            Ok(0) if bufs.iter().any(|b| !b.is_empty()) => Err(LinkError::Closed),
+            Ok(n) => {
+                self.received += n as u64;
+                Ok(n)
+            }
+            Err(e) => classify(e),
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn raw_counts(&self) -> (u64, u64) {
+        (self.sent, self.received)
+    }
+}
+
+struct TcpWaiter {
+    poll: Poll,
+    events: Events,
+}
+
+impl Waiter for TcpWaiter {
+    fn wait(&mut self, timeout: Duration) -> io::Result<()> {
+        match self.poll.poll(&mut self.events, Some(timeout)) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            r => r,
+        }
+    }
+}
+
+/// What a rank needs to know to connect its links.
+pub struct ConnectCtx<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub world_size: usize,
+    /// The job's communicator id.
+    pub comm_id: u64,
+    /// The store through which addresses are exchanged.
+    pub store: &'a mut StoreClient,
+    /// Socket settings.
+    pub opts: TcpOptions,
+}
+
+fn hs_err(peer: impl Into<String>, detail: impl Into<String>) -> Error {
+    Error::Handshake {
+        peer: peer.into(),
+        detail: detail.into(),
+    }
+}
+
+fn new_socket(addr: &SocketAddr, opts: &TcpOptions) -> io::Result<Socket> {
+    let s = Socket::new(Domain::for_address(*addr), Type::STREAM, Some(Protocol::TCP))?;
+    if opts.socket_buffer > 0 {
+        // Set before connect/listen so the window scale is negotiated for it.
+        s.set_send_buffer_size(opts.socket_buffer)?;
+        s.set_recv_buffer_size(opts.socket_buffer)?;
+    }
+    Ok(s)
+}
+
+/// Binds the data listener on `ip`, port chosen by the kernel.
+pub fn listen(ip: IpAddr, opts: &TcpOptions) -> Result<TcpListener> {
+    let addr = SocketAddr::new(ip, 0);
+    let s = new_socket(&addr, opts).map_err(|e| Error::io("creating the data listener", e))?;
+    s.bind(&SockAddr::from(addr)).map_err(|e| {
+        if e.kind() == io::ErrorKind::AddrInUse {
+            Error::AddrInUse {
+                addr,
+                what: "data listener",
+            }
+        } else {
+            Error::io(format!("binding the data listener on {addr}"), e)
+        }
+    })?;
+    s.listen(1024).map_err(|e| Error::io("listen on the data listener", e))?;
+    let l: TcpListener = s.into();
+    l.set_nonblocking(true)
+        .map_err(|e| Error::io("data listener non-blocking", e))?;
+    Ok(l)
+}
+
+fn read_hello(s: &mut TcpStream, deadline: Instant) -> io::Result<[u8; HELLO_LEN]> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    s.set_read_timeout(Some(left))?;
+    let mut b = [0u8; HELLO_LEN];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+/// Connects this rank to each of `peers` (lower ranks connect to higher ones; the rest
+/// are accepted on `listener`) and returns the links and their waiter.
+pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> Result<Links> {
+    let deadline = Instant::now() + ctx.opts.connect_timeout;
+    let me = ctx.rank;
+    let mut streams: Vec<Option<TcpStream>> = (0..ctx.world_size).map(|_| None).collect();
+    let mut want: Vec<usize> = peers.iter().copied().filter(|&p| p != me).collect();
+    want.sort_unstable();
+    want.dedup();
+    let hello = |to: usize, status: u16| Hello {
+        version: PROTOCOL_VERSION,
+        status,
+        comm_id: ctx.comm_id,
+        rank: me as u32,
+        world_size: ctx.world_size as u32,
+        to_rank: to as u32,
+    };
+
+    // Higher ranks first: they are accepting.
+    for &p in want.iter().filter(|&&p| p > me) {
+        let raw = ctx
+            .store
+            .get(&format!("addr/{p}"), deadline.saturating_duration_since(Instant::now()))?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let addr: SocketAddr = text.parse().map_err(|_| {
+            Error::Rendezvous(format!("rank {p} published an unparsable address {text:?}"))
+        })?;
+        let who = format!("rank {p} at {addr}");
+        let mut s = connect_with_retry(&addr, &ctx.opts, deadline).map_err(|e| match e {
+            Error::Io { source, .. } => hs_err(&who, format!("could not connect: {source}")),
+            e => e,
+        })?;
+        let io = |e: io::Error| hs_err(&who, format!("handshake I/O failed: {e}"));
+        s.write_all(&hello(p, 0).encode()).map_err(io)?;
+        let reply = read_hello(&mut s, deadline).map_err(io)?;
+        let h = Hello::decode(&reply).map_err(|d| hs_err(&who, d))?;
+        if h.status != 0 {
+            return Err(hs_err(
+                &who,
+                format!("refused our connection: {}", refuse::text(h.status)),
+            ));
+        }
+        if h.version != PROTOCOL_VERSION {
+            return Err(hs_err(
+                &who,
+                format!("protocol version {} (ours is {PROTOCOL_VERSION})", h.version),
+            ));
+        }
+        if h.comm_id != ctx.comm_id {
+            return Err(hs_err(
+                &who,
+                format!(
+                    "communicator id {:#018x} differs from ours {:#018x}",
+                    h.comm_id, ctx.comm_id
+                ),
+            ));
+        }
+        if h.rank as usize != p || h.world_size as usize != ctx.world_size || h.to_rank as usize != me {
+            return Err(hs_err(
+                &who,
+                format!(
+                    "answered as rank {} of {} (to rank {}), expected rank {p} of {}",
+                    h.rank, h.world_size, h.to_rank, ctx.world_size
+                ),
+            ));
+        }
+        streams[p] = Some(s);
+    }
+
+    // Then accept the lower ones, refusing strangers without giving up on the job.
+    let mut missing: Vec<usize> = want.iter().copied().filter(|&p| p < me).collect();
+    let mut refused: Vec<String> = Vec::new();
+    while !missing.is_empty() {
+        if Instant::now() >= deadline {
+            let mut detail = format!(
+                "rank {me}: ranks {missing:?} did not connect within {:?}",
+                ctx.opts.connect_timeout
+            );
+            if !refused.is_empty() {
+                detail.push_str(&format!("; refused meanwhile: {}", refused.join("; ")));
+            }
+            return Err(hs_err(format!("ranks {missing:?}"), detail));
+        }
+        let (mut s, from) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io("accepting a data connection", e)),
+        };
+        let _ = s.set_nonblocking(false);
+        // A stranger gets a short deadline of its own, so it cannot stall the job.
+        let hs_deadline = deadline.min(Instant::now() + Duration::from_secs(5));
+        let raw = match read_hello(&mut s, hs_deadline) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(%from, "rank {me}: dropped a connection that sent no handshake: {e}");
+                refused.push(format!("{from}: no handshake ({e})"));
+                continue;
+            }
+        };
+        let h = match Hello::decode(&raw) {
+            Ok(h) => h,
+            Err(d) => {
+                tracing::warn!(%from, "rank {me}: refused a connection: {d}");
+                refused.push(format!("{from}: {d}"));
+                continue;
+            }
+        };
+        let code = if h.version != PROTOCOL_VERSION {
+            refuse::VERSION
+        } else if h.comm_id != ctx.comm_id {
+            refuse::COMM_ID
+        } else if h.world_size as usize != ctx.world_size
+            || h.to_rank as usize != me
+            || !missing.contains(&(h.rank as usize))
+        {
+            if streams.get(h.rank as usize).is_some_and(|s| s.is_some()) {
+                refuse::DUPLICATE
+            } else {
+                refuse::RANK
+            }
+        } else {
+            0
+        };
+        if code != 0 {
+            let why = format!(
+                "{from} claiming rank {} of {} (comm {:#018x}, version {}): {}",
+                h.rank,
+                h.world_size,
+                h.comm_id,
+                h.version,
+                refuse::text(code)
+            );
+            tracing::warn!("rank {me}: refused a connection from {why}");
+            let _ = s.write_all(&hello(h.rank as usize, code).encode());
+            refused.push(why);
+            continue;
+        }
+        let p = h.rank as usize;
+        if let Err(e) = s.write_all(&hello(p, 0).encode()) {
+            return Err(hs_err(format!("rank {p} at {from}"), format!("handshake reply failed: {e}")));
+        }
+        missing.retain(|&m| m != p);
+        streams[p] = Some(s);
+    }
+
+    let poll = Poll::new().map_err(|e| Error::io("creating the poller", e))?;
+    let mut links: Vec<Option<Box<dyn Link>>> = (0..ctx.world_size).map(|_| None).collect();
+    for (p, s) in streams.into_iter().enumerate() {
+        let Some(s) = s else { continue };
+        let setup = |s: &TcpStream| -> io::Result<()> {
+            s.set_nodelay(true)?;
+            s.set_read_timeout(None)?;
+            s.set_nonblocking(true)
+        };
+        setup(&s).map_err(|e| Error::io(format!("configuring the link to rank {p}"), e))?;
+        let mut stream = mio::net::TcpStream::from_std(s);
+        poll.registry()
+            .register(&mut stream, Token(p), Interest::READABLE | Interest::WRITABLE)
+            .map_err(|e| Error::io("registering a link with the poller", e))?;
+        links[p] = Some(Box::new(TcpLink {
+            peer: p,
+            stream,
+            sent: 0,
+            received: 0,
+        }));
+    }
+    Ok(Links {
+        links,
+        waiter: Box::new(TcpWaiter {
+            poll,
+            events: Events::with_capacity(64),
+        }),
+    })
+}
+
+fn connect_with_retry(addr: &SocketAddr, opts: &TcpOptions, deadline: Instant) -> Result<TcpStream> {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = new_socket(addr, opts).and_then(|s| {
+            s.connect_timeout(&SockAddr::from(*addr), left.max(Duration::from_millis(1)))?;
+            Ok(s)
+        });
+        match attempt {
+            Ok(s) => return Ok(s.into()),
+            Err(e) if Instant::now() + backoff < deadline => {
+                tracing::debug!("connect to {addr} failed ({e}); retrying");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+            Err(e) => return Err(Error::io(format!("connecting to {addr}"), e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips_and_rejects_strangers() {
+        let h = Hello {
+            version: PROTOCOL_VERSION,
+            status: 0,
+            comm_id: 0xdead_beef_0123_4567,
+            rank: 3,
+            world_size: 8,
+            to_rank: 4,
+        };
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        let mut b = h.encode();
+        b[..4].copy_from_slice(b"GET ");
+        assert!(Hello::decode(&b).unwrap_err().contains("magic"));
+    }
+}
