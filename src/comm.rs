@@ -5,7 +5,7 @@ use crate::reduce::{check_op, Element, ReduceOp};
 use crate::rendezvous::{self, StoreClient, StoreServer};
 use crate::transport::tcp::{self, ConnectCtx, TcpOptions};
 use crate::transport::{local, Links, TransportKind, Waiter};
-use crate::wire::{FrameError, Fingerprint, OpKind, Peer, WireStats};
+use crate::wire::{Fingerprint, FrameError, OpKind, Peer, WireStats};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
@@ -170,12 +170,10 @@ impl Communicator {
         cfg.validate()?;
         match cfg.transport {
             TransportKind::Tcp => {}
-            TransportKind::Local => {
-                return Err(Error::Config(
-                    "the local transport links threads of one process: use Communicator::local_group"
-                        .into(),
-                ))
-            }
+            TransportKind::Local => return Err(Error::Config(
+                "the local transport links threads of one process: use Communicator::local_group"
+                    .into(),
+            )),
         }
         let server = if cfg.rank == 0 && cfg.serve_store {
             let addr = resolve(&cfg.master_addr)?;
@@ -205,7 +203,11 @@ impl Communicator {
             listener,
             &ring_peers(cfg.rank, cfg.world_size),
         )?;
-        tracing::debug!(rank = cfg.rank, world = cfg.world_size, "communicator ready");
+        tracing::debug!(
+            rank = cfg.rank,
+            world = cfg.world_size,
+            "communicator ready"
+        );
         Ok(Self::assemble(cfg, links, server, Some(store)))
     }
 
@@ -217,7 +219,9 @@ impl Communicator {
         probe.rank = 0;
         probe.world_size = world_size;
         probe.validate()?;
-        let groups = local::group(world_size, local::PIPE_CAPACITY, |r| ring_peers(r, world_size));
+        let groups = local::group(world_size, local::PIPE_CAPACITY, |r| {
+            ring_peers(r, world_size)
+        });
         Ok(groups
             .into_iter()
             .enumerate()
@@ -338,7 +342,12 @@ impl Communicator {
 
     /// Out-of-place all-reduce: `recv` receives the reduction of every rank's `send`.
     /// `send` and `recv` must have the same length (on this rank and on all others).
-    pub fn all_reduce_into<T: Element>(&mut self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_into<T: Element>(
+        &mut self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         if send.len() != recv.len() {
             self.check_usable()?;
             return Err(Error::InvalidArgument(format!(
@@ -413,7 +422,9 @@ impl Communicator {
                 format!("rank {}: link to rank {peer} failed during {fp}", self.rank),
                 source,
             ),
-            FrameError::Unexpected { got: Err(detail), .. } => Error::Protocol {
+            FrameError::Unexpected {
+                got: Err(detail), ..
+            } => Error::Protocol {
                 rank: self.rank,
                 peer,
                 op: fp.to_string(),

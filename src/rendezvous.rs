@@ -45,7 +45,9 @@ pub struct StoreServer {
 impl StoreServer {
     /// Binds `addr` (port 0 picks a free port) and serves a job of `world_size` ranks.
     pub fn bind(addr: SocketAddr, _world_size: usize) -> Result<Self> {
-        Err(Error::Rendezvous(format!("store at {addr} not yet implemented")))
+        Err(Error::Rendezvous(format!(
+            "store at {addr} not yet implemented"
+        )))
     }
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
@@ -61,7 +63,9 @@ pub struct StoreClient {
 impl StoreClient {
     /// Connects to `addr` (`host:port`), retrying until `deadline` passes.
     pub fn connect(addr: &str, _deadline: Duration) -> Result<Self> {
-        Err(Error::Rendezvous(format!("store client to {addr} not yet implemented")))
+        Err(Error::Rendezvous(format!(
+            "store client to {addr} not yet implemented"
+        )))
     }
     /// Joins as `rank` of `world_size`; returns the communicator id of the job.
     pub fn join(&mut self, _rank: usize, _world_size: usize) -> Result<u64> {

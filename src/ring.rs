@@ -35,13 +35,19 @@ pub(crate) fn all_reduce<T: Element>(
     let esize = std::mem::size_of::<T>();
     let seg_elems = (c.cfg.segment_bytes / esize).max(1);
     let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
-    run_ring(c, bytes, esize, seg_elems, fp, &|dst, src| {
-        kernels::reduce_bytes(T::DTYPE, op, dst, src)
-    }, &|dst| {
-        if op == ReduceOp::Avg {
-            kernels::scale_bytes(T::DTYPE, dst, n)
-        }
-    })
+    run_ring(
+        c,
+        bytes,
+        esize,
+        seg_elems,
+        fp,
+        &|dst, src| kernels::reduce_bytes(T::DTYPE, op, dst, src),
+        &|dst| {
+            if op == ReduceOp::Avg {
+                kernels::scale_bytes(T::DTYPE, dst, n)
+            }
+        },
+    )
 }
 
 /// The streaming loop over a byte buffer of `esize`-byte elements.
@@ -121,7 +127,9 @@ fn run_ring(
             let Some(peer) = c.peers[right].as_mut() else {
                 return Err(missing_link(rank, right));
             };
-            let (moved, done) = frame.progress(peer).map_err(|e| c.frame_error(e, right, fp))?;
+            let (moved, done) = frame
+                .progress(peer)
+                .map_err(|e| c.frame_error(e, right, fp))?;
             progressed |= moved > 0;
             if !done {
                 break;
@@ -159,7 +167,9 @@ fn run_ring(
             let Some(peer) = c.peers[left].as_mut() else {
                 return Err(missing_link(rank, left));
             };
-            let (moved, done) = frame.progress(peer).map_err(|e| c.frame_error(e, left, fp))?;
+            let (moved, done) = frame
+                .progress(peer)
+                .map_err(|e| c.frame_error(e, left, fp))?;
             progressed |= moved > 0;
             if !done {
                 break;
@@ -200,7 +210,10 @@ fn run_ring(
                 format!("data from rank {left} (step {}, segment {})", f.step, f.seg)
             } else {
                 let f = &sends[si.min(sends.len() - 1)];
-                format!("rank {right} to take data (step {}, segment {})", f.step, f.seg)
+                format!(
+                    "rank {right} to take data (step {}, segment {})",
+                    f.step, f.seg
+                )
             };
             return Err(Error::Timeout {
                 rank,

@@ -137,7 +137,8 @@ impl FrameHeader {
                 FRAME_MAGIC
             ));
         }
-        let kind = OpKind::from_code(b[4]).ok_or_else(|| format!("unknown collective kind {}", b[4]))?;
+        let kind =
+            OpKind::from_code(b[4]).ok_or_else(|| format!("unknown collective kind {}", b[4]))?;
         let dtype = DataType::from_code(b[5]).ok_or_else(|| format!("unknown dtype {}", b[5]))?;
         let op = match b[6] {
             255 => None,
@@ -263,8 +264,13 @@ impl OutFrame {
                 return Ok((moved, true));
             }
             // SAFETY: guaranteed by `new`'s contract.
-            let payload = unsafe { std::slice::from_raw_parts(self.data.add(self.done), self.len - self.done) };
-            let bufs = [IoSlice::new(&self.header[self.hdr_done..]), IoSlice::new(payload)];
+            let payload = unsafe {
+                std::slice::from_raw_parts(self.data.add(self.done), self.len - self.done)
+            };
+            let bufs = [
+                IoSlice::new(&self.header[self.hdr_done..]),
+                IoSlice::new(payload),
+            ];
             let n = peer.link.try_write(&bufs)?;
             if n == 0 {
                 return Ok((moved, false));
@@ -331,8 +337,13 @@ impl InFrame {
                 return Ok((moved, true));
             }
             // SAFETY: guaranteed by `new`'s contract.
-            let payload = unsafe { std::slice::from_raw_parts_mut(self.data.add(self.done), self.len - self.done) };
-            let mut bufs = [IoSliceMut::new(&mut self.header[self.hdr_done..]), IoSliceMut::new(payload)];
+            let payload = unsafe {
+                std::slice::from_raw_parts_mut(self.data.add(self.done), self.len - self.done)
+            };
+            let mut bufs = [
+                IoSliceMut::new(&mut self.header[self.hdr_done..]),
+                IoSliceMut::new(payload),
+            ];
             let n = peer.link.try_read(&mut bufs)?;
             if n == 0 {
                 return Ok((moved, false));

@@ -28,7 +28,9 @@ fn input<T: Element>(seed: u64, rank: usize, count: usize, op: ReduceOp) -> Vec<
             let v = match (T::DTYPE.is_float(), op) {
                 (true, ReduceOp::Prod) => 0.5 + 1.5 * u,
                 (true, _) => 8.0 * u - 4.0,
-                (false, ReduceOp::Prod) => (h % 4) as f64 - if T::DTYPE == DataType::U8 { 0.0 } else { 1.0 },
+                (false, ReduceOp::Prod) => {
+                    (h % 4) as f64 - if T::DTYPE == DataType::U8 { 0.0 } else { 1.0 }
+                }
                 (false, _) => (h % 61) as f64 - if T::DTYPE == DataType::U8 { 0.0 } else { 30.0 },
             };
             T::from_f64(v)
@@ -47,7 +49,14 @@ fn eps(dt: DataType) -> f64 {
 }
 
 /// Checks one all-reduce case: result vs an f64 reference, and bitwise agreement.
-fn check_case<T: Element>(net: Net, n: usize, count: usize, op: ReduceOp, seg_bytes: usize, seed: u64) -> Result<(), String> {
+fn check_case<T: Element>(
+    net: Net,
+    n: usize,
+    count: usize,
+    op: ReduceOp,
+    seg_bytes: usize,
+    seed: u64,
+) -> Result<(), String> {
     let mut cfg = test_config();
     cfg.segment_bytes = seg_bytes;
     let results = run(n, net, &cfg, DEADLINE, move |c| {
@@ -61,8 +70,14 @@ fn check_case<T: Element>(net: Net, n: usize, count: usize, op: ReduceOp, seg_by
     for i in 0..count {
         let xs: Vec<f64> = inputs.iter().map(|v| v[i].to_f64()).collect();
         let (want, scale) = match op {
-            ReduceOp::Sum => (xs.iter().sum::<f64>(), xs.iter().map(|x| x.abs()).sum::<f64>()),
-            ReduceOp::Avg => (xs.iter().sum::<f64>() / n as f64, xs.iter().map(|x| x.abs()).sum::<f64>() / n as f64),
+            ReduceOp::Sum => (
+                xs.iter().sum::<f64>(),
+                xs.iter().map(|x| x.abs()).sum::<f64>(),
+            ),
+            ReduceOp::Avg => (
+                xs.iter().sum::<f64>() / n as f64,
+                xs.iter().map(|x| x.abs()).sum::<f64>() / n as f64,
+            ),
             ReduceOp::Prod => {
                 let p = xs.iter().product::<f64>();
                 (p, p.abs())
@@ -85,13 +100,23 @@ fn check_case<T: Element>(net: Net, n: usize, count: usize, op: ReduceOp, seg_by
     }
     for (r, v) in results.iter().enumerate() {
         if bytemuck::cast_slice::<T, u8>(v) != bytemuck::cast_slice::<T, u8>(&results[0]) {
-            return Err(format!("rank {r} differs bitwise from rank 0 ({dt} {op} n={n} count={count})"));
+            return Err(format!(
+                "rank {r} differs bitwise from rank 0 ({dt} {op} n={n} count={count})"
+            ));
         }
     }
     Ok(())
 }
 
-fn check_dyn(net: Net, dt: DataType, n: usize, count: usize, op: ReduceOp, seg_bytes: usize, seed: u64) -> Result<(), String> {
+fn check_dyn(
+    net: Net,
+    dt: DataType,
+    n: usize,
+    count: usize,
+    op: ReduceOp,
+    seg_bytes: usize,
+    seed: u64,
+) -> Result<(), String> {
     if op == ReduceOp::Avg && !dt.is_float() {
         return Ok(()); // refused by design; tested separately
     }
@@ -162,8 +187,26 @@ fn edge_worlds_and_counts() {
 fn large_message_over_tcp_pipelines_many_segments() {
     // 8 MiB of f32 across 3 ranks with 64 KiB segments: dozens of segments per step
     // through real sockets, larger than the socket buffers.
-    check_dyn(Net::Tcp, DataType::F32, 3, 2 << 20, ReduceOp::Sum, 64 << 10, 11).unwrap();
-    check_dyn(Net::Tcp, DataType::BF16, 4, 1 << 20, ReduceOp::Max, 1 << 20, 12).unwrap();
+    check_dyn(
+        Net::Tcp,
+        DataType::F32,
+        3,
+        2 << 20,
+        ReduceOp::Sum,
+        64 << 10,
+        11,
+    )
+    .unwrap();
+    check_dyn(
+        Net::Tcp,
+        DataType::BF16,
+        4,
+        1 << 20,
+        ReduceOp::Max,
+        1 << 20,
+        12,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -206,9 +249,16 @@ fn wire_bytes_follow_the_ring_law() {
                     let sent = s.payload_sent as f64;
                     assert!((sent - law).abs() <= slack, "{net:?} n={n} count={count} rank {r}: sent {sent} payload bytes, law {law}");
                     if count % n == 0 {
-                        assert_eq!(sent, law, "{net:?} n={n} count={count} rank {r}: exact when divisible");
+                        assert_eq!(
+                            sent, law,
+                            "{net:?} n={n} count={count} rank {r}: exact when divisible"
+                        );
                     }
-                    assert_eq!(raw.0, s.payload_sent + s.header_sent, "link byte count = payload + headers");
+                    assert_eq!(
+                        raw.0,
+                        s.payload_sent + s.header_sent,
+                        "link byte count = payload + headers"
+                    );
                     assert_eq!(raw.1, s.payload_recv + s.header_recv);
                     assert_eq!(s.header_sent % 40, 0, "whole headers");
                     if count > 0 {
@@ -228,7 +278,14 @@ fn avg_on_integers_is_refused_and_float_avg_divides() {
     let res = run(4, Net::Local, &test_config(), DEADLINE, |c| {
         let mut ints = vec![3i32; 10];
         let refused = c.all_reduce(&mut ints, ReduceOp::Avg);
-        let ok = matches!(refused, Err(Error::UnsupportedOp { op: ReduceOp::Avg, dtype: DataType::I32, .. }));
+        let ok = matches!(
+            refused,
+            Err(Error::UnsupportedOp {
+                op: ReduceOp::Avg,
+                dtype: DataType::I32,
+                ..
+            })
+        );
         // Refusal is local and does not poison or consume a sequence number.
         let mut f = vec![c.rank() as f32; 10];
         c.all_reduce(&mut f, ReduceOp::Avg)?;
@@ -256,7 +313,11 @@ fn many_operations_in_sequence_keep_their_order() {
     })
     .unwrap();
     for k in 0..50usize {
-        let want = if (k * 37) % 500 == 0 { None } else { Some(2 + k as i32) };
+        let want = if (k * 37) % 500 == 0 {
+            None
+        } else {
+            Some(2 + k as i32)
+        };
         assert_eq!(res[0][k], want);
     }
 }
@@ -294,9 +355,14 @@ fn lengths_that_differ_across_ranks_are_a_mismatch() {
             .filter(|e| matches!(e, Error::Mismatch { .. }))
             .map(|e| e.to_string())
             .collect();
-        assert!(!mismatches.is_empty(), "{net:?}: no Mismatch among {errs:?}");
         assert!(
-            mismatches.iter().any(|m| m.contains("1001 elements") && m.contains("1000 elements")),
+            !mismatches.is_empty(),
+            "{net:?}: no Mismatch among {errs:?}"
+        );
+        assert!(
+            mismatches
+                .iter()
+                .any(|m| m.contains("1001 elements") && m.contains("1000 elements")),
             "{mismatches:?}"
         );
         for e in &errs {
@@ -310,25 +376,40 @@ fn lengths_that_differ_across_ranks_are_a_mismatch() {
 
 #[test]
 fn different_collective_arguments_are_a_mismatch() {
-    let out = run_all(2, Net::Local, &test_config(), Duration::from_secs(20), |c| {
-        if c.rank() == 0 {
-            c.all_reduce(&mut [1.0f32; 8], ReduceOp::Sum)
-        } else {
-            c.all_reduce(&mut [1.0f32; 8], ReduceOp::Max)
-        }
-    });
+    let out = run_all(
+        2,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(20),
+        |c| {
+            if c.rank() == 0 {
+                c.all_reduce(&mut [1.0f32; 8], ReduceOp::Sum)
+            } else {
+                c.all_reduce(&mut [1.0f32; 8], ReduceOp::Max)
+            }
+        },
+    );
     let errs = expect_all_fail(out, "op mismatch");
     let text = errs[0].to_string();
     assert!(text.contains("sum") && text.contains("max"), "{text}");
-    let dt = run_all(2, Net::Local, &test_config(), Duration::from_secs(20), |c| {
-        if c.rank() == 0 {
-            c.all_reduce(&mut [1.0f32; 8], ReduceOp::Sum)
-        } else {
-            c.all_reduce(&mut [1i32; 8], ReduceOp::Sum)
-        }
-    });
+    let dt = run_all(
+        2,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(20),
+        |c| {
+            if c.rank() == 0 {
+                c.all_reduce(&mut [1.0f32; 8], ReduceOp::Sum)
+            } else {
+                c.all_reduce(&mut [1i32; 8], ReduceOp::Sum)
+            }
+        },
+    );
     let errs = expect_all_fail(dt, "dtype mismatch");
-    assert!(errs.iter().all(|e| matches!(e, Error::Mismatch { .. })), "{errs:?}");
+    assert!(
+        errs.iter().all(|e| matches!(e, Error::Mismatch { .. })),
+        "{errs:?}"
+    );
 }
 
 #[test]
@@ -348,8 +429,14 @@ fn a_silent_peer_times_out_and_poisons() {
         Ok((e.to_string(), again.to_string()))
     });
     let (first, again) = out[0].as_ref().unwrap().as_ref().unwrap();
-    assert!(first.contains("timed out") && first.contains("rank 1") && first.contains("all_reduce #0"), "{first}");
-    assert!(again.contains("poisoned") && again.contains("timed out"), "{again}");
+    assert!(
+        first.contains("timed out") && first.contains("rank 1") && first.contains("all_reduce #0"),
+        "{first}"
+    );
+    assert!(
+        again.contains("poisoned") && again.contains("timed out"),
+        "{again}"
+    );
 }
 
 #[test]
@@ -359,7 +446,9 @@ fn a_dead_peer_is_reported_not_waited_for() {
             return Ok(None); // drops its communicator: its sockets close
         }
         let t0 = std::time::Instant::now();
-        let e = c.all_reduce(&mut vec![1.0f64; 1 << 16], ReduceOp::Sum).unwrap_err();
+        let e = c
+            .all_reduce(&mut vec![1.0f64; 1 << 16], ReduceOp::Sum)
+            .unwrap_err();
         Ok(Some((e, t0.elapsed())))
     });
     for r in 0..2 {
@@ -372,8 +461,14 @@ fn a_dead_peer_is_reported_not_waited_for() {
 #[test]
 fn bad_config_is_rejected() {
     let mut c = Config::new(3, 2, "127.0.0.1:1");
-    assert!(matches!(ferroccl::Communicator::init(c.clone()), Err(Error::Config(_))));
+    assert!(matches!(
+        ferroccl::Communicator::init(c.clone()),
+        Err(Error::Config(_))
+    ));
     c.rank = 0;
     c.segment_bytes = 0;
-    assert!(matches!(ferroccl::Communicator::init(c), Err(Error::Config(_))));
+    assert!(matches!(
+        ferroccl::Communicator::init(c),
+        Err(Error::Config(_))
+    ));
 }

@@ -154,7 +154,11 @@ pub fn group(n: usize, capacity: usize, peers: impl Fn(usize) -> Vec<usize>) -> 
     let bells: Vec<Arc<Bell>> = (0..n).map(|_| Arc::new(Bell::default())).collect();
     // pipes[a][b] carries bytes from a to b.
     let pipes: Vec<Vec<Arc<Mutex<Pipe>>>> = (0..n)
-        .map(|_| (0..n).map(|_| Arc::new(Mutex::new(Pipe::default()))).collect())
+        .map(|_| {
+            (0..n)
+                .map(|_| Arc::new(Mutex::new(Pipe::default())))
+                .collect()
+        })
         .collect();
     (0..n)
         .map(|r| {
@@ -195,7 +199,9 @@ mod tests {
         let mut b = g.pop().unwrap();
         let mut a = g.pop().unwrap();
         let la = a.links[1].as_mut().unwrap();
-        let n = la.try_write(&[IoSlice::new(b"hello "), IoSlice::new(b"world")]).unwrap();
+        let n = la
+            .try_write(&[IoSlice::new(b"hello "), IoSlice::new(b"world")])
+            .unwrap();
         assert_eq!(n, 8, "pipe of 8 bytes takes 8");
         assert_eq!(la.try_write(&[IoSlice::new(b"x")]).unwrap(), 0);
         let lb = b.links[0].as_mut().unwrap();

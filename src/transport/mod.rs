@@ -88,7 +88,8 @@ impl TransportKind {
             "local" => Ok(TransportKind::Local),
             "rdma" | "ibverbs" => Err(crate::Error::Unavailable {
                 what: format!("transport {s}"),
-                why: "this build has no RDMA transport (it arrives with the \"rdma\" feature)".into(),
+                why: "this build has no RDMA transport (it arrives with the \"rdma\" feature)"
+                    .into(),
             }),
             "cuda-ipc" | "cuda_ipc" => Err(crate::Error::Unavailable {
                 what: format!("transport {s}"),

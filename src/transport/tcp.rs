@@ -201,7 +201,11 @@ fn hs_err(peer: impl Into<String>, detail: impl Into<String>) -> Error {
 }
 
 fn new_socket(addr: &SocketAddr, opts: &TcpOptions) -> io::Result<Socket> {
-    let s = Socket::new(Domain::for_address(*addr), Type::STREAM, Some(Protocol::TCP))?;
+    let s = Socket::new(
+        Domain::for_address(*addr),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
     if opts.socket_buffer > 0 {
         // Set before connect/listen so the window scale is negotiated for it.
         s.set_send_buffer_size(opts.socket_buffer)?;
@@ -224,7 +228,8 @@ pub fn listen(ip: IpAddr, opts: &TcpOptions) -> Result<TcpListener> {
             Error::io(format!("binding the data listener on {addr}"), e)
         }
     })?;
-    s.listen(1024).map_err(|e| Error::io("listen on the data listener", e))?;
+    s.listen(1024)
+        .map_err(|e| Error::io("listen on the data listener", e))?;
     let l: TcpListener = s.into();
     l.set_nonblocking(true)
         .map_err(|e| Error::io("data listener non-blocking", e))?;
@@ -261,9 +266,10 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
 
     // Higher ranks first: they are accepting.
     for &p in want.iter().filter(|&&p| p > me) {
-        let raw = ctx
-            .store
-            .get(&format!("addr/{p}"), deadline.saturating_duration_since(Instant::now()))?;
+        let raw = ctx.store.get(
+            &format!("addr/{p}"),
+            deadline.saturating_duration_since(Instant::now()),
+        )?;
         let text = String::from_utf8_lossy(&raw).into_owned();
         let addr: SocketAddr = text.parse().map_err(|_| {
             Error::Rendezvous(format!("rank {p} published an unparsable address {text:?}"))
@@ -286,7 +292,10 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
         if h.version != PROTOCOL_VERSION {
             return Err(hs_err(
                 &who,
-                format!("protocol version {} (ours is {PROTOCOL_VERSION})", h.version),
+                format!(
+                    "protocol version {} (ours is {PROTOCOL_VERSION})",
+                    h.version
+                ),
             ));
         }
         if h.comm_id != ctx.comm_id {
@@ -298,7 +307,10 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
                 ),
             ));
         }
-        if h.rank as usize != p || h.world_size as usize != ctx.world_size || h.to_rank as usize != me {
+        if h.rank as usize != p
+            || h.world_size as usize != ctx.world_size
+            || h.to_rank as usize != me
+        {
             return Err(hs_err(
                 &who,
                 format!(
@@ -384,7 +396,10 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
         }
         let p = h.rank as usize;
         if let Err(e) = s.write_all(&hello(p, 0).encode()) {
-            return Err(hs_err(format!("rank {p} at {from}"), format!("handshake reply failed: {e}")));
+            return Err(hs_err(
+                format!("rank {p} at {from}"),
+                format!("handshake reply failed: {e}"),
+            ));
         }
         missing.retain(|&m| m != p);
         streams[p] = Some(s);
@@ -402,7 +417,11 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
         setup(&s).map_err(|e| Error::io(format!("configuring the link to rank {p}"), e))?;
         let mut stream = mio::net::TcpStream::from_std(s);
         poll.registry()
-            .register(&mut stream, Token(p), Interest::READABLE | Interest::WRITABLE)
+            .register(
+                &mut stream,
+                Token(p),
+                Interest::READABLE | Interest::WRITABLE,
+            )
             .map_err(|e| Error::io("registering a link with the poller", e))?;
         links[p] = Some(Box::new(TcpLink {
             peer: p,
@@ -420,7 +439,11 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
     })
 }
 
-fn connect_with_retry(addr: &SocketAddr, opts: &TcpOptions, deadline: Instant) -> Result<TcpStream> {
+fn connect_with_retry(
+    addr: &SocketAddr,
+    opts: &TcpOptions,
+    deadline: Instant,
+) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

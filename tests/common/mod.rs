@@ -46,7 +46,13 @@ impl std::fmt::Display for RunError {
 /// Runs `body` on `n` ranks linked by `net`, each rank in its own thread, and returns
 /// every rank's result in rank order. Fails with the first error (by time) or when the
 /// deadline passes.
-pub fn run<R, F>(n: usize, net: Net, base: &Config, deadline: Duration, body: F) -> Result<Vec<R>, RunError>
+pub fn run<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    deadline: Duration,
+    body: F,
+) -> Result<Vec<R>, RunError>
 where
     R: Send + 'static,
     F: Fn(&mut Communicator) -> ferroccl::Result<R> + Send + Sync + 'static,
@@ -71,11 +77,12 @@ where
             }
         }
         Net::Tcp => {
-            let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), n).map_err(|e| RunError {
-                rank: None,
-                message: e.to_string(),
-                error: Some(e),
-            })?;
+            let store =
+                StoreServer::bind("127.0.0.1:0".parse().unwrap(), n).map_err(|e| RunError {
+                    rank: None,
+                    message: e.to_string(),
+                    error: Some(e),
+                })?;
             let addr = store.local_addr().to_string();
             _store = Some(store);
             for r in 0..n {
@@ -115,7 +122,9 @@ where
                 let pending: Vec<usize> = (0..n).filter(|&r| out[r].is_none()).collect();
                 return Err(RunError {
                     rank: None,
-                    message: format!("deadline of {deadline:?} passed; ranks {pending:?} still running"),
+                    message: format!(
+                        "deadline of {deadline:?} passed; ranks {pending:?} still running"
+                    ),
                     error: None,
                 });
             }
@@ -129,12 +138,21 @@ where
             }
         }
     }
-    Ok(out.into_iter().map(|v| v.expect("every rank reported")).collect())
+    Ok(out
+        .into_iter()
+        .map(|v| v.expect("every rank reported"))
+        .collect())
 }
 
 /// Like [`run`] but collects every rank's outcome, errors included, waiting until
 /// all have reported or the deadline passes (for tests where all ranks must fail).
-pub fn run_all<R, F>(n: usize, net: Net, base: &Config, deadline: Duration, body: F) -> Vec<Option<ferroccl::Result<R>>>
+pub fn run_all<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    deadline: Duration,
+    body: F,
+) -> Vec<Option<ferroccl::Result<R>>>
 where
     R: Send + 'static,
     F: Fn(&mut Communicator) -> ferroccl::Result<R> + Send + Sync + 'static,

@@ -1,12 +1,17 @@
 //! The `ferroccl` command line: `bench`, `launch`.
 
+mod bench;
 mod launch;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "ferroccl", version, about = "Collective communication: benchmarks and a local launcher")]
+#[command(
+    name = "ferroccl",
+    version,
+    about = "Collective communication: benchmarks and a local launcher"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -14,13 +19,28 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Measure a collective: the nccl-tests table (time, algbw, busbw, #wrong) plus the
+    /// payload bytes each rank sent against the ring law.
+    Bench(bench::BenchArgs),
     /// Start N local processes with the launcher environment set (RANK, WORLD_SIZE, ...).
     Launch(launch::LaunchArgs),
 }
 
 fn main() -> ExitCode {
+    init_tracing();
     let cli = Cli::parse();
     match cli.command {
+        Command::Bench(a) => bench::main(a),
         Command::Launch(a) => launch::main(a),
     }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
