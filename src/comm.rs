@@ -17,6 +17,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
 /// Default for [`Config::socket_buffer`].
 pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
+/// Default for [`Config::busy_poll`].
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(100);
 /// Default rendezvous port, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -50,6 +52,11 @@ pub struct Config {
     /// Kernel socket buffer size for TCP links (0: leave the kernel's autotuning).
     /// Default 4 MiB.
     pub socket_buffer: usize,
+    /// How long a collective keeps polling its links (yielding the CPU between polls)
+    /// before it sleeps until the kernel wakes it. Waking a sleeping thread costs tens
+    /// of microseconds, which dominates small messages; polling a little first avoids
+    /// it. `Duration::ZERO` always sleeps. Default 100 µs.
+    pub busy_poll: Duration,
 }
 
 impl Config {
@@ -66,6 +73,7 @@ impl Config {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             socket_buffer: DEFAULT_SOCKET_BUFFER,
+            busy_poll: DEFAULT_BUSY_POLL,
         }
     }
 

@@ -102,6 +102,7 @@ fn run_ring(
     let mut out: Option<OutFrame> = None;
     let mut inp: Option<InFrame> = None;
     let timeout = c.cfg.timeout;
+    let busy_poll = c.cfg.busy_poll;
     let mut last_progress = Instant::now();
 
     while si < sends.len() || ri < recvs.len() {
@@ -204,6 +205,10 @@ fn run_ring(
             continue;
         }
         let idle = now - last_progress;
+        if idle < busy_poll {
+            std::thread::yield_now();
+            continue;
+        }
         if idle >= timeout {
             let waiting_for = if ri < recvs.len() && (si == sends.len() || inp.is_some()) {
                 let f = &recvs[ri];

@@ -57,6 +57,9 @@ pub struct BenchArgs {
     /// Seconds a collective may wait without progress.
     #[arg(long = "timeout", default_value_t = 60.0)]
     pub timeout: f64,
+    /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
+    #[arg(long = "busy-poll-us")]
+    pub busy_poll_us: Option<u64>,
     /// Also write the rows as JSON to this file (rank 0).
     #[arg(long = "json")]
     pub json: Option<std::path::PathBuf>,
@@ -108,6 +111,9 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
         c.segment_bytes = s;
     }
     c.timeout = Duration::from_secs_f64(a.timeout.max(0.001));
+    if let Some(us) = a.busy_poll_us {
+        c.busy_poll = Duration::from_micros(us);
+    }
     c
 }
 
@@ -289,8 +295,9 @@ fn bench_typed<T: Element>(
     let printer = c.rank() == 0;
     if printer {
         println!(
-            "# ferroccl bench: all_reduce, {n} ranks, transport {tname}, segment {} B, timeout {:?}",
+            "# ferroccl bench: all_reduce, {n} ranks, transport {tname}, segment {} B, busy-poll {:?}, timeout {:?}",
             c.config().segment_bytes,
+            c.config().busy_poll,
             c.config().timeout
         );
         println!(
