@@ -1,7 +1,31 @@
 //! `ferroccl launch -n N -- CMD ARGS`: N local ranks with the launcher environment.
+//!
+//! Each rank gets torchrun's variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) plus `FERROCCL_LAUNCHED=1`, so
+//! `ferroccl::rendezvous::detect_env` finds it exactly as under torchrun. Variables of
+//! other launchers are removed so that a `ferroccl launch` inside an `srun` or `mpirun`
+//! allocation is not mistaken for the outer job.
+//!
+//! Output of rank `i` is forwarded line by line with a `[i] ` prefix (stdout to stdout,
+//! stderr to stderr). When one rank fails the others are stopped: SIGTERM to its process
+//! group, SIGKILL after a grace period. SIGINT and SIGTERM sent to the launcher are
+//! forwarded to every rank the same way.
+//!
+//! Every rank runs in its own process group (so a stop also reaches the processes it
+//! started, and Ctrl-C reaches the ranks only through the launcher), with stdin from
+//! `/dev/null`; on Linux it is also killed if the launcher dies (`PR_SET_PDEATHSIG`).
 
 use clap::Args;
-use std::process::ExitCode;
+use std::ffi::OsString;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 /// Arguments of `ferroccl launch`.
 #[derive(Args, Debug)]
@@ -9,14 +33,746 @@ pub struct LaunchArgs {
     /// Number of ranks to start.
     #[arg(short = 'n', long = "nproc")]
     pub nproc: usize,
+    /// `MASTER_ADDR` given to every rank: where rank 0 serves the rendezvous store.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// `MASTER_PORT` given to every rank [default: a free port on 127.0.0.1].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub master_port: Option<u16>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
-    pub command: Vec<std::ffi::OsString>,
+    pub command: Vec<OsString>,
 }
 
-pub fn main(_a: LaunchArgs) -> ExitCode {
-    eprintln!("ferroccl launch: not yet implemented");
-    ExitCode::FAILURE
+/// Entry point of `ferroccl launch`: runs the ranks and turns the outcome into an exit code.
+pub fn main(a: LaunchArgs) -> ExitCode {
+    let opts = LaunchOptions {
+        master_addr: a.master_addr,
+        master_port: a.master_port,
+        ..LaunchOptions::default()
+    };
+    match run(a.nproc, &a.command, &opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _guard = lock_output();
+            let _ = writeln!(io::stderr().lock(), "ferroccl launch: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// How [`run`] sets up the job, beyond the rank count and the command.
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    /// `MASTER_ADDR` for every rank.
+    pub master_addr: String,
+    /// `MASTER_PORT` for every rank; `None` picks a free port on 127.0.0.1.
+    pub master_port: Option<u16>,
+    /// How long stopped ranks get between SIGTERM and SIGKILL.
+    pub grace_period: Duration,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        Self {
+            master_addr: Ipv4Addr::LOCALHOST.to_string(),
+            master_port: None,
+            grace_period: Duration::from_secs(3),
+        }
+    }
+}
+
+/// How a rank ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankExit {
+    /// It exited with this status (0 is success).
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+}
+
+impl RankExit {
+    fn success(self) -> bool {
+        self == RankExit::Code(0)
+    }
+}
+
+impl fmt::Display for RankExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            RankExit::Code(c) => write!(f, "exit status {c}"),
+            RankExit::Signal(s) => write!(f, "killed by signal {s}{}", signal_suffix(s)),
+        }
+    }
+}
+
+/// Why a launch did not succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// `-n 0`: a job needs at least one rank.
+    #[error("-n must be at least 1 (got {0})")]
+    NoRanks(usize),
+    /// No command was given.
+    #[error("no command given (usage: ferroccl launch -n N -- CMD ARGS...)")]
+    EmptyCommand,
+    /// `MASTER_PORT` was not given and no free port could be found.
+    #[error("cannot find a free port for MASTER_PORT: {0}")]
+    FreePort(#[source] io::Error),
+    /// The command could not be started (not found, not executable); ranks already
+    /// started were stopped.
+    #[error("cannot start `{program}` for rank {rank}: {source}")]
+    Spawn {
+        /// The command, as given.
+        program: String,
+        /// The rank being started.
+        rank: usize,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
+    /// Setting up the launcher itself failed (a pipe, a thread, a signal handler);
+    /// ranks already started were stopped.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
+    /// A rank exited non-zero or was killed; the ranks in `stopped` were still running
+    /// and were stopped because of it.
+    #[error("rank {rank} failed ({status}){}", stopped_suffix(.stopped))]
+    RankFailed {
+        /// The first rank seen failing.
+        rank: usize,
+        /// How it ended.
+        status: RankExit,
+        /// Ranks that were still running and were stopped.
+        stopped: Vec<usize>,
+    },
+    /// The launcher got SIGINT or SIGTERM; it forwarded the signal to the ranks in
+    /// `stopped` (those still running) and waited for them.
+    #[error("interrupted by signal {signal}{}{}", signal_suffix(*.signal), stopped_suffix(.stopped))]
+    Interrupted {
+        /// The signal the launcher received.
+        signal: i32,
+        /// Ranks that were still running and were stopped.
+        stopped: Vec<usize>,
+    },
+}
+
+impl LaunchError {
+    /// The launcher's exit code: the failed rank's exit code, 128 + signal for a rank
+    /// killed by a signal or an interrupted launcher, 127 for a command not found, 126
+    /// for one that cannot be executed, 2 for a usage error, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LaunchError::NoRanks(_) | LaunchError::EmptyCommand => 2,
+            LaunchError::FreePort(_) | LaunchError::Io { .. } => 1,
+            LaunchError::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => 127,
+            LaunchError::Spawn { .. } => 126,
+            LaunchError::RankFailed {
+                status: RankExit::Code(c),
+                ..
+            } => match u8::try_from(*c) {
+                Ok(0) | Err(_) => 1,
+                Ok(c) => c,
+            },
+            LaunchError::RankFailed {
+                status: RankExit::Signal(s),
+                ..
+            }
+            | LaunchError::Interrupted { signal: s, .. } => signal_exit_code(*s),
+        }
+    }
+}
+
+fn signal_exit_code(sig: i32) -> u8 {
+    u8::try_from(128 + sig).unwrap_or(1)
+}
+
+fn stopped_suffix(stopped: &[usize]) -> String {
+    let list: Vec<String> = stopped.iter().map(ToString::to_string).collect();
+    match stopped.len() {
+        0 => String::new(),
+        1 => format!("; stopped rank {}", list.join(", ")),
+        _ => format!("; stopped ranks {}", list.join(", ")),
+    }
+}
+
+/// `" SIGKILL"` for the signals people meet, empty for others.
+fn signal_suffix(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        _ => return String::new(),
+    };
+    format!(" {name}")
+}
+
+/// Variables of other launchers that `detect_env` would otherwise read.
+const FOREIGN_VARS: &[&str] = &[
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+];
+/// Prefix of Open MPI's per-process variables, all removed.
+const FOREIGN_PREFIX: &str = "OMPI_COMM_WORLD_";
+
+/// How often the wait loop looks at the ranks and at pending signals.
+const POLL: Duration = Duration::from_millis(10);
+/// After every rank has exited, output forwarding is abandoned once no reader has made
+/// progress for this long (something outside the job still holds the pipe open).
+const DRAIN_IDLE: Duration = Duration::from_secs(1);
+
+/// Starts `nproc` local ranks of `command` (program then arguments) with the launcher
+/// environment set, forwards their output prefixed with `[rank] `, and waits for all.
+///
+/// Returns `Ok(())` when every rank exits 0. When one fails (non-zero exit or a signal),
+/// the others are sent SIGTERM, then SIGKILL after `opts.grace_period`, and the error
+/// names the rank, how it ended and which ranks were stopped. SIGINT/SIGTERM received
+/// meanwhile are forwarded to the ranks and reported as [`LaunchError::Interrupted`].
+/// No rank is left running when this returns. `ferroccl bench` uses it to re-execute
+/// itself when no launcher started it.
+pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(), LaunchError> {
+    if nproc == 0 {
+        return Err(LaunchError::NoRanks(nproc));
+    }
+    let Some((program, args)) = command.split_first() else {
+        return Err(LaunchError::EmptyCommand);
+    };
+    let port = match opts.master_port {
+        Some(p) => p,
+        None => free_port().map_err(LaunchError::FreePort)?,
+    };
+    let signals = SignalGuard::install().map_err(|source| LaunchError::Io {
+        what: "installing SIGINT/SIGTERM handlers",
+        source,
+    })?;
+    let mut job = Job::new(Arc::new(Forwarding::default()));
+    let result = job.start(nproc, program, args, &opts.master_addr, port);
+    let result = match result {
+        Ok(()) => job.wait(opts.grace_period),
+        Err(e) => {
+            job.stop(opts.grace_period);
+            Err(e)
+        }
+    };
+    job.reap_and_drain();
+    drop(signals);
+    result
+}
+
+/// Binds 127.0.0.1:0 and releases it, as torchrun does: the port is free now and is very
+/// likely still free when rank 0 binds it a moment later.
+fn free_port() -> io::Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// One started rank.
+struct Rank {
+    child: Child,
+    /// Its pid, which is also its process group id.
+    pid: libc::pid_t,
+    /// How it ended, once seen (it stays unreaped until [`Job::reap_and_drain`], so its
+    /// pid and process group id cannot be reused while we may still signal them).
+    exit: Option<RankExit>,
+    /// Reaped already (only when `waitid` was unavailable).
+    reaped: bool,
+}
+
+struct Job {
+    ranks: Vec<Rank>,
+    readers: Vec<JoinHandle<()>>,
+    fwd: Arc<Forwarding>,
+}
+
+impl Job {
+    fn new(fwd: Arc<Forwarding>) -> Self {
+        Self {
+            ranks: Vec::new(),
+            readers: Vec::new(),
+            fwd,
+        }
+    }
+
+    fn start(
+        &mut self,
+        nproc: usize,
+        program: &OsString,
+        args: &[OsString],
+        master_addr: &str,
+        port: u16,
+    ) -> Result<(), LaunchError> {
+        let foreign: Vec<OsString> = std::env::vars_os()
+            .map(|(k, _)| k)
+            .filter(|k| {
+                let k = k.to_string_lossy();
+                k.starts_with(FOREIGN_PREFIX) || FOREIGN_VARS.contains(&k.as_ref())
+            })
+            .collect();
+        for rank in 0..nproc {
+            let mut cmd = Command::new(program);
+            cmd.args(args)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", nproc.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("LOCAL_WORLD_SIZE", nproc.to_string())
+                .env("MASTER_ADDR", master_addr)
+                .env("MASTER_PORT", port.to_string())
+                .env("FERROCCL_LAUNCHED", "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            for k in &foreign {
+                cmd.env_remove(k);
+            }
+            die_with_parent(&mut cmd);
+            let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+                program: program.to_string_lossy().into_owned(),
+                rank,
+                source,
+            })?;
+            let pid = libc::pid_t::try_from(child.id()).unwrap_or(libc::pid_t::MAX);
+            let out = child.stdout.take();
+            let err = child.stderr.take();
+            self.ranks.push(Rank {
+                child,
+                pid,
+                exit: None,
+                reaped: false,
+            });
+            if let Some(out) = out {
+                self.forward(rank, out, Stream::Stdout)?;
+            }
+            if let Some(err) = err {
+                self.forward(rank, err, Stream::Stderr)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        rank: usize,
+        pipe: impl Read + Send + 'static,
+        stream: Stream,
+    ) -> Result<(), LaunchError> {
+        let fwd = Arc::clone(&self.fwd);
+        fwd.live.fetch_add(1, Ordering::SeqCst);
+        let spawned = thread::Builder::new()
+            .name(format!("rank{rank}-{stream:?}"))
+            .spawn(move || forward_lines(rank, pipe, stream, &fwd));
+        match spawned {
+            Ok(h) => {
+                self.readers.push(h);
+                Ok(())
+            }
+            Err(source) => {
+                self.fwd.live.fetch_sub(1, Ordering::SeqCst);
+                Err(LaunchError::Io {
+                    what: "starting an output-forwarding thread",
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Looks for ranks that ended; returns the first failure seen in this pass.
+    fn poll(&mut self) -> Option<(usize, RankExit)> {
+        let mut failed = None;
+        for (i, r) in self.ranks.iter_mut().enumerate() {
+            if r.exit.is_some() {
+                continue;
+            }
+            if let Some(st) = poll_exit(r) {
+                r.exit = Some(st);
+                if failed.is_none() && !st.success() {
+                    failed = Some((i, st));
+                }
+            }
+        }
+        failed
+    }
+
+    fn running(&self) -> Vec<usize> {
+        (0..self.ranks.len())
+            .filter(|&i| self.ranks[i].exit.is_none())
+            .collect()
+    }
+
+    /// Sends `sig` to the process group of every unreaped rank (those already exited
+    /// too: that reaches processes they left behind).
+    fn signal_all(&self, sig: i32) {
+        for r in &self.ranks {
+            if r.reaped || r.pid <= 0 {
+                continue;
+            }
+            // SAFETY: plain syscall; the pid is an unreaped child of ours, so neither
+            // it nor its process group id can belong to an unrelated process.
+            unsafe {
+                if libc::kill(-r.pid, sig) != 0 {
+                    libc::kill(r.pid, sig);
+                }
+            }
+        }
+    }
+
+    /// The wait loop: returns when every rank has ended.
+    fn wait(&mut self, grace: Duration) -> Result<(), LaunchError> {
+        let mut outcome: Option<LaunchError> = None;
+        let mut stopping_since: Option<Instant> = None;
+        let mut killed = false;
+        loop {
+            let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+            if sig != 0 {
+                if outcome.is_none() {
+                    outcome = Some(LaunchError::Interrupted {
+                        signal: sig,
+                        stopped: self.running(),
+                    });
+                    self.signal_all(sig);
+                    stopping_since = Some(Instant::now());
+                } else if !killed {
+                    // A second signal while stopping: do not wait for the grace period.
+                    self.signal_all(libc::SIGKILL);
+                    killed = true;
+                }
+            }
+            if let Some((rank, status)) = self.poll() {
+                if outcome.is_none() {
+                    outcome = Some(LaunchError::RankFailed {
+                        rank,
+                        status,
+                        stopped: self.running(),
+                    });
+                    self.signal_all(libc::SIGTERM);
+                    stopping_since = Some(Instant::now());
+                }
+            }
+            if self.ranks.iter().all(|r| r.exit.is_some()) {
+                break;
+            }
+            if let Some(since) = stopping_since {
+                if !killed && since.elapsed() >= grace {
+                    self.signal_all(libc::SIGKILL);
+                    killed = true;
+                }
+            }
+            thread::sleep(POLL);
+        }
+        match outcome {
+            Some(e) => {
+                // Leftovers in the ranks' process groups (children that ignored SIGTERM).
+                self.signal_all(libc::SIGKILL);
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Stops every started rank (SIGTERM, SIGKILL after `grace`) and waits for them.
+    fn stop(&mut self, grace: Duration) {
+        self.signal_all(libc::SIGTERM);
+        let since = Instant::now();
+        loop {
+            self.poll();
+            if self.ranks.iter().all(|r| r.exit.is_some()) || since.elapsed() >= grace {
+                break;
+            }
+            thread::sleep(POLL);
+        }
+        self.signal_all(libc::SIGKILL);
+    }
+
+    /// Reaps every rank, then waits for the forwarders to reach end of output.
+    fn reap_and_drain(&mut self) {
+        for r in &mut self.ranks {
+            if !r.reaped {
+                let _ = r.child.wait();
+                r.reaped = true;
+            }
+        }
+        let mut last = self.fwd.progress.load(Ordering::SeqCst);
+        let mut idle_since = Instant::now();
+        while self.fwd.live.load(Ordering::SeqCst) > 0 {
+            let now = self.fwd.progress.load(Ordering::SeqCst);
+            if now != last || self.fwd.writing.load(Ordering::SeqCst) > 0 {
+                last = now;
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() >= DRAIN_IDLE {
+                // Something outside the job holds a pipe open; leave its reader behind.
+                self.readers.clear();
+                return;
+            }
+            thread::sleep(POLL);
+        }
+        for h in self.readers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Whether the rank has ended, without reaping it (so its pid stays ours to signal).
+#[cfg(target_os = "linux")]
+fn poll_exit(r: &mut Rank) -> Option<RankExit> {
+    // SAFETY: siginfo_t is plain data; all-zero is a valid value and waitid fills it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let id = libc::id_t::try_from(r.pid).unwrap_or(0);
+    // SAFETY: `info` is a valid, writable siginfo_t.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            id,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    if rc != 0 {
+        return try_wait_exit(r);
+    }
+    // SAFETY: waitid filled the SIGCHLD fields (or left the zeroed struct: si_pid 0).
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return None;
+    }
+    match info.si_code {
+        libc::CLD_EXITED => Some(RankExit::Code(status)),
+        libc::CLD_KILLED | libc::CLD_DUMPED => Some(RankExit::Signal(status)),
+        _ => None,
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn poll_exit(r: &mut Rank) -> Option<RankExit> {
+    try_wait_exit(r)
+}
+
+/// Fallback that reaps: the rank is then no longer signalled.
+fn try_wait_exit(r: &mut Rank) -> Option<RankExit> {
+    match r.child.try_wait() {
+        Ok(Some(st)) => {
+            r.reaped = true;
+            Some(match (st.code(), st.signal()) {
+                (Some(c), _) => RankExit::Code(c),
+                (None, Some(s)) => RankExit::Signal(s),
+                (None, None) => RankExit::Code(1),
+            })
+        }
+        Ok(None) => None,
+        Err(_) => {
+            // Not our child any more (cannot happen unless someone else reaped it).
+            r.reaped = true;
+            Some(RankExit::Code(1))
+        }
+    }
+}
+
+/// On Linux, have the kernel SIGKILL the rank if the launcher dies, so a killed launcher
+/// leaves no orphans.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    // SAFETY: the closure only makes async-signal-safe syscalls (prctl, getppid).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                // The launcher died before prctl took effect.
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut Command) {}
+
+#[derive(Clone, Copy, Debug)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Shared state of the output forwarders, watched by [`Job::reap_and_drain`].
+#[derive(Default)]
+struct Forwarding {
+    /// Forwarders not yet at end of output.
+    live: AtomicUsize,
+    /// Forwarders inside a write to our stdout/stderr (a slow reader is not a hang).
+    writing: AtomicUsize,
+    /// Lines read so far, all ranks together.
+    progress: AtomicU64,
+}
+
+/// Held while writing a line to stdout or stderr, so that lines of different ranks (and of
+/// stdout and stderr sharing a terminal) never interleave.
+static OUTPUT: Mutex<()> = Mutex::new(());
+
+fn lock_output() -> std::sync::MutexGuard<'static, ()> {
+    OUTPUT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Copies `pipe` to our `stream` line by line with a `[rank] ` prefix. Bytes pass
+/// through as they are; a last line without a newline gets one. If our own output is
+/// closed the pipe is still drained, so the rank never blocks on a full pipe.
+fn forward_lines(rank: usize, pipe: impl Read, stream: Stream, fwd: &Forwarding) {
+    let prefix = format!("[{rank}] ");
+    let mut reader = BufReader::with_capacity(64 * 1024, pipe);
+    let mut line: Vec<u8> = Vec::new();
+    let mut output_ok = true;
+    loop {
+        line.clear();
+        line.extend_from_slice(prefix.as_bytes());
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        fwd.progress.fetch_add(1, Ordering::SeqCst);
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        if output_ok {
+            fwd.writing.fetch_add(1, Ordering::SeqCst);
+            output_ok = write_line(stream, &line).is_ok();
+            fwd.writing.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    fwd.live.fetch_sub(1, Ordering::SeqCst);
+}
+
+fn write_line(stream: Stream, line: &[u8]) -> io::Result<()> {
+    let _guard = lock_output();
+    match stream {
+        Stream::Stdout => {
+            let mut out = io::stdout().lock();
+            out.write_all(line)?;
+            out.flush()
+        }
+        Stream::Stderr => {
+            let mut err = io::stderr().lock();
+            err.write_all(line)?;
+            err.flush()
+        }
+    }
+}
+
+/// The last SIGINT/SIGTERM the launcher received and has not yet forwarded (0: none).
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn record_signal(sig: libc::c_int) {
+    PENDING_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// Routes SIGINT and SIGTERM to [`PENDING_SIGNAL`] while a job runs; restores the
+/// previous handlers on drop.
+struct SignalGuard {
+    previous: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl SignalGuard {
+    fn install() -> io::Result<Self> {
+        PENDING_SIGNAL.store(0, Ordering::SeqCst);
+        let mut guard = SignalGuard {
+            previous: Vec::new(),
+        };
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: sigaction is plain data; the handler only stores to an atomic, which
+            // is async-signal-safe.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = record_signal as extern "C" fn(libc::c_int) as usize;
+                action.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut action.sa_mask);
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &action, &mut old) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                guard.previous.push((sig, old));
+            }
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        for (sig, old) in &self.previous {
+            // SAFETY: restores an action the OS gave us.
+            unsafe {
+                libc::sigaction(*sig, old, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_and_exit_codes() {
+        let e = LaunchError::RankFailed {
+            rank: 1,
+            status: RankExit::Code(3),
+            stopped: vec![0, 2, 3],
+        };
+        assert_eq!(
+            e.to_string(),
+            "rank 1 failed (exit status 3); stopped ranks 0, 2, 3"
+        );
+        assert_eq!(e.exit_code(), 3);
+        let e = LaunchError::RankFailed {
+            rank: 0,
+            status: RankExit::Signal(libc::SIGKILL),
+            stopped: vec![1],
+        };
+        assert_eq!(
+            e.to_string(),
+            "rank 0 failed (killed by signal 9 SIGKILL); stopped rank 1"
+        );
+        assert_eq!(e.exit_code(), 137);
+        let e = LaunchError::RankFailed {
+            rank: 2,
+            status: RankExit::Signal(64),
+            stopped: vec![],
+        };
+        assert_eq!(e.to_string(), "rank 2 failed (killed by signal 64)");
+        let e = LaunchError::Interrupted {
+            signal: libc::SIGINT,
+            stopped: vec![0, 1],
+        };
+        assert_eq!(
+            e.to_string(),
+            "interrupted by signal 2 SIGINT; stopped ranks 0, 1"
+        );
+        assert_eq!(e.exit_code(), 130);
+        assert_eq!(LaunchError::NoRanks(0).exit_code(), 2);
+    }
 }
 
 /// Placeholder until the launcher lands.
