@@ -24,13 +24,19 @@ fn cfg(rank: usize, n: usize, store: &StoreServer) -> Config {
 
 /// Starts rank 0 of a 2-rank job whose "rank 1" is `fake`, a function that plays the
 /// peer on a raw socket. Returns rank 0's init result.
-fn rank0_against_fake(fake: impl FnOnce(TcpStream, u64) + Send + 'static) -> ferroccl::Result<Communicator> {
+fn rank0_against_fake(
+    fake: impl FnOnce(TcpStream, u64) + Send + 'static,
+) -> ferroccl::Result<Communicator> {
     let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
-    let mut client = StoreClient::connect(&store.local_addr().to_string(), Duration::from_secs(5)).unwrap();
+    let mut client =
+        StoreClient::connect(&store.local_addr().to_string(), Duration::from_secs(5)).unwrap();
     let comm_id = client.join(1, 2).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     client
-        .set("addr/1", listener.local_addr().unwrap().to_string().as_bytes())
+        .set(
+            "addr/1",
+            listener.local_addr().unwrap().to_string().as_bytes(),
+        )
         .unwrap();
     let t = std::thread::spawn(move || {
         let (s, _) = listener.accept().unwrap();
@@ -60,7 +66,8 @@ fn read_hello(s: &mut TcpStream) -> Hello {
 fn peer_with_wrong_magic_is_rejected() {
     let r = rank0_against_fake(|mut s, _| {
         let _ = read_hello(&mut s);
-        s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n....").unwrap();
+        s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n....")
+            .unwrap();
     });
     match r {
         Err(Error::Handshake { peer, detail }) => {
@@ -86,7 +93,9 @@ fn peer_with_wrong_communicator_id_is_rejected() {
         s.write_all(&reply.encode()).unwrap();
     });
     match r {
-        Err(Error::Handshake { detail, .. }) => assert!(detail.contains("communicator id"), "{detail}"),
+        Err(Error::Handshake { detail, .. }) => {
+            assert!(detail.contains("communicator id"), "{detail}")
+        }
         other => panic!("expected a handshake error, got {other:?}"),
     }
 }
@@ -106,7 +115,9 @@ fn peer_with_other_protocol_version_is_rejected() {
         s.write_all(&reply.encode()).unwrap();
     });
     match r {
-        Err(Error::Handshake { detail, .. }) => assert!(detail.contains("protocol version"), "{detail}"),
+        Err(Error::Handshake { detail, .. }) => {
+            assert!(detail.contains("protocol version"), "{detail}")
+        }
         other => panic!("expected a handshake error, got {other:?}"),
     }
 }
@@ -140,7 +151,8 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
         });
         let _ = tx.send((1, r));
     });
-    let mut client = StoreClient::connect(&store.local_addr().to_string(), Duration::from_secs(5)).unwrap();
+    let mut client =
+        StoreClient::connect(&store.local_addr().to_string(), Duration::from_secs(5)).unwrap();
     let addr = String::from_utf8(client.get("addr/1", Duration::from_secs(10)).unwrap()).unwrap();
 
     // 1: garbage. The connection is dropped.
@@ -149,7 +161,10 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut b = [0u8; 32];
     let got = s.read(&mut b).unwrap_or(0);
-    assert_eq!(got, 0, "a stranger sending garbage gets no answer, just a closed socket");
+    assert_eq!(
+        got, 0,
+        "a stranger sending garbage gets no answer, just a closed socket"
+    );
 
     // 2: a ferroccl process of another job (wrong communicator id): refused with a reason.
     let mut s = TcpStream::connect(&addr).unwrap();
@@ -177,7 +192,9 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
         let _ = tx0.send((0, r));
     });
     for rx in [&rx, &rx0] {
-        let (rank, r) = rx.recv_timeout(Duration::from_secs(20)).expect("rank finished in time");
+        let (rank, r) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("rank finished in time");
         let v = r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         assert!(v.iter().all(|&x| x == 3.0), "rank {rank} got {:?}", &v[..4]);
     }
@@ -186,7 +203,11 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
 #[test]
 fn store_unreachable_is_a_typed_error() {
     // A port nobody listens on: bind, note the port, close.
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut c = Config::new(1, 2, format!("127.0.0.1:{port}"));
     c.connect_timeout = Duration::from_millis(500);
     let t0 = std::time::Instant::now();
@@ -215,5 +236,8 @@ fn inconsistent_world_size_across_ranks_is_a_typed_error() {
     c.connect_timeout = Duration::from_secs(2);
     let e = Communicator::init(c).unwrap_err();
     let text = e.to_string();
-    assert!(text.contains('3') && text.contains('2'), "error names both sizes: {text}");
+    assert!(
+        text.contains('3') && text.contains('2'),
+        "error names both sizes: {text}"
+    );
 }

@@ -190,9 +190,17 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
                 .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
             let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
             cmd.extend(std::env::args_os().skip(1));
-            crate::launch::run_quiet_rank0(a.ranks, &cmd)
-                .map(|_| true)
-                .map_err(|e| ferroccl::Error::InvalidArgument(format!("local ranks failed: {e}")))
+            let opts = crate::launch::LaunchOptions {
+                bare_stdout_rank: Some(0),
+                ..Default::default()
+            };
+            match crate::launch::run(a.ranks, &cmd, &opts) {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    eprintln!("ferroccl bench: {e}");
+                    Ok(false)
+                }
+            }
         }
     }
 }

@@ -70,6 +70,9 @@ pub struct LaunchOptions {
     pub master_port: Option<u16>,
     /// How long stopped ranks get between SIGTERM and SIGKILL.
     pub grace_period: Duration,
+    /// A rank whose stdout is passed through without the `[rank] ` prefix (`ferroccl
+    /// bench` uses it so rank 0's table reads as the tool's own output).
+    pub bare_stdout_rank: Option<usize>,
 }
 
 impl Default for LaunchOptions {
@@ -78,6 +81,7 @@ impl Default for LaunchOptions {
             master_addr: Ipv4Addr::LOCALHOST.to_string(),
             master_port: None,
             grace_period: Duration::from_secs(3),
+            bare_stdout_rank: None,
         }
     }
 }
@@ -268,7 +272,10 @@ pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(
         what: "installing SIGINT/SIGTERM handlers",
         source,
     })?;
-    let mut job = Job::new(Arc::new(Forwarding::default()));
+    let mut job = Job::new(Arc::new(Forwarding {
+        bare_stdout_rank: opts.bare_stdout_rank,
+        ..Forwarding::default()
+    }));
     let result = job.start(nproc, program, args, &opts.master_addr, port);
     let result = match result {
         Ok(()) => job.wait(opts.grace_period),
@@ -627,6 +634,8 @@ struct Forwarding {
     writing: AtomicUsize,
     /// Lines read so far, all ranks together.
     progress: AtomicU64,
+    /// The rank whose stdout lines get no prefix.
+    bare_stdout_rank: Option<usize>,
 }
 
 /// Held while writing a line to stdout or stderr, so that lines of different ranks (and of
@@ -641,7 +650,12 @@ fn lock_output() -> std::sync::MutexGuard<'static, ()> {
 /// through as they are; a last line without a newline gets one. If our own output is
 /// closed the pipe is still drained, so the rank never blocks on a full pipe.
 fn forward_lines(rank: usize, pipe: impl Read, stream: Stream, fwd: &Forwarding) {
-    let prefix = format!("[{rank}] ");
+    let bare = matches!(stream, Stream::Stdout) && fwd.bare_stdout_rank == Some(rank);
+    let prefix = if bare {
+        String::new()
+    } else {
+        format!("[{rank}] ")
+    };
     let mut reader = BufReader::with_capacity(64 * 1024, pipe);
     let mut line: Vec<u8> = Vec::new();
     let mut output_ok = true;
@@ -773,9 +787,4 @@ mod tests {
         assert_eq!(e.exit_code(), 130);
         assert_eq!(LaunchError::NoRanks(0).exit_code(), 2);
     }
-}
-
-/// Placeholder until the launcher lands.
-pub fn run_quiet_rank0(_n: usize, _cmd: &[std::ffi::OsString]) -> Result<(), String> {
-    Err("launch not yet implemented".into())
 }
