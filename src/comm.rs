@@ -5,9 +5,9 @@ use crate::reduce::{check_op, Element, ReduceOp};
 use crate::rendezvous::{self, StoreClient, StoreServer};
 use crate::transport::tcp::{self, ConnectCtx, TcpOptions};
 use crate::transport::{local, Links, TransportKind, Waiter};
-use crate::wire::{Fingerprint, FrameError, OpKind, Peer, WireStats};
+use crate::wire::{Algorithm, Fingerprint, FrameError, OpKind, Peer, WireStats};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default for [`Config::timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -18,7 +18,9 @@ pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
 /// Default for [`Config::socket_buffer`].
 pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
 /// Default for [`Config::busy_poll`].
-pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(100);
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(300);
+/// Default for [`Config::small_message_bytes`].
+pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 64 << 10;
 /// Default rendezvous port, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -55,8 +57,14 @@ pub struct Config {
     /// How long a collective keeps polling its links (yielding the CPU between polls)
     /// before it sleeps until the kernel wakes it. Waking a sleeping thread costs tens
     /// of microseconds, which dominates small messages; polling a little first avoids
-    /// it. `Duration::ZERO` always sleeps. Default 100 µs.
+    /// it. `Duration::ZERO` always sleeps. Default 300 µs.
     pub busy_poll: Duration,
+    /// All-reduces of at most this many bytes use recursive doubling (`log2 n` steps,
+    /// each moving the whole buffer) instead of the ring (`2(n-1)` steps, each moving
+    /// `1/n` of it): for small messages latency, not bandwidth, is the cost. 0 always
+    /// uses the ring. Must be equal on every rank. Default 64 KiB, where the two cross
+    /// over on loopback TCP at 2 and 4 ranks.
+    pub small_message_bytes: usize,
 }
 
 impl Config {
@@ -74,6 +82,7 @@ impl Config {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             socket_buffer: DEFAULT_SOCKET_BUFFER,
             busy_poll: DEFAULT_BUSY_POLL,
+            small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
         }
     }
 
@@ -114,6 +123,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "segment_bytes {} must be in 1..=1 GiB",
                 self.segment_bytes
+            )));
+        }
+        if self.small_message_bytes > u32::MAX as usize {
+            return Err(Error::Config(format!(
+                "small_message_bytes {} must fit a frame (< 4 GiB)",
+                self.small_message_bytes
             )));
         }
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
@@ -157,12 +172,17 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// The ranks a rank links to: its ring neighbours.
-fn ring_peers(rank: usize, n: usize) -> Vec<usize> {
+/// The ranks a rank links to: its ring neighbours and its recursive-doubling partners
+/// (at most `2 + log2 n` links).
+fn link_peers(rank: usize, n: usize) -> Vec<usize> {
     if n == 1 {
         return vec![];
     }
-    vec![(rank + n - 1) % n, (rank + 1) % n]
+    let mut v = vec![(rank + n - 1) % n, (rank + 1) % n];
+    v.extend(crate::doubling::peers(rank, n));
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 impl Communicator {
@@ -209,7 +229,7 @@ impl Communicator {
                 opts,
             },
             listener,
-            &ring_peers(cfg.rank, cfg.world_size),
+            &link_peers(cfg.rank, cfg.world_size),
         )?;
         tracing::debug!(
             rank = cfg.rank,
@@ -228,7 +248,7 @@ impl Communicator {
         probe.world_size = world_size;
         probe.validate()?;
         let groups = local::group(world_size, local::PIPE_CAPACITY, |r| {
-            ring_peers(r, world_size)
+            link_peers(r, world_size)
         });
         Ok(groups
             .into_iter()
@@ -343,9 +363,22 @@ impl Communicator {
     pub fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         self.check_usable()?;
         check_op(T::DTYPE, op)?;
-        let fp = self.begin(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None)?;
-        let r = crate::ring::all_reduce(self, buf, op, &fp);
+        let algo = self.all_reduce_algorithm(std::mem::size_of_val(buf));
+        let fp = self.begin(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None, algo)?;
+        let r = match algo {
+            Algorithm::RecursiveDoubling => crate::doubling::all_reduce(self, buf, op, &fp),
+            _ => crate::ring::all_reduce(self, buf, op, &fp),
+        };
         self.finish(r)
+    }
+
+    /// The algorithm an all-reduce of `bytes` bytes uses on this communicator.
+    pub fn all_reduce_algorithm(&self, bytes: usize) -> Algorithm {
+        if bytes <= self.cfg.small_message_bytes && self.world_size > 1 {
+            Algorithm::RecursiveDoubling
+        } else {
+            Algorithm::Ring
+        }
     }
 
     /// Out-of-place all-reduce: `recv` receives the reduction of every rank's `send`.
@@ -383,6 +416,7 @@ impl Communicator {
         op: Option<ReduceOp>,
         count: usize,
         root: Option<usize>,
+        algo: Algorithm,
     ) -> Result<Fingerprint> {
         self.check_usable()?;
         let fp = Fingerprint {
@@ -392,6 +426,7 @@ impl Communicator {
             op,
             count: count as u64,
             root: root.map(|r| r as u32),
+            algo,
         };
         self.seq += 1;
         Ok(fp)
@@ -462,6 +497,56 @@ impl Communicator {
                 }
             }
         }
+    }
+}
+
+/// What a collective's progress loop does when no link moved: poll a little longer
+/// (yielding the CPU), sleep in the transport's waiter, or give up with
+/// [`Error::Timeout`] once [`Config::timeout`] has passed without progress.
+pub(crate) struct Pacer {
+    last: Instant,
+    timeout: Duration,
+    busy_poll: Duration,
+}
+
+impl Pacer {
+    pub fn new(cfg: &Config) -> Self {
+        Pacer {
+            last: Instant::now(),
+            timeout: cfg.timeout,
+            busy_poll: cfg.busy_poll,
+        }
+    }
+
+    /// Something moved: the no-progress clock restarts.
+    pub fn moved(&mut self) {
+        self.last = Instant::now();
+    }
+
+    /// Nothing moved. `waiting_for` describes what is awaited, for the timeout error.
+    pub fn idle(
+        &mut self,
+        waiter: &mut dyn Waiter,
+        rank: usize,
+        fp: &Fingerprint,
+        waiting_for: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let idle = self.last.elapsed();
+        if idle < self.busy_poll {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        if idle >= self.timeout {
+            return Err(Error::Timeout {
+                rank,
+                op: fp.to_string(),
+                after: idle,
+                waiting_for: waiting_for(),
+            });
+        }
+        waiter
+            .wait((self.timeout - idle).min(Duration::from_millis(500)))
+            .map_err(|e| Error::io(format!("rank {rank}: waiting on links during {fp}"), e))
     }
 }
 

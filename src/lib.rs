@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 pub mod comm;
+mod doubling;
 pub mod error;
 pub mod reduce;
 pub mod rendezvous;
@@ -13,4 +14,4 @@ pub mod wire;
 pub use comm::{Communicator, Config};
 pub use error::{Error, Result};
 pub use reduce::{DataType, Element, ReduceOp};
-pub use wire::WireStats;
+pub use wire::{Algorithm, WireStats};

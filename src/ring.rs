@@ -13,12 +13,11 @@
 //! side until both would block, then sleeps in the transport's waiter. A wait that sees
 //! no byte move for [`crate::Config::timeout`] fails naming what it waited for.
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Pacer};
 use crate::error::{Error, Result};
 use crate::reduce::{kernels, Element, ReduceOp};
 use crate::schedule::{self, Transfer};
 use crate::wire::{Fingerprint, FrameHeader, InFrame, OutFrame};
-use std::time::{Duration, Instant};
 
 /// In-place ring all-reduce of `buf` (the caller has checked op and poisoning).
 pub(crate) fn all_reduce<T: Element>(
@@ -101,9 +100,7 @@ fn run_ring(
     let mut ri = 0; // next receive frame
     let mut out: Option<OutFrame> = None;
     let mut inp: Option<InFrame> = None;
-    let timeout = c.cfg.timeout;
-    let busy_poll = c.cfg.busy_poll;
-    let mut last_progress = Instant::now();
+    let mut pacer = Pacer::new(&c.cfg);
 
     while si < sends.len() || ri < recvs.len() {
         let mut progressed = false;
@@ -199,18 +196,12 @@ fn run_ring(
         if si == sends.len() && ri == recvs.len() {
             break;
         }
-        let now = Instant::now();
         if progressed {
-            last_progress = now;
+            pacer.moved();
             continue;
         }
-        let idle = now - last_progress;
-        if idle < busy_poll {
-            std::thread::yield_now();
-            continue;
-        }
-        if idle >= timeout {
-            let waiting_for = if ri < recvs.len() && (si == sends.len() || inp.is_some()) {
+        pacer.idle(&mut *c.waiter, rank, fp, || {
+            if ri < recvs.len() && (si == sends.len() || inp.is_some()) {
                 let f = &recvs[ri];
                 format!("data from rank {left} (step {}, segment {})", f.step, f.seg)
             } else {
@@ -219,17 +210,8 @@ fn run_ring(
                     "rank {right} to take data (step {}, segment {})",
                     f.step, f.seg
                 )
-            };
-            return Err(Error::Timeout {
-                rank,
-                op: fp.to_string(),
-                after: idle,
-                waiting_for,
-            });
-        }
-        c.waiter
-            .wait((timeout - idle).min(Duration::from_millis(500)))
-            .map_err(|e| Error::io(format!("rank {rank}: waiting on links during {fp}"), e))?;
+            }
+        })?;
     }
     Ok(())
 }

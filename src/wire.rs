@@ -16,7 +16,7 @@
 //! | 4 | kind |
 //! | 5 | dtype |
 //! | 6 | op (255: none) |
-//! | 7 | reserved, 0 |
+//! | 7 | algorithm |
 //! | 8..16 | sequence number |
 //! | 16..24 | element count of the collective |
 //! | 24..28 | root rank (`u32::MAX`: none) |
@@ -61,6 +61,41 @@ impl OpKind {
     }
 }
 
+/// How a collective moves its data. Chosen identically on every rank from the call's
+/// size and the [`crate::Config`]; carried on the wire so a disagreement is reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Ring: bandwidth-optimal, `2(n-1)` latency-bound steps.
+    Ring,
+    /// Recursive doubling: `log2(n)` steps (plus two when `n` is not a power of two),
+    /// sending the whole buffer at each; latency-optimal for small messages.
+    RecursiveDoubling,
+}
+
+impl Algorithm {
+    /// The name used in messages and bench output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "recursive doubling",
+        }
+    }
+    fn code(self) -> u8 {
+        match self {
+            Algorithm::Ring => 0,
+            Algorithm::RecursiveDoubling => 1,
+        }
+    }
+    fn from_code(c: u8) -> Option<Self> {
+        match c {
+            0 => Some(Algorithm::Ring),
+            1 => Some(Algorithm::RecursiveDoubling),
+            _ => None,
+        }
+    }
+}
+
 /// What a collective call was, as every participating rank must agree on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fingerprint {
@@ -76,6 +111,8 @@ pub struct Fingerprint {
     pub count: u64,
     /// Root rank, for rooted collectives.
     pub root: Option<u32>,
+    /// How the data moves.
+    pub algo: Algorithm,
 }
 
 impl fmt::Display for Fingerprint {
@@ -94,7 +131,7 @@ impl fmt::Display for Fingerprint {
         if let Some(root) = self.root {
             write!(f, ", root {root}")?;
         }
-        f.write_str(")")
+        write!(f, ", {})", self.algo.name())
     }
 }
 
@@ -119,6 +156,7 @@ impl FrameHeader {
         b[4] = self.fp.kind.code();
         b[5] = self.fp.dtype.code();
         b[6] = self.fp.op.map_or(255, ReduceOp::code);
+        b[7] = self.fp.algo.code();
         b[8..16].copy_from_slice(&self.fp.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.fp.count.to_le_bytes());
         b[24..28].copy_from_slice(&self.fp.root.unwrap_or(u32::MAX).to_le_bytes());
@@ -144,6 +182,8 @@ impl FrameHeader {
             255 => None,
             c => Some(ReduceOp::from_code(c).ok_or_else(|| format!("unknown reduce op {c}"))?),
         };
+        let algo =
+            Algorithm::from_code(b[7]).ok_or_else(|| format!("unknown algorithm {}", b[7]))?;
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| {
             let mut x = [0u8; 8];
@@ -162,6 +202,7 @@ impl FrameHeader {
                 op,
                 count: u64_at(16),
                 root,
+                algo,
             },
             step: u32_at(28),
             seg: u32_at(32),
@@ -372,6 +413,7 @@ mod tests {
                 op: Some(ReduceOp::Max),
                 count: 1 << 40,
                 root: None,
+                algo: Algorithm::Ring,
             },
             step: 3,
             seg: 9,
@@ -386,6 +428,7 @@ mod tests {
         let mut r = h;
         r.fp.root = Some(5);
         r.fp.op = None;
+        r.fp.algo = Algorithm::RecursiveDoubling;
         assert_eq!(FrameHeader::decode(&r.encode()), Ok(r));
     }
 
@@ -401,7 +444,7 @@ mod tests {
     fn fingerprint_reads_like_a_call() {
         assert_eq!(
             header().fp.to_string(),
-            "all_reduce #17 (bfloat16, 1099511627776 elements, max)"
+            "all_reduce #17 (bfloat16, 1099511627776 elements, max, ring)"
         );
     }
 
@@ -412,10 +455,8 @@ mod tests {
             b[..32].copy_from_slice(&bytes);
             b[32..].copy_from_slice(&tail);
             if let Ok(h) = FrameHeader::decode(&b) {
-                // Whatever decodes re-encodes to the same bytes (reserved byte aside).
-                let mut e = h.encode();
-                e[7] = b[7];
-                prop_assert_eq!(e, b);
+                // Whatever decodes re-encodes to the same bytes.
+                prop_assert_eq!(h.encode(), b);
             }
         }
     }

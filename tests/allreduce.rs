@@ -56,9 +56,14 @@ fn check_case<T: Element>(
     op: ReduceOp,
     seg_bytes: usize,
     seed: u64,
+    algo: Algo,
 ) -> Result<(), String> {
     let mut cfg = test_config();
     cfg.segment_bytes = seg_bytes;
+    cfg.small_message_bytes = match algo {
+        Algo::Ring => 0,
+        Algo::Doubling => u32::MAX as usize,
+    };
     let results = run(n, net, &cfg, DEADLINE, move |c| {
         let mut v = input::<T>(seed, c.rank(), count, op);
         c.all_reduce(&mut v, op)?;
@@ -95,7 +100,7 @@ fn check_case<T: Element>(
             results[0][i] == T::from_f64(want)
         };
         if !ok {
-            return Err(format!("{dt} {op} n={n} count={count} seg={seg_bytes}: element {i} is {got}, reference {want}"));
+            return Err(format!("{dt} {op} {algo:?} n={n} count={count} seg={seg_bytes}: element {i} is {got}, reference {want}"));
         }
     }
     for (r, v) in results.iter().enumerate() {
@@ -108,6 +113,14 @@ fn check_case<T: Element>(
     Ok(())
 }
 
+/// Which all-reduce algorithm a case forces.
+#[derive(Clone, Copy, Debug)]
+enum Algo {
+    Ring,
+    Doubling,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn check_dyn(
     net: Net,
     dt: DataType,
@@ -116,18 +129,19 @@ fn check_dyn(
     op: ReduceOp,
     seg_bytes: usize,
     seed: u64,
+    algo: Algo,
 ) -> Result<(), String> {
     if op == ReduceOp::Avg && !dt.is_float() {
         return Ok(()); // refused by design; tested separately
     }
     match dt {
-        DataType::F32 => check_case::<f32>(net, n, count, op, seg_bytes, seed),
-        DataType::F64 => check_case::<f64>(net, n, count, op, seg_bytes, seed),
-        DataType::F16 => check_case::<f16>(net, n, count, op, seg_bytes, seed),
-        DataType::BF16 => check_case::<bf16>(net, n, count, op, seg_bytes, seed),
-        DataType::I32 => check_case::<i32>(net, n, count, op, seg_bytes, seed),
-        DataType::I64 => check_case::<i64>(net, n, count, op, seg_bytes, seed),
-        DataType::U8 => check_case::<u8>(net, n, count, op, seg_bytes, seed),
+        DataType::F32 => check_case::<f32>(net, n, count, op, seg_bytes, seed, algo),
+        DataType::F64 => check_case::<f64>(net, n, count, op, seg_bytes, seed, algo),
+        DataType::F16 => check_case::<f16>(net, n, count, op, seg_bytes, seed, algo),
+        DataType::BF16 => check_case::<bf16>(net, n, count, op, seg_bytes, seed, algo),
+        DataType::I32 => check_case::<i32>(net, n, count, op, seg_bytes, seed, algo),
+        DataType::I64 => check_case::<i64>(net, n, count, op, seg_bytes, seed, algo),
+        DataType::U8 => check_case::<u8>(net, n, count, op, seg_bytes, seed, algo),
         _ => unreachable!(),
     }
 }
@@ -138,6 +152,9 @@ fn any_dtype() -> impl Strategy<Value = DataType> {
 fn any_op() -> impl Strategy<Value = ReduceOp> {
     prop::sample::select(ReduceOp::ALL.to_vec())
 }
+fn any_algo() -> impl Strategy<Value = Algo> {
+    prop::sample::select(vec![Algo::Ring, Algo::Doubling])
+}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
@@ -146,16 +163,16 @@ proptest! {
     #[test]
     fn all_reduce_matches_reference_in_process(
         n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(), op in any_op(),
-        seg_elems in 1usize..=4096, seed in any::<u64>(),
+        seg_elems in 1usize..=4096, seed in any::<u64>(), algo in any_algo(),
     ) {
-        let r = check_dyn(Net::Local, dt, n, count, op, seg_elems * dt.size(), seed);
+        let r = check_dyn(Net::Local, dt, n, count, op, seg_elems * dt.size(), seed, algo);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
     /// Counts at and around the world size, where chunks are empty or uneven.
     #[test]
-    fn small_counts_in_process(n in 1usize..=8, count in 0usize..=17, dt in any_dtype(), op in any_op(), seed in any::<u64>()) {
-        let r = check_dyn(Net::Local, dt, n, count, op, 4 * dt.size(), seed);
+    fn small_counts_in_process(n in 1usize..=8, count in 0usize..=17, dt in any_dtype(), op in any_op(), seed in any::<u64>(), algo in any_algo()) {
+        let r = check_dyn(Net::Local, dt, n, count, op, 4 * dt.size(), seed, algo);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }
@@ -166,9 +183,9 @@ proptest! {
     #[test]
     fn all_reduce_matches_reference_over_tcp(
         n in 1usize..=5, count in 0usize..=20_000, dt in any_dtype(), op in any_op(),
-        seg_elems in 1usize..=8192, seed in any::<u64>(),
+        seg_elems in 1usize..=8192, seed in any::<u64>(), algo in any_algo(),
     ) {
-        let r = check_dyn(Net::Tcp, dt, n, count, op, seg_elems * dt.size(), seed);
+        let r = check_dyn(Net::Tcp, dt, n, count, op, seg_elems * dt.size(), seed, algo);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }
@@ -178,7 +195,19 @@ fn edge_worlds_and_counts() {
     // The STYLE.md matrix: worlds 1, 2, 3, 7, 8, 16; counts 0, 1, < n, not divisible, large.
     for n in [1usize, 2, 3, 7, 8, 16] {
         for count in [0, 1, n.saturating_sub(1), 2 * n + 1, 100_003] {
-            check_dyn(Net::Local, DataType::F32, n, count, ReduceOp::Sum, 4096, 7).unwrap();
+            for algo in [Algo::Ring, Algo::Doubling] {
+                check_dyn(
+                    Net::Local,
+                    DataType::F32,
+                    n,
+                    count,
+                    ReduceOp::Sum,
+                    4096,
+                    7,
+                    algo,
+                )
+                .unwrap();
+            }
         }
     }
 }
@@ -195,6 +224,7 @@ fn large_message_over_tcp_pipelines_many_segments() {
         ReduceOp::Sum,
         64 << 10,
         11,
+        Algo::Ring,
     )
     .unwrap();
     check_dyn(
@@ -205,8 +235,49 @@ fn large_message_over_tcp_pipelines_many_segments() {
         ReduceOp::Max,
         1 << 20,
         12,
+        Algo::Ring,
     )
     .unwrap();
+    // Recursive doubling with a large buffer: whole-buffer frames larger than socket buffers.
+    check_dyn(
+        Net::Tcp,
+        DataType::F16,
+        5,
+        3 << 20,
+        ReduceOp::Sum,
+        1 << 20,
+        13,
+        Algo::Doubling,
+    )
+    .unwrap();
+}
+
+/// Recursive doubling's own law: ranks below p send log2(p)·S, plus S to their extra
+/// partner when n is not a power of two; the extras send S once.
+#[test]
+fn wire_bytes_of_recursive_doubling() {
+    for n in [2usize, 3, 4, 5, 8] {
+        let count = 999usize;
+        let res = run(n, Net::Local, &test_config(), DEADLINE, move |c| {
+            let before = c.wire_stats();
+            let mut v = vec![1i32; count];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok((c.wire_stats().since(&before), v[0]))
+        })
+        .unwrap();
+        let p = n.next_power_of_two() / if n.is_power_of_two() { 1 } else { 2 };
+        let s = (count * 4) as u64;
+        for (r, (st, v0)) in res.iter().enumerate() {
+            let stages = p.trailing_zeros() as u64;
+            let want = if r >= p {
+                s
+            } else {
+                stages * s + if r + p < n { s } else { 0 }
+            };
+            assert_eq!(st.payload_sent, want, "n={n} rank {r}");
+            assert_eq!(*v0, n as i32);
+        }
+    }
 }
 
 #[test]
@@ -224,6 +295,12 @@ fn out_of_place_leaves_input_alone() {
     }
 }
 
+fn ring_only() -> Config {
+    let mut c = test_config();
+    c.small_message_bytes = 0;
+    c
+}
+
 /// The ring law, counted by the links: each rank sends 2(n-1)/n·S payload bytes
 /// (within one element per chunk when S is not divisible by n), and the links' own
 /// byte counts equal payload plus headers.
@@ -232,7 +309,7 @@ fn wire_bytes_follow_the_ring_law() {
     for net in [Net::Local, Net::Tcp] {
         for n in [2usize, 3, 4, 7] {
             for count in [0usize, 1, 5, 1000, 65_536, 100_001] {
-                let res = run(n, net, &test_config(), DEADLINE, move |c| {
+                let res = run(n, net, &ring_only(), DEADLINE, move |c| {
                     let before = c.wire_stats();
                     let mut v = vec![1.0f32; count];
                     c.all_reduce(&mut v, ReduceOp::Sum)?;

@@ -57,6 +57,9 @@ pub struct BenchArgs {
     /// Seconds a collective may wait without progress.
     #[arg(long = "timeout", default_value_t = 60.0)]
     pub timeout: f64,
+    /// All-reduces up to this size use recursive doubling instead of the ring (0: always ring).
+    #[arg(long = "small-message-bytes", value_parser = parse_size)]
+    pub small_message_bytes: Option<usize>,
     /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
     #[arg(long = "busy-poll-us")]
     pub busy_poll_us: Option<u64>,
@@ -111,6 +114,9 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
         c.segment_bytes = s;
     }
     c.timeout = Duration::from_secs_f64(a.timeout.max(0.001));
+    if let Some(b) = a.small_message_bytes {
+        c.small_message_bytes = b;
+    }
     if let Some(us) = a.busy_poll_us {
         c.busy_poll = Duration::from_micros(us);
     }
@@ -315,16 +321,20 @@ fn bench_typed<T: Element>(
         println!("#");
         println!("# wire: payload bytes each rank sent per operation, counted by its links, over the ring law 2(n-1)/n*S");
         println!(
-            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7}",
-            "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "", ""
+            "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
+            c.config().small_message_bytes
         );
         println!(
-            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7}",
-            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "wire"
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
+            "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "", "", ""
         );
         println!(
-            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7}",
-            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(x law)"
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "wire", "algo"
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(x law)", ""
         );
     }
     let factor = if n > 1 {
@@ -400,7 +410,7 @@ fn bench_typed<T: Element>(
             };
             let gb = |us: f64| bytes as f64 / (us * 1e-6) / 1e9;
             println!(
-                "{:>12} {:>12} {:>8} {:>6} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6} {:>7}",
+                "{:>12} {:>12} {:>8} {:>6} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6} {:>7} {:>5}",
                 bytes,
                 count,
                 T::DTYPE.name(),
@@ -414,7 +424,11 @@ fn bench_typed<T: Element>(
                 gb(row.ip_us),
                 gb(row.ip_us) * factor,
                 if a.check != 0 { row.ip_wrong.to_string() } else { "N/A".into() },
-                wire_col
+                wire_col,
+                match c.all_reduce_algorithm(bytes) {
+                    ferroccl::Algorithm::Ring => "ring",
+                    _ => "rd",
+                }
             );
         }
         rows.push(row);
