@@ -143,8 +143,8 @@ mod tests {
             let c = c % n;
             let mut seen = vec![0u32; n];
             for t in 0..n.saturating_sub(1) {
-                for r in 0..n {
-                    if send_chunk(n, r, t) == c { seen[r] += 1; }
+                for (r, s) in seen.iter_mut().enumerate() {
+                    if send_chunk(n, r, t) == c { *s += 1; }
                 }
             }
             let owner = (0..n).find(|&r| owned_chunk(n, r) == c).unwrap();

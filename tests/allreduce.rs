@@ -389,13 +389,13 @@ fn many_operations_in_sequence_keep_their_order() {
         Ok(acc)
     })
     .unwrap();
-    for k in 0..50usize {
+    for (k, got) in res[0].iter().enumerate() {
         let want = if (k * 37) % 500 == 0 {
             None
         } else {
             Some(2 + k as i32)
         };
-        assert_eq!(res[0][k], want);
+        assert_eq!(*got, want, "operation {k}");
     }
 }
 
@@ -528,8 +528,8 @@ fn a_dead_peer_is_reported_not_waited_for() {
             .unwrap_err();
         Ok(Some((e, t0.elapsed())))
     });
-    for r in 0..2 {
-        let (e, took) = out[r].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
+    for (r, o) in out.iter().take(2).enumerate() {
+        let (e, took) = o.as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
         assert!(matches!(e, Error::PeerClosed { .. }), "rank {r}: {e}");
         assert!(*took < Duration::from_secs(5), "rank {r} took {took:?}");
     }

@@ -266,10 +266,19 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
 
     // Higher ranks first: they are accepting.
     for &p in want.iter().filter(|&&p| p > me) {
-        let raw = ctx.store.get(
-            &format!("addr/{p}"),
-            deadline.saturating_duration_since(Instant::now()),
-        )?;
+        let raw = ctx
+            .store
+            .get(
+                &format!("addr/{p}"),
+                deadline.saturating_duration_since(Instant::now()),
+            )
+            .map_err(|e| {
+                Error::Rendezvous(format!(
+                    "rank {me}: rank {p} did not publish its address within {:?}: has it started, \
+                     with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})",
+                    ctx.opts.connect_timeout
+                ))
+            })?;
         let text = String::from_utf8_lossy(&raw).into_owned();
         let addr: SocketAddr = text.parse().map_err(|_| {
             Error::Rendezvous(format!("rank {p} published an unparsable address {text:?}"))

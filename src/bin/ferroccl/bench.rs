@@ -57,6 +57,9 @@ pub struct BenchArgs {
     /// Seconds a collective may wait without progress.
     #[arg(long = "timeout", default_value_t = 60.0)]
     pub timeout: f64,
+    /// Seconds start-up may take (reaching the store, connecting to peers).
+    #[arg(long = "connect-timeout", default_value_t = 60.0)]
+    pub connect_timeout: f64,
     /// All-reduces up to this size use recursive doubling instead of the ring (0: always ring).
     #[arg(long = "small-message-bytes", value_parser = parse_size)]
     pub small_message_bytes: Option<usize>,
@@ -114,6 +117,7 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
         c.segment_bytes = s;
     }
     c.timeout = Duration::from_secs_f64(a.timeout.max(0.001));
+    c.connect_timeout = Duration::from_secs_f64(a.connect_timeout.max(0.001));
     if let Some(b) = a.small_message_bytes {
         c.small_message_bytes = b;
     }
@@ -279,7 +283,9 @@ fn count_wrong<T: Element>(v: &[T], op: ReduceOp, n: usize) -> u64 {
             let want = T::from_f64(expected(op, n, *i));
             if T::DTYPE.is_float() {
                 let (g, w) = (x.to_f64(), want.to_f64());
-                !((g - w).abs() <= 1e-2 * w.abs().max(1.0))
+                // Written so that a NaN result counts as wrong.
+                let close = (g - w).abs() <= 1e-2 * w.abs().max(1.0);
+                !close
             } else {
                 **x != want
             }
@@ -471,9 +477,9 @@ fn write_json(
     );
     for (i, r) in rows.iter().enumerate() {
         let gb = |us: f64| r.bytes as f64 / (us * 1e-6) / 1e9;
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "    {{\"bytes\": {}, \"count\": {}, \"oop_time_us\": {:.3}, \"oop_algbw_gbs\": {:.6}, \"oop_busbw_gbs\": {:.6}, \"oop_wrong\": {}, \"ip_time_us\": {:.3}, \"ip_algbw_gbs\": {:.6}, \"ip_busbw_gbs\": {:.6}, \"ip_wrong\": {}, \"payload_bytes_sent_per_rank\": {:.1}, \"header_bytes_sent_per_rank\": {:.1}}}{}\n",
+            "    {{\"bytes\": {}, \"count\": {}, \"oop_time_us\": {:.3}, \"oop_algbw_gbs\": {:.6}, \"oop_busbw_gbs\": {:.6}, \"oop_wrong\": {}, \"ip_time_us\": {:.3}, \"ip_algbw_gbs\": {:.6}, \"ip_busbw_gbs\": {:.6}, \"ip_wrong\": {}, \"payload_bytes_sent_per_rank\": {:.1}, \"header_bytes_sent_per_rank\": {:.1}}}{}",
             r.bytes,
             r.count,
             r.oop_us,
