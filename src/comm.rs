@@ -1,12 +1,20 @@
 //! The communicator: a rank's view of the job, its links, and the collectives on them.
 
+use crate::engine::{Dst, Engine, In, Out};
 use crate::error::{Error, Result};
-use crate::reduce::{check_op, Element, ReduceOp};
+use crate::reduce::{self, check_op, DataType, Element, ReduceOp};
 use crate::rendezvous::{self, StoreClient, StoreServer};
 use crate::transport::tcp::{self, ConnectCtx, TcpOptions};
-use crate::transport::{local, Links, TransportKind, Waiter};
-use crate::wire::{Algorithm, Fingerprint, FrameError, OpKind, Peer, WireStats};
+use crate::transport::{local, Channel, Links, TransportKind};
+use crate::wire::{Algorithm, Fingerprint, OpKind, WireStats};
+use crate::{broadcast, doubling, ring, schedule};
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::mem::size_of;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Default for [`Config::timeout`].
@@ -139,41 +147,97 @@ impl Config {
 }
 
 /// One rank's handle on a group of ranks: its links to peers and the collectives over
-/// them. Calls on every rank must be made in the same order with matching arguments;
-/// when they are not, the call fails with [`Error::Mismatch`] on the ranks that notice.
+/// them.
 ///
-/// Any failure inside a collective (a timeout, a closed connection, a mismatch)
-/// poisons the communicator: its links are shut down, so peers fail fast too, and
-/// every later call returns [`Error::Poisoned`].
+/// Collective calls must be made in the same order on every rank with matching
+/// arguments; where they are not, the ranks that notice fail with [`Error::Mismatch`]
+/// naming both calls. Every call takes `&self` but the type is not `Sync`: one thread
+/// issues a communicator's calls, so their order is the program's order. It is `Send`,
+/// so that thread can be any thread.
+///
+/// Any failure of a collective — a timeout, a closed connection, a mismatch, or an
+/// argument this rank cannot use (its peers would otherwise wait for it) — poisons the
+/// communicator: its links are shut down, so peers fail fast too, and every later call
+/// returns [`Error::Poisoned`] with the first failure's text.
+///
+/// Non-blocking forms live in a [`Scope`] ([`Communicator::scope`]): they return a
+/// [`Handle`] at once, progress on a background thread in issue order, and the scope
+/// waits for all of them before it returns.
 pub struct Communicator {
-    pub(crate) rank: usize,
-    pub(crate) world_size: usize,
+    rank: usize,
+    world_size: usize,
     local_rank: usize,
-    pub(crate) cfg: Config,
-    pub(crate) peers: Vec<Option<Peer>>,
-    pub(crate) waiter: Box<dyn Waiter>,
-    seq: u64,
-    poisoned: Option<String>,
-    pub(crate) scratch: Vec<u64>,
-    // Kept alive for the communicator's lifetime: ranks may still be reading it, and
-    // later features exchange more through it.
+    cfg: Config,
+    seq: Cell<u64>,
+    /// Point-to-point sequence numbers: messages sent to / received from each peer.
+    p2p_seq: RefCell<(Vec<u64>, Vec<u64>)>,
+    shared: Arc<Shared>,
+    worker: RefCell<Option<std::thread::JoinHandle<()>>>,
+    // Kept alive for the communicator's lifetime: ranks may still be reading it.
     _store_server: Option<StoreServer>,
-    _store: Option<StoreClient>,
 }
+
+/// What the issuing thread and the background worker share.
+struct Shared {
+    engine: Mutex<Engine>,
+    queue: Mutex<Queue>,
+    /// Signals new jobs (to the worker) and finished jobs (to waiters).
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Jobs submitted and not yet finished.
+    pending: usize,
+    shutdown: bool,
+}
+
+type JobFn = Box<dyn FnOnce(&mut Engine) -> Result<()> + Send + 'static>;
+
+struct Job {
+    run: JobFn,
+    done: Arc<Completion>,
+}
+
+/// Where a background operation reports its outcome.
+#[derive(Default)]
+struct Completion {
+    state: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    fn set(&self, r: Result<()>) {
+        *lock(&self.state) = Some(r);
+        self.cv.notify_all();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A raw pointer that may travel to the worker thread. The scope (or the blocking
+/// caller) guarantees the memory outlives the job.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: see above; the pointee is only touched by the job.
+unsafe impl Send for SendPtr {}
 
 impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Communicator")
             .field("rank", &self.rank)
             .field("world_size", &self.world_size)
-            .field("seq", &self.seq)
-            .field("poisoned", &self.poisoned)
+            .field("seq", &self.seq.get())
             .finish()
     }
 }
 
-/// The ranks a rank links to: its ring neighbours and its recursive-doubling partners
-/// (at most `2 + log2 n` links).
+/// The ranks a rank links to when it starts: its ring neighbours and its
+/// recursive-doubling partners (at most `2 + log2 n`). Other peers are linked on first
+/// point-to-point use.
 fn link_peers(rank: usize, n: usize) -> Vec<usize> {
     if n == 1 {
         return vec![];
@@ -185,6 +249,18 @@ fn link_peers(rank: usize, n: usize) -> Vec<usize> {
     v
 }
 
+/// Element type and reduction of a call, as the byte-level kernels need them.
+fn kernels<T: Element>(op: ReduceOp, n: usize) -> (impl Fn(&mut [u8], &[u8]), impl Fn(&mut [u8])) {
+    (
+        move |d: &mut [u8], s: &[u8]| reduce::kernels::reduce_bytes(T::DTYPE, op, d, s),
+        move |d: &mut [u8]| {
+            if op == ReduceOp::Avg {
+                reduce::kernels::scale_bytes(T::DTYPE, d, n)
+            }
+        },
+    )
+}
+
 impl Communicator {
     /// Joins the job described by the launcher environment ([`Config::from_env`]).
     pub fn from_env() -> Result<Self> {
@@ -193,15 +269,14 @@ impl Communicator {
 
     /// Joins the job described by `cfg`: rank 0 serves the rendezvous store (unless
     /// `serve_store` is false), every rank publishes its data address there and
-    /// connects to its ring neighbours.
+    /// connects to its ring neighbours and recursive-doubling partners.
     pub fn init(cfg: Config) -> Result<Self> {
         cfg.validate()?;
-        match cfg.transport {
-            TransportKind::Tcp => {}
-            TransportKind::Local => return Err(Error::Config(
+        if cfg.transport != TransportKind::Tcp {
+            return Err(Error::Config(
                 "the local transport links threads of one process: use Communicator::local_group"
                     .into(),
-            )),
+            ));
         }
         let server = if cfg.rank == 0 && cfg.serve_store {
             let addr = resolve(&cfg.master_addr)?;
@@ -211,32 +286,19 @@ impl Communicator {
         };
         let mut store = StoreClient::connect(&cfg.master_addr, cfg.connect_timeout)?;
         let comm_id = store.join(cfg.rank, cfg.world_size)?;
-        let opts = TcpOptions {
-            socket_buffer: cfg.socket_buffer,
-            connect_timeout: cfg.connect_timeout,
-        };
-        let listener = tcp::listen(store.local_addr().ip(), &opts)?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::io("reading the data listener's address", e))?;
-        store.set(&format!("addr/{}", cfg.rank), addr.to_string().as_bytes())?;
-        let links = tcp::connect(
-            ConnectCtx {
-                rank: cfg.rank,
-                world_size: cfg.world_size,
-                comm_id,
-                store: &mut store,
-                opts,
+        let links = tcp::endpoint(ConnectCtx {
+            rank: cfg.rank,
+            world_size: cfg.world_size,
+            comm_id,
+            store,
+            opts: TcpOptions {
+                socket_buffer: cfg.socket_buffer,
+                connect_timeout: cfg.connect_timeout,
             },
-            listener,
-            &link_peers(cfg.rank, cfg.world_size),
-        )?;
-        tracing::debug!(
-            rank = cfg.rank,
-            world = cfg.world_size,
-            "communicator ready"
-        );
-        Ok(Self::assemble(cfg, links, server, Some(store)))
+        })?;
+        let c = Self::assemble(cfg, links, server)?;
+        tracing::debug!(rank = c.rank, world = c.world_size, "communicator ready");
+        Ok(c)
     }
 
     /// `world_size` communicators linked by in-process pipes, one per thread-rank
@@ -247,10 +309,7 @@ impl Communicator {
         probe.rank = 0;
         probe.world_size = world_size;
         probe.validate()?;
-        let groups = local::group(world_size, local::PIPE_CAPACITY, |r| {
-            link_peers(r, world_size)
-        });
-        Ok(groups
+        local::group(world_size, local::PIPE_CAPACITY)
             .into_iter()
             .enumerate()
             .map(|(r, links)| {
@@ -259,40 +318,36 @@ impl Communicator {
                 cfg.local_rank = r;
                 cfg.world_size = world_size;
                 cfg.transport = TransportKind::Local;
-                Self::assemble(cfg, links, None, None)
+                Self::assemble(cfg, links, None)
             })
-            .collect())
+            .collect()
     }
 
-    fn assemble(
-        cfg: Config,
-        links: Links,
-        server: Option<StoreServer>,
-        store: Option<StoreClient>,
-    ) -> Self {
-        let peers = links
-            .links
-            .into_iter()
-            .map(|l| {
-                l.map(|link| Peer {
-                    link,
-                    stats: WireStats::default(),
-                })
-            })
-            .collect();
-        Communicator {
-            rank: cfg.rank,
-            world_size: cfg.world_size,
-            local_rank: cfg.local_rank,
-            peers,
-            waiter: links.waiter,
-            seq: 0,
-            poisoned: None,
-            scratch: Vec::new(),
-            _store_server: server,
-            _store: store,
-            cfg,
+    fn assemble(cfg: Config, links: Links, server: Option<StoreServer>) -> Result<Self> {
+        let mut engine = Engine::new(cfg.clone(), links);
+        // Connect higher ranks first: they are the ones accepting (see transport::tcp).
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let mut peers = link_peers(cfg.rank, cfg.world_size);
+        peers.sort_by_key(|&p| (p < cfg.rank, p));
+        for p in peers {
+            engine.connect(Channel::Collective, p, deadline)?;
         }
+        let n = cfg.world_size;
+        Ok(Communicator {
+            rank: cfg.rank,
+            world_size: n,
+            local_rank: cfg.local_rank,
+            seq: Cell::new(0),
+            p2p_seq: RefCell::new((vec![0; n], vec![0; n])),
+            shared: Arc::new(Shared {
+                engine: Mutex::new(engine),
+                queue: Mutex::new(Queue::default()),
+                cv: Condvar::new(),
+            }),
+            worker: RefCell::new(None),
+            _store_server: server,
+            cfg,
+        })
     }
 
     /// This rank, `0..world_size()`.
@@ -317,59 +372,26 @@ impl Communicator {
 
     /// Sequence number the next collective will carry (collectives count from 0).
     pub fn next_seq(&self) -> u64 {
-        self.seq
+        self.seq.get()
     }
 
-    /// Bytes moved so far over all links, headers and payload counted apart.
+    /// Bytes moved so far over all links, headers and payload counted apart. Waits for
+    /// background operations to finish first.
     pub fn wire_stats(&self) -> WireStats {
-        let mut s = WireStats::default();
-        for p in self.peers.iter().flatten() {
-            s.add(&p.stats);
-        }
-        s
+        self.wait_idle();
+        lock(&self.shared.engine).wire_stats()
     }
 
     /// Bytes the links themselves report writing and reading (for cross-checking
     /// [`Self::wire_stats`]: the two must agree).
     pub fn raw_byte_counts(&self) -> (u64, u64) {
-        self.peers
-            .iter()
-            .flatten()
-            .map(|p| p.link.raw_counts())
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        self.wait_idle();
+        lock(&self.shared.engine).raw_byte_counts()
     }
 
     /// Why this communicator is unusable, if it is.
-    pub fn poisoned(&self) -> Option<&str> {
-        self.poisoned.as_deref()
-    }
-
-    /// Sums (or otherwise reduces) `buf` across all ranks, in place: afterwards every
-    /// rank holds the same, bitwise identical, result.
-    ///
-    /// ```
-    /// use ferroccl::{Communicator, Config, ReduceOp};
-    /// let comms = Communicator::local_group(3, &Config::new(0, 1, "")).unwrap();
-    /// let results: Vec<Vec<f32>> = std::thread::scope(|s| {
-    ///     let hs: Vec<_> = comms.into_iter().map(|mut c| s.spawn(move || {
-    ///         let mut v = vec![c.rank() as f32 + 1.0; 5];
-    ///         c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
-    ///         v
-    ///     })).collect();
-    ///     hs.into_iter().map(|h| h.join().unwrap()).collect()
-    /// });
-    /// assert!(results.iter().all(|v| v == &vec![6.0; 5]));
-    /// ```
-    pub fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        self.check_usable()?;
-        check_op(T::DTYPE, op)?;
-        let algo = self.all_reduce_algorithm(std::mem::size_of_val(buf));
-        let fp = self.begin(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None, algo)?;
-        let r = match algo {
-            Algorithm::RecursiveDoubling => crate::doubling::all_reduce(self, buf, op, &fp),
-            _ => crate::ring::all_reduce(self, buf, op, &fp),
-        };
-        self.finish(r)
+    pub fn poisoned(&self) -> Option<String> {
+        lock(&self.shared.engine).poisoned.clone()
     }
 
     /// The algorithm an all-reduce of `bytes` bytes uses on this communicator.
@@ -381,180 +403,764 @@ impl Communicator {
         }
     }
 
-    /// Out-of-place all-reduce: `recv` receives the reduction of every rank's `send`.
-    /// `send` and `recv` must have the same length (on this rank and on all others).
-    pub fn all_reduce_into<T: Element>(
-        &mut self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
-    ) -> Result<()> {
-        if send.len() != recv.len() {
-            self.check_usable()?;
-            return Err(Error::InvalidArgument(format!(
-                "all_reduce_into: send has {} elements but recv has {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        recv.copy_from_slice(send);
-        self.all_reduce(recv, op)
-    }
+    // ---- execution ----
 
-    fn check_usable(&self) -> Result<()> {
-        match &self.poisoned {
-            Some(why) => Err(Error::Poisoned(why.clone())),
-            None => Ok(()),
+    /// Blocks until every background operation has finished.
+    fn wait_idle(&self) {
+        let mut q = lock(&self.shared.queue);
+        while q.pending > 0 {
+            q = self.shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// Checks the communicator is usable and allocates the next sequence number.
-    fn begin(
-        &mut self,
+    /// Runs a job on this thread, after any background ones.
+    fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
+        self.wait_idle();
+        lock(&self.shared.engine).run(job)
+    }
+
+    /// Fails the call and poisons the communicator: this rank will not take part, so
+    /// its peers must not wait for it.
+    fn refuse(&self, e: Error) -> Error {
+        self.wait_idle();
+        lock(&self.shared.engine).poison(format!("rank {} refused a call: {e}", self.rank));
+        e
+    }
+
+    fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.refuse(Error::InvalidArgument(what())))
+        }
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        let n = self.world_size;
+        self.check(root < n, || {
+            format!("root {root} is not a rank of this group of {n}")
+        })
+    }
+
+    fn check_op<T: Element>(&self, op: ReduceOp) -> Result<()> {
+        check_op(T::DTYPE, op).map_err(|e| self.refuse(e))
+    }
+
+    /// Hands a job to the background worker (started on first use).
+    fn submit(&self, run: JobFn) -> Arc<Completion> {
+        let done = Arc::new(Completion::default());
+        {
+            let mut q = lock(&self.shared.queue);
+            q.pending += 1;
+            q.jobs.push_back(Job {
+                run,
+                done: done.clone(),
+            });
+        }
+        self.shared.cv.notify_all();
+        let mut w = self.worker.borrow_mut();
+        if w.is_none() {
+            let shared = self.shared.clone();
+            let name = format!("ferroccl-rank{}", self.rank);
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker(&shared))
+            {
+                Ok(h) => *w = Some(h),
+                Err(e) => {
+                    // No thread: run the queue here, now.
+                    tracing::warn!("could not start the background worker ({e}); running inline");
+                    drain_inline(&self.shared);
+                }
+            }
+        }
+        done
+    }
+
+    fn fingerprint(
+        &self,
         kind: OpKind,
-        dtype: crate::DataType,
+        dtype: DataType,
         op: Option<ReduceOp>,
         count: usize,
         root: Option<usize>,
         algo: Algorithm,
-    ) -> Result<Fingerprint> {
-        self.check_usable()?;
-        let fp = Fingerprint {
+    ) -> Fingerprint {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        Fingerprint {
             kind,
-            seq: self.seq,
+            seq,
             dtype,
             op,
             count: count as u64,
             root: root.map(|r| r as u32),
             algo,
-        };
-        self.seq += 1;
-        Ok(fp)
-    }
-
-    /// Poisons the communicator if `r` is a failure that leaves peers out of step.
-    fn finish(&mut self, r: Result<()>) -> Result<()> {
-        if let Err(e) = &r {
-            if !matches!(e, Error::InvalidArgument(_) | Error::UnsupportedOp { .. }) {
-                self.poison(e.to_string());
-            }
-        }
-        r
-    }
-
-    fn poison(&mut self, why: String) {
-        if self.poisoned.is_none() {
-            tracing::error!(rank = self.rank, "communicator poisoned: {why}");
-            self.poisoned = Some(why);
-        }
-        for p in self.peers.iter_mut().flatten() {
-            p.link.shutdown();
         }
     }
 
-    /// Turns a frame-level failure into the crate error naming who and what.
-    pub(crate) fn frame_error(&self, e: FrameError, peer: usize, fp: &Fingerprint) -> Error {
-        use crate::transport::LinkError;
-        match e {
-            FrameError::Link(LinkError::Closed) => Error::PeerClosed {
-                rank: self.rank,
-                peer,
-                op: fp.to_string(),
-            },
-            FrameError::Link(LinkError::Io(source)) => Error::io(
-                format!("rank {}: link to rank {peer} failed during {fp}", self.rank),
-                source,
-            ),
-            FrameError::Unexpected {
-                got: Err(detail), ..
-            } => Error::Protocol {
-                rank: self.rank,
-                peer,
-                op: fp.to_string(),
-                detail,
-            },
-            FrameError::Unexpected {
-                got: Ok(h),
-                expected,
-            } => {
-                if h.fp != expected.fp {
-                    Error::Mismatch {
-                        rank: self.rank,
-                        peer,
-                        ours: expected.fp.to_string(),
-                        theirs: h.fp.to_string(),
-                    }
-                } else {
-                    Error::Protocol {
-                        rank: self.rank,
-                        peer,
-                        op: fp.to_string(),
-                        detail: format!(
-                            "expected step {} segment {} of {} bytes, got step {} segment {} of {} bytes",
-                            expected.step, expected.seg, expected.len, h.step, h.seg, h.len
-                        ),
-                    }
+    // ---- job builders: validate, fingerprint, and capture the buffers ----
+    //
+    // SAFETY contract of every `job_*`: the returned job dereferences the given
+    // buffers; the caller must keep them alive and untouched until the job has run
+    // (`run_now` blocks; a `Scope` waits for all its jobs).
+
+    fn job_all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<JobFn> {
+        self.check_op::<T>(op)?;
+        let bytes = std::mem::size_of_val(buf);
+        let algo = self.all_reduce_algorithm(bytes);
+        let fp = self.fingerprint(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None, algo);
+        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
+        Ok(Box::new(move |e: &mut Engine| {
+            let p = p;
+            // SAFETY: the job contract above.
+            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+            let (red, fin) = kernels::<T>(op, n);
+            match algo {
+                Algorithm::RecursiveDoubling => doubling::all_reduce(e, b, &fp, &red, &fin),
+                _ => {
+                    let chunks = schedule::balanced_chunks(bytes / size_of::<T>(), n);
+                    ring::run(
+                        e,
+                        b,
+                        size_of::<T>(),
+                        &chunks,
+                        0..schedule::allreduce_steps(n),
+                        &fp,
+                        &red,
+                        &fin,
+                    )
                 }
             }
-        }
-    }
-}
-
-/// What a collective's progress loop does when no link moved: poll a little longer
-/// (yielding the CPU), sleep in the transport's waiter, or give up with
-/// [`Error::Timeout`] once [`Config::timeout`] has passed without progress.
-pub(crate) struct Pacer {
-    last: Instant,
-    timeout: Duration,
-    busy_poll: Duration,
-}
-
-impl Pacer {
-    pub fn new(cfg: &Config) -> Self {
-        Pacer {
-            last: Instant::now(),
-            timeout: cfg.timeout,
-            busy_poll: cfg.busy_poll,
-        }
+        }))
     }
 
-    /// Something moved: the no-progress clock restarts.
-    pub fn moved(&mut self) {
-        self.last = Instant::now();
+    /// Reduce-scatter in place over `chunks` (element ranges of `buf`, one per rank).
+    fn job_reduce_scatter<T: Element>(
+        &self,
+        buf: &mut [T],
+        chunks: Vec<Range<usize>>,
+        op: ReduceOp,
+    ) -> Result<JobFn> {
+        self.check_op::<T>(op)?;
+        let fp = self.fingerprint(
+            OpKind::ReduceScatter,
+            T::DTYPE,
+            Some(op),
+            buf.len(),
+            None,
+            Algorithm::Ring,
+        );
+        let bytes = std::mem::size_of_val(buf);
+        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
+        Ok(Box::new(move |e: &mut Engine| {
+            let p = p;
+            // SAFETY: the job contract.
+            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+            let (red, fin) = kernels::<T>(op, n);
+            ring::run(
+                e,
+                b,
+                size_of::<T>(),
+                &chunks,
+                0..n.saturating_sub(1),
+                &fp,
+                &red,
+                &fin,
+            )
+        }))
     }
 
-    /// Nothing moved. `waiting_for` describes what is awaited, for the timeout error.
-    pub fn idle(
-        &mut self,
-        waiter: &mut dyn Waiter,
-        rank: usize,
-        fp: &Fingerprint,
-        waiting_for: impl FnOnce() -> String,
+    /// All-gather in place over `chunks`.
+    fn job_all_gather<T: Element>(
+        &self,
+        buf: &mut [T],
+        chunks: Vec<Range<usize>>,
+    ) -> Result<JobFn> {
+        let fp = self.fingerprint(
+            OpKind::AllGather,
+            T::DTYPE,
+            None,
+            buf.len(),
+            None,
+            Algorithm::Ring,
+        );
+        let bytes = std::mem::size_of_val(buf);
+        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
+        Ok(Box::new(move |e: &mut Engine| {
+            let p = p;
+            // SAFETY: the job contract.
+            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+            let steps = n.saturating_sub(1)..schedule::allreduce_steps(n);
+            ring::run(
+                e,
+                b,
+                size_of::<T>(),
+                &chunks,
+                steps,
+                &fp,
+                &|_, _| {},
+                &|_| {},
+            )
+        }))
+    }
+
+    fn job_broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<JobFn> {
+        self.check_root(root)?;
+        let fp = self.fingerprint(
+            OpKind::Broadcast,
+            T::DTYPE,
+            None,
+            buf.len(),
+            Some(root),
+            Algorithm::Chain,
+        );
+        let bytes = std::mem::size_of_val(buf);
+        let p = SendPtr(buf.as_mut_ptr().cast());
+        Ok(Box::new(move |e: &mut Engine| {
+            let p = p;
+            // SAFETY: the job contract.
+            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+            broadcast::broadcast(e, b, size_of::<T>(), root, &fp)
+        }))
+    }
+
+    fn job_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<JobFn> {
+        self.check_op::<T>(op)?;
+        self.check_root(root)?;
+        let fp = self.fingerprint(
+            OpKind::Reduce,
+            T::DTYPE,
+            Some(op),
+            buf.len(),
+            Some(root),
+            Algorithm::Chain,
+        );
+        let bytes = std::mem::size_of_val(buf);
+        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
+        Ok(Box::new(move |e: &mut Engine| {
+            let p = p;
+            // SAFETY: the job contract.
+            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+            let (red, fin) = kernels::<T>(op, n);
+            broadcast::reduce(e, b, size_of::<T>(), root, &fp, &red, &fin)
+        }))
+    }
+
+    fn job_barrier(&self) -> JobFn {
+        let fp = self.fingerprint(
+            OpKind::Barrier,
+            DataType::U8,
+            None,
+            0,
+            None,
+            Algorithm::RecursiveDoubling,
+        );
+        Box::new(move |e: &mut Engine| doubling::all_reduce(e, &mut [], &fp, &|_, _| {}, &|_| {}))
+    }
+
+    // ---- collectives ----
+
+    /// Reduces `buf` across all ranks, in place: afterwards every rank holds the same,
+    /// bitwise identical, result. Messages up to [`Config::small_message_bytes`] use
+    /// recursive doubling, larger ones the pipelined ring.
+    ///
+    /// ```
+    /// use ferroccl::{Communicator, Config, ReduceOp};
+    /// let comms = Communicator::local_group(3, &Config::new(0, 1, "")).unwrap();
+    /// let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+    ///     let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(move || {
+    ///         let mut v = vec![c.rank() as f32 + 1.0; 5];
+    ///         c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+    ///         v
+    ///     })).collect();
+    ///     hs.into_iter().map(|h| h.join().unwrap()).collect()
+    /// });
+    /// assert!(results.iter().all(|v| v == &vec![6.0; 5]));
+    /// ```
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let job = self.job_all_reduce(buf, op)?;
+        self.run_now(job)
+    }
+
+    /// Out-of-place all-reduce: `recv` receives the reduction of every rank's `send`.
+    /// `send` and `recv` must have the same length (on this rank and on all others).
+    pub fn all_reduce_into<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
     ) -> Result<()> {
-        let idle = self.last.elapsed();
-        if idle < self.busy_poll {
-            std::thread::yield_now();
-            return Ok(());
-        }
-        if idle >= self.timeout {
-            return Err(Error::Timeout {
-                rank,
-                op: fp.to_string(),
-                after: idle,
-                waiting_for: waiting_for(),
-            });
-        }
-        waiter
-            .wait((self.timeout - idle).min(Duration::from_millis(500)))
-            .map_err(|e| Error::io(format!("rank {rank}: waiting on links during {fp}"), e))
+        self.check(send.len() == recv.len(), || {
+            format!(
+                "all_reduce_into: send has {} elements but recv has {}",
+                send.len(),
+                recv.len()
+            )
+        })?;
+        recv.copy_from_slice(send);
+        self.all_reduce(recv, op)
     }
+
+    /// Reduce-scatter: rank `r` receives in `recv` the reduction of block `r` of every
+    /// rank's `send`, where `send` holds `world_size` blocks of `recv.len()` elements.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let counts = vec![recv.len(); self.world_size];
+        self.reduce_scatterv(send, recv, &counts, op)
+    }
+
+    /// Reduce-scatter with per-rank block sizes: `send` is the concatenation of blocks
+    /// of `counts[0..n]` elements, and rank `r` receives block `r` (`recv.len()` must be
+    /// `counts[r]`). `counts` must be the same on every rank.
+    pub fn reduce_scatterv<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_counts(counts, send.len(), recv.len(), "reduce_scatterv", "send")?;
+        let chunks = schedule::chunks_from_counts(counts);
+        // The ring reduces in place; keep the caller's input intact.
+        let mut work = send.to_vec();
+        let job = self.job_reduce_scatter(&mut work, chunks.clone(), op)?;
+        self.run_now(job)?;
+        recv.copy_from_slice(&work[chunks[self.rank].clone()]);
+        Ok(())
+    }
+
+    /// In-place reduce-scatter: `buf` holds `world_size` equal blocks; afterwards block
+    /// `rank` holds the reduction (other blocks hold partial results).
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = self.world_size;
+        self.check(buf.len() % n == 0, || {
+            format!(
+                "reduce_scatter_in_place: {} elements do not split into {n} equal blocks",
+                buf.len()
+            )
+        })?;
+        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let job = self.job_reduce_scatter(buf, chunks, op)?;
+        self.run_now(job)
+    }
+
+    /// All-gather: `recv` receives every rank's `send`, in rank order
+    /// (`recv.len() == world_size * send.len()`).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let counts = vec![send.len(); self.world_size];
+        self.all_gatherv(send, recv, &counts)
+    }
+
+    /// All-gather with per-rank sizes: rank `r` contributes `counts[r]` elements
+    /// (`send.len()`), and `recv` receives the concatenation. `counts` must be the same
+    /// on every rank.
+    pub fn all_gatherv<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+    ) -> Result<()> {
+        self.check_counts(counts, recv.len(), send.len(), "all_gatherv", "recv")?;
+        let chunks = schedule::chunks_from_counts(counts);
+        recv[chunks[self.rank].clone()].copy_from_slice(send);
+        let job = self.job_all_gather(recv, chunks)?;
+        self.run_now(job)
+    }
+
+    /// In-place all-gather: `buf` holds `world_size` equal blocks and this rank's block
+    /// `rank` is its contribution; afterwards every block is filled.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.world_size;
+        self.check(buf.len() % n == 0, || {
+            format!(
+                "all_gather_in_place: {} elements do not split into {n} equal blocks",
+                buf.len()
+            )
+        })?;
+        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let job = self.job_all_gather(buf, chunks)?;
+        self.run_now(job)
+    }
+
+    /// Broadcasts `buf` from `root` to every rank, as a pipelined chain.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let job = self.job_broadcast(buf, root)?;
+        self.run_now(job)
+    }
+
+    /// Reduces every rank's `buf` into `root`'s, in place, as a pipelined chain. On the
+    /// other ranks `buf` is working space and holds a partial result afterwards.
+    pub fn reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let job = self.job_reduce(buf, op, root)?;
+        self.run_now(job)
+    }
+
+    /// Out-of-place reduce: `root`'s `recv` receives the reduction of every rank's
+    /// `send`; `send` is untouched everywhere and `recv` (same length as `send` on
+    /// every rank) is working space on the others.
+    pub fn reduce_into<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.check(send.len() == recv.len(), || {
+            format!(
+                "reduce_into: send has {} elements but recv has {}",
+                send.len(),
+                recv.len()
+            )
+        })?;
+        recv.copy_from_slice(send);
+        self.reduce(recv, op, root)
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        let job = self.job_barrier();
+        self.run_now(job)
+    }
+
+    fn check_counts(
+        &self,
+        counts: &[usize],
+        total: usize,
+        mine: usize,
+        what: &str,
+        whole: &str,
+    ) -> Result<()> {
+        let n = self.world_size;
+        self.check(counts.len() == n, || {
+            format!("{what}: {} counts for {n} ranks", counts.len())
+        })?;
+        let sum: usize = counts.iter().sum();
+        self.check(sum == total, || {
+            format!("{what}: counts sum to {sum} but {whole} has {total} elements")
+        })?;
+        let r = self.rank;
+        self.check(counts[r] == mine, || {
+            format!(
+                "{what}: counts[{r}] is {} but this rank's block has {mine} elements",
+                counts[r]
+            )
+        })
+    }
+
+    // ---- point to point ----
+
+    /// Sends `buf` to rank `peer` with a `tag`. Messages between two ranks are matched in
+    /// the order they were sent: the receiver's next `recv` from this rank must name the
+    /// same tag, type and length, or both fail with [`Error::Mismatch`]. Returns once the
+    /// data is handed to the transport.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
+        self.check_peer(peer)?;
+        let seq = {
+            let mut s = self.p2p_seq.borrow_mut();
+            s.0[peer] += 1;
+            s.0[peer] - 1
+        };
+        let fp = Fingerprint {
+            kind: OpKind::SendRecv,
+            seq,
+            dtype: T::DTYPE,
+            op: None,
+            count: buf.len() as u64,
+            root: Some(tag),
+            algo: Algorithm::Direct,
+        };
+        let bytes: &[u8] = bytemuck::cast_slice(buf);
+        let seg = (self.cfg.segment_bytes / size_of::<T>()).max(1) * size_of::<T>();
+        let outs: Vec<Out> = p2p_frames(bytes.len(), seg)
+            .map(|(j, off, len)| Out {
+                peer,
+                step: 0,
+                seg: j,
+                off,
+                len,
+                after_recv: None,
+            })
+            .collect();
+        let base = bytes.as_ptr().cast_mut();
+        self.run_now(|e| {
+            // SAFETY: outgoing frames only read `buf`, which outlives the call.
+            unsafe { e.stream(Channel::P2p, &fp, base, &outs, &[], &mut |_, _| {}) }
+        })
+    }
+
+    /// Receives into `buf` the next message from rank `peer`, which must carry `tag`
+    /// and exactly `buf.len()` elements of this type (see [`Self::send`]).
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
+        self.check_peer(peer)?;
+        let seq = {
+            let mut s = self.p2p_seq.borrow_mut();
+            s.1[peer] += 1;
+            s.1[peer] - 1
+        };
+        let fp = Fingerprint {
+            kind: OpKind::SendRecv,
+            seq,
+            dtype: T::DTYPE,
+            op: None,
+            count: buf.len() as u64,
+            root: Some(tag),
+            algo: Algorithm::Direct,
+        };
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let seg = (self.cfg.segment_bytes / size_of::<T>()).max(1) * size_of::<T>();
+        let ins: Vec<In> = p2p_frames(bytes.len(), seg)
+            .map(|(j, off, len)| In {
+                peer,
+                step: 0,
+                seg: j,
+                len,
+                dst: Dst::Buf(off),
+                after_send: None,
+            })
+            .collect();
+        let base = bytes.as_mut_ptr();
+        self.run_now(|e| {
+            // SAFETY: frames land in disjoint parts of `buf`, which outlives the call.
+            unsafe { e.stream(Channel::P2p, &fp, base, &[], &ins, &mut |_, _| {}) }
+        })
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        let (n, r) = (self.world_size, self.rank);
+        self.check(peer < n && peer != r, || {
+            format!("rank {r} cannot exchange messages with rank {peer} (group of {n})")
+        })
+    }
+
+    // ---- non-blocking ----
+
+    /// Runs `f` with a [`Scope`] in which collectives can be started without waiting
+    /// for them. Operations progress in the background, in the order they were issued,
+    /// while `f` goes on; every one of them has finished when `scope` returns (even if
+    /// a [`Handle`] was dropped or forgotten), so the buffers they borrow are safe.
+    ///
+    /// ```
+    /// use ferroccl::{Communicator, Config, ReduceOp};
+    /// let comms = Communicator::local_group(2, &Config::new(0, 1, "")).unwrap();
+    /// std::thread::scope(|t| for c in comms {
+    ///     t.spawn(move || {
+    ///         let (mut a, mut b) = (vec![1.0f32; 1000], vec![2i64; 10]);
+    ///         c.scope(|s| {
+    ///             let ha = s.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+    ///             let hb = s.all_reduce(&mut b, ReduceOp::Max).unwrap();
+    ///             // ... compute while both run ...
+    ///             assert_eq!(ha.wait().unwrap()[0], 2.0);
+    ///             assert_eq!(hb.wait().unwrap()[0], 2);
+    ///         });
+    ///     });
+    /// });
+    /// ```
+    pub fn scope<'c, R>(&'c self, f: impl for<'s> FnOnce(&'s Scope<'s, 'c>) -> R) -> R {
+        struct WaitAll<'a>(&'a Communicator);
+        impl Drop for WaitAll<'_> {
+            fn drop(&mut self) {
+                self.0.wait_idle();
+            }
+        }
+        let _wait = WaitAll(self);
+        let scope = Scope {
+            comm: self,
+            _invariant: PhantomData,
+        };
+        f(&scope)
+    }
+}
+
+/// Frames of a point-to-point message: `(segment, offset, length)` in bytes.
+fn p2p_frames(len: usize, seg: usize) -> impl Iterator<Item = (u32, usize, usize)> {
+    let whole = 0..len;
+    (0..schedule::segments(len, seg)).map(move |j| {
+        let r = schedule::segment_range(&whole, seg, j);
+        (j as u32, r.start, r.len())
+    })
+}
+
+fn worker(shared: &Shared) {
+    loop {
+        let job = {
+            let mut q = lock(&shared.queue);
+            loop {
+                if let Some(j) = q.jobs.pop_front() {
+                    break j;
+                }
+                if q.shutdown {
+                    return;
+                }
+                q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        run_job(shared, job);
+    }
+}
+
+fn drain_inline(shared: &Shared) {
+    loop {
+        let Some(job) = lock(&shared.queue).jobs.pop_front() else {
+            return;
+        };
+        run_job(shared, job);
+    }
+}
+
+fn run_job(shared: &Shared, job: Job) {
+    let Job { run, done } = job;
+    let r = {
+        let mut e = lock(&shared.engine);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.run(run)));
+        r.unwrap_or_else(|_| {
+            e.poison("a background operation panicked".into());
+            Err(Error::Poisoned("a background operation panicked".into()))
+        })
+    };
+    done.set(r);
+    lock(&shared.queue).pending -= 1;
+    shared.cv.notify_all();
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        for p in self.peers.iter_mut().flatten() {
-            p.link.shutdown();
+        self.wait_idle();
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.cv.notify_all();
+        if let Some(h) = self.worker.get_mut().take() {
+            let _ = h.join();
         }
+        lock(&self.shared.engine).shutdown();
+    }
+}
+
+/// Where non-blocking collectives are issued; see [`Communicator::scope`]. Buffers
+/// passed here stay borrowed until the scope ends; [`Handle::wait`] hands them back.
+pub struct Scope<'s, 'c> {
+    comm: &'c Communicator,
+    _invariant: PhantomData<&'s mut &'s ()>,
+}
+
+/// A collective in flight. [`Handle::wait`] blocks until it is done and returns its
+/// buffer; [`Handle::test`] asks without blocking. Dropping it does not cancel the
+/// operation (collectives cannot be cancelled on one rank alone); the scope still
+/// waits for it.
+#[must_use = "a handle does nothing unless waited on; the scope waits for it anyway"]
+pub struct Handle<'s, B> {
+    done: Arc<Completion>,
+    out: B,
+    _scope: PhantomData<&'s ()>,
+}
+
+impl<'s, B> Handle<'s, B> {
+    /// Blocks until the operation is done; returns its buffer, or its error.
+    pub fn wait(self) -> Result<B> {
+        let mut st = lock(&self.done.state);
+        loop {
+            if let Some(r) = st.take() {
+                return r.map(|()| self.out);
+            }
+            st = self.done.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// True once the operation is done (successfully or not); never blocks.
+    pub fn test(&self) -> bool {
+        lock(&self.done.state).is_some()
+    }
+}
+
+impl<'s, 'c> Scope<'s, 'c> {
+    /// The communicator, for blocking calls made inside the scope (they run after the
+    /// operations already issued).
+    pub fn comm(&self) -> &'c Communicator {
+        self.comm
+    }
+
+    fn start<B>(&self, job: Result<JobFn>, out: B) -> Result<Handle<'s, B>> {
+        let done = self.comm.submit(job?);
+        Ok(Handle {
+            done,
+            out,
+            _scope: PhantomData,
+        })
+    }
+
+    /// Non-blocking [`Communicator::all_reduce`].
+    pub fn all_reduce<T: Element>(
+        &self,
+        buf: &'s mut [T],
+        op: ReduceOp,
+    ) -> Result<Handle<'s, &'s mut [T]>> {
+        let job = self.comm.job_all_reduce(buf, op);
+        self.start(job, buf)
+    }
+
+    /// Non-blocking [`Communicator::reduce_scatter_in_place`].
+    pub fn reduce_scatter_in_place<T: Element>(
+        &self,
+        buf: &'s mut [T],
+        op: ReduceOp,
+    ) -> Result<Handle<'s, &'s mut [T]>> {
+        let n = self.comm.world_size;
+        self.comm.check(buf.len() % n == 0, || {
+            format!(
+                "reduce_scatter_in_place: {} elements do not split into {n} equal blocks",
+                buf.len()
+            )
+        })?;
+        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let job = self.comm.job_reduce_scatter(buf, chunks, op);
+        self.start(job, buf)
+    }
+
+    /// Non-blocking [`Communicator::all_gather_in_place`].
+    pub fn all_gather_in_place<T: Element>(
+        &self,
+        buf: &'s mut [T],
+    ) -> Result<Handle<'s, &'s mut [T]>> {
+        let n = self.comm.world_size;
+        self.comm.check(buf.len() % n == 0, || {
+            format!(
+                "all_gather_in_place: {} elements do not split into {n} equal blocks",
+                buf.len()
+            )
+        })?;
+        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let job = self.comm.job_all_gather(buf, chunks);
+        self.start(job, buf)
+    }
+
+    /// Non-blocking [`Communicator::broadcast`].
+    pub fn broadcast<T: Element>(
+        &self,
+        buf: &'s mut [T],
+        root: usize,
+    ) -> Result<Handle<'s, &'s mut [T]>> {
+        let job = self.comm.job_broadcast(buf, root);
+        self.start(job, buf)
+    }
+
+    /// Non-blocking [`Communicator::reduce`].
+    pub fn reduce<T: Element>(
+        &self,
+        buf: &'s mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Handle<'s, &'s mut [T]>> {
+        let job = self.comm.job_reduce(buf, op, root);
+        self.start(job, buf)
+    }
+
+    /// Non-blocking [`Communicator::barrier`].
+    pub fn barrier(&self) -> Result<Handle<'s, ()>> {
+        let job = self.comm.job_barrier();
+        self.start(Ok(job), ())
     }
 }
 

@@ -14,10 +14,10 @@
 //! It sends `log2(p)·S` bytes per rank instead of the ring's `2(n-1)/n·S`, so it is used
 //! only up to [`crate::Config::small_message_bytes`].
 
-use crate::comm::{Communicator, Pacer};
+use crate::engine::{Dst, Engine, In, Out};
 use crate::error::{Error, Result};
-use crate::reduce::{kernels, Element, ReduceOp};
-use crate::wire::{Fingerprint, FrameHeader, InFrame, OutFrame};
+use crate::transport::Channel;
+use crate::wire::Fingerprint;
 
 /// Largest power of two `<= n` (`n >= 1`).
 pub(crate) fn pow2_floor(n: usize) -> usize {
@@ -43,142 +43,129 @@ pub(crate) fn peers(rank: usize, n: usize) -> Vec<usize> {
     v
 }
 
-/// In-place recursive-doubling all-reduce of `buf`.
-pub(crate) fn all_reduce<T: Element>(
-    c: &mut Communicator,
-    buf: &mut [T],
-    op: ReduceOp,
+/// In-place recursive-doubling all-reduce of `buf` (elements of the kernel's type).
+/// `reduce(dst, src)` is `dst = dst op src`; `finish` runs once at the end (Avg).
+pub(crate) fn all_reduce(
+    e: &mut Engine,
+    buf: &mut [u8],
     fp: &Fingerprint,
+    reduce: &dyn Fn(&mut [u8], &[u8]),
+    finish: &dyn Fn(&mut [u8]),
 ) -> Result<()> {
-    let n = c.world_size;
-    let r = c.rank;
+    let n = e.world_size;
+    let r = e.rank;
     if n == 1 {
         return Ok(());
     }
     let p = pow2_floor(n);
     let stages = p.trailing_zeros() as usize;
-    let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
-    let len = bytes.len();
-    if len > u32::MAX as usize {
+    if buf.len() > u32::MAX as usize {
         return Err(Error::InvalidArgument(format!(
-            "recursive doubling moves the whole buffer in one frame; {len} bytes is too large"
+            "recursive doubling moves the whole buffer in one frame; {} bytes is too large",
+            buf.len()
         )));
     }
-    if c.scratch.len() * 8 < len {
-        c.scratch = vec![0u64; len.div_ceil(8)];
+    if r >= p {
+        // Hand our data to rank r-p, then receive the result from it.
+        exchange(e, fp, 0, buf, Some(r - p), None, &mut |_, _| {})?;
+        return exchange(
+            e,
+            fp,
+            stages + 1,
+            buf,
+            None,
+            Some((r - p, false)),
+            &mut |_, _| {},
+        );
     }
-    let mut scratch = std::mem::take(&mut c.scratch);
-    let result = (|| {
-        let tmp = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..len];
-        let reduce = |dst: &mut [u8], src: &[u8]| kernels::reduce_bytes(T::DTYPE, op, dst, src);
-
-        if r >= p {
-            // Hand our data to rank r-p, then receive the result from it.
-            exchange(c, fp, 0, Some((r - p, &*bytes)), None)?;
-            return exchange(c, fp, stages + 1, None, Some((r - p, bytes)));
-        }
-        if r + p < n {
-            exchange(c, fp, 0, None, Some((r + p, &mut *tmp)))?;
-            reduce(bytes, tmp); // we are the lower rank
-        }
-        for k in 0..stages {
-            let partner = r ^ (1 << k);
-            exchange(
-                c,
-                fp,
-                k + 1,
-                Some((partner, &*bytes)),
-                Some((partner, &mut *tmp)),
-            )?;
-            if partner < r {
-                // lower op higher: the partner's value goes on the left.
-                reduce(tmp, bytes);
-                bytes.copy_from_slice(tmp);
-            } else {
-                reduce(bytes, tmp);
+    let base = buf.as_mut_ptr();
+    let len = buf.len();
+    // SAFETY (all callbacks below): `base..base+len` is `buf`, and no frame is reading
+    // or writing it while a callback runs (each exchange's send has completed or
+    // reads the same bytes unchanged; its receive went to scratch).
+    let own = || unsafe { std::slice::from_raw_parts_mut(base, len) };
+    if r + p < n {
+        exchange(e, fp, 0, buf, None, Some((r + p, true)), &mut |_, data| {
+            if let Some(d) = data {
+                reduce(own(), d); // we are the lower rank
             }
-        }
-        if op == ReduceOp::Avg {
-            kernels::scale_bytes(T::DTYPE, bytes, n);
-        }
-        if r + p < n {
-            exchange(c, fp, stages + 1, Some((r + p, &*bytes)), None)?;
-        }
-        Ok(())
-    })();
-    c.scratch = scratch;
-    result
-}
-
-/// Sends `send` (if any) and receives into `recv` (if any) at once, each as one frame
-/// of step `step`, and returns when both are done.
-fn exchange(
-    c: &mut Communicator,
-    fp: &Fingerprint,
-    step: usize,
-    send: Option<(usize, &[u8])>,
-    recv: Option<(usize, &mut [u8])>,
-) -> Result<()> {
-    let header = |len: usize| FrameHeader {
-        fp: *fp,
-        step: step as u32,
-        seg: 0,
-        len: len as u32,
-    };
-    // SAFETY: the slices outlive the frames (both are dropped before return) and are
-    // distinct buffers (`send` is the user's, `recv` the scratch or, for the final
-    // hand-back, the user's buffer while nothing is being sent from it).
-    let mut out = send.map(|(p, b)| {
-        (p, unsafe {
-            OutFrame::new(&header(b.len()), b.as_ptr(), b.len())
-        })
-    });
-    let mut inp = recv.map(|(p, b)| (p, unsafe { InFrame::new(header(b.len()), b.as_mut_ptr()) }));
-    let mut pacer = Pacer::new(&c.cfg);
-    loop {
-        let mut progressed = false;
-        if let Some((p, frame)) = out.as_mut() {
-            let peer = c.peers[*p]
-                .as_mut()
-                .ok_or_else(|| missing_link(c.rank, *p))?;
-            let (moved, done) = frame.progress(peer).map_err(|e| c.frame_error(e, *p, fp))?;
-            progressed |= moved > 0;
-            if done {
-                out = None;
-                progressed = true;
-            }
-        }
-        if let Some((p, frame)) = inp.as_mut() {
-            let peer = c.peers[*p]
-                .as_mut()
-                .ok_or_else(|| missing_link(c.rank, *p))?;
-            let (moved, done) = frame.progress(peer).map_err(|e| c.frame_error(e, *p, fp))?;
-            progressed |= moved > 0;
-            if done {
-                inp = None;
-                progressed = true;
-            }
-        }
-        if out.is_none() && inp.is_none() {
-            return Ok(());
-        }
-        if progressed {
-            pacer.moved();
-            continue;
-        }
-        let (rank, waiter) = (c.rank, &mut *c.waiter);
-        let from = inp.as_ref().map(|(p, _)| *p);
-        let to = out.as_ref().map(|(p, _)| *p);
-        pacer.idle(waiter, rank, fp, || match (from, to) {
-            (Some(p), _) => format!("data from rank {p} (step {step})"),
-            (None, Some(p)) => format!("rank {p} to take data (step {step})"),
-            _ => String::new(),
         })?;
     }
+    for k in 0..stages {
+        let partner = r ^ (1 << k);
+        exchange(
+            e,
+            fp,
+            k + 1,
+            buf,
+            Some(partner),
+            Some((partner, true)),
+            &mut |_, data| {
+                if let Some(d) = data {
+                    if partner < r {
+                        // lower op higher: the partner's value goes on the left.
+                        reduce(d, own());
+                        own().copy_from_slice(d);
+                    } else {
+                        reduce(own(), d);
+                    }
+                }
+            },
+        )?;
+    }
+    finish(own());
+    if r + p < n {
+        exchange(e, fp, stages + 1, buf, Some(r + p), None, &mut |_, _| {})?;
+    }
+    Ok(())
 }
 
-fn missing_link(rank: usize, peer: usize) -> Error {
-    Error::Config(format!("rank {rank} has no link to rank {peer}"))
+/// Sends `buf` to `to` (if any) and receives a frame of the same size from `from` (if
+/// any; into scratch when its flag is true, else into `buf`), both as step `step`.
+fn exchange(
+    e: &mut Engine,
+    fp: &Fingerprint,
+    step: usize,
+    buf: &mut [u8],
+    to: Option<usize>,
+    from: Option<(usize, bool)>,
+    on_recv: &mut dyn FnMut(usize, Option<&mut [u8]>),
+) -> Result<()> {
+    let len = buf.len();
+    let outs: Vec<Out> = to
+        .map(|peer| Out {
+            peer,
+            step: step as u32,
+            seg: 0,
+            off: 0,
+            len,
+            after_recv: None,
+        })
+        .into_iter()
+        .collect();
+    let ins: Vec<In> = from
+        .map(|(peer, scratch)| In {
+            peer,
+            step: step as u32,
+            seg: 0,
+            len,
+            dst: if scratch { Dst::Scratch } else { Dst::Buf(0) },
+            // Landing in `buf` must wait for our own send of it to finish.
+            after_send: (!scratch && to.is_some()).then_some(0),
+        })
+        .into_iter()
+        .collect();
+    // SAFETY: both frames address `buf` (or scratch), which outlives the call.
+    unsafe {
+        e.stream(
+            Channel::Collective,
+            fp,
+            buf.as_mut_ptr(),
+            &outs,
+            &ins,
+            on_recv,
+        )
+    }
 }
 
 #[cfg(test)]

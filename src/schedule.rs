@@ -2,12 +2,17 @@
 //! segments. No I/O lives here, so every rule is property-tested in isolation.
 //!
 //! The ring all-reduce is one loop of `2(n-1)` steps. At step `t` rank `r` sends chunk
-//! `(r - t) mod n` to its right neighbour and receives chunk `(r - t - 1) mod n` from its
-//! left. For `t < n-1` the received chunk is reduced into the local one (reduce-scatter);
-//! after step `n-2` rank `r` owns the fully reduced chunk `(r + 1) mod n`; for
-//! `t >= n-1` the received chunk is copied (all-gather). The chunk sent at step `t` is
-//! always the one received at step `t-1`, which is what lets segments stream through:
-//! segment `j` of step `t` can leave as soon as segment `j` of step `t-1` has arrived.
+//! `(r - t - 1) mod n` to its right neighbour and receives chunk `(r - t - 2) mod n` from
+//! its left. For `t < n-1` the received chunk is reduced into the local one
+//! (reduce-scatter); after step `n-2` rank `r` owns the fully reduced chunk `r`, as
+//! NCCL's reduce-scatter defines it; for `t >= n-1` the received chunk is copied
+//! (all-gather, which starts by sending chunk `r`). The chunk sent at step `t` is always
+//! the one received at step `t-1`, which is what lets segments stream through: segment
+//! `j` of step `t` can leave as soon as segment `j` of step `t-1` has arrived.
+//!
+//! Reduce-scatter is steps `0..n-1` of this schedule, all-gather steps `n-1..2(n-1)`,
+//! all-reduce both: one schedule, one implementation. Chunks are given as a table, so
+//! the same plan serves per-rank counts (`all_gatherv`, `reduce_scatterv`).
 
 use std::ops::Range;
 
@@ -29,17 +34,35 @@ pub fn allreduce_steps(n: usize) -> usize {
 
 /// The chunk rank `rank` sends at step `t` of the ring.
 pub fn send_chunk(n: usize, rank: usize, t: usize) -> usize {
-    (rank + n * (t / n + 1) - t) % n
+    (rank + n * (t / n + 2) - t - 1) % n
 }
 
 /// The chunk rank `rank` receives at step `t` of the ring.
 pub fn recv_chunk(n: usize, rank: usize, t: usize) -> usize {
-    (rank + n * (t / n + 2) - t - 1) % n
+    (rank + n * (t / n + 2) - t - 2) % n
 }
 
-/// The chunk rank `rank` holds fully reduced after the reduce-scatter half.
-pub fn owned_chunk(n: usize, rank: usize) -> usize {
-    (rank + 1) % n
+/// The chunk rank `rank` holds fully reduced after the reduce-scatter half: its own.
+pub fn owned_chunk(_n: usize, rank: usize) -> usize {
+    rank
+}
+
+/// `count` elements split over `n` ranks as evenly as possible ([`chunk_range`]).
+pub fn balanced_chunks(count: usize, n: usize) -> Vec<Range<usize>> {
+    (0..n).map(|c| chunk_range(count, n, c)).collect()
+}
+
+/// Consecutive chunks of the given sizes (per-rank counts of the `v` collectives).
+pub fn chunks_from_counts(counts: &[usize]) -> Vec<Range<usize>> {
+    let mut start = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let r = start..start + c;
+            start += c;
+            r
+        })
+        .collect()
 }
 
 /// Number of segments a chunk of `len` elements is cut into, with at most `seg_elems`
@@ -80,14 +103,33 @@ pub fn allreduce_plan(
     seg_elems: usize,
     sending: bool,
 ) -> Vec<Transfer> {
+    ring_plan(
+        &balanced_chunks(count, n),
+        rank,
+        0..allreduce_steps(n),
+        seg_elems,
+        sending,
+    )
+}
+
+/// The frames of steps `steps` of the ring over chunk table `chunks` (one chunk per
+/// rank), in link order, from rank `rank`'s side: what it sends, or what it receives.
+pub fn ring_plan(
+    chunks: &[Range<usize>],
+    rank: usize,
+    steps: Range<usize>,
+    seg_elems: usize,
+    sending: bool,
+) -> Vec<Transfer> {
+    let n = chunks.len();
     let mut out = Vec::new();
-    for step in 0..allreduce_steps(n) {
+    for step in steps {
         let chunk = if sending {
             send_chunk(n, rank, step)
         } else {
             recv_chunk(n, rank, step)
         };
-        let range = chunk_range(count, n, chunk);
+        let range = chunks[chunk].clone();
         for seg in 0..segments(range.len(), seg_elems) {
             out.push(Transfer {
                 step,

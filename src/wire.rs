@@ -37,8 +37,21 @@ const FRAME_MAGIC: [u8; 4] = *b"FCCD";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum OpKind {
-    /// Ring all-reduce.
+    /// All-reduce.
     AllReduce,
+    /// Reduce-scatter.
+    ReduceScatter,
+    /// All-gather.
+    AllGather,
+    /// Broadcast from a root.
+    Broadcast,
+    /// Reduce to a root.
+    Reduce,
+    /// Barrier.
+    Barrier,
+    /// A tagged point-to-point message (sequence numbers count per pair of ranks and
+    /// the tag travels in the root field).
+    SendRecv,
 }
 
 impl OpKind {
@@ -46,18 +59,28 @@ impl OpKind {
     pub fn name(self) -> &'static str {
         match self {
             OpKind::AllReduce => "all_reduce",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllGather => "all_gather",
+            OpKind::Broadcast => "broadcast",
+            OpKind::Reduce => "reduce",
+            OpKind::Barrier => "barrier",
+            OpKind::SendRecv => "send/recv",
         }
     }
+    const ALL: [OpKind; 7] = [
+        OpKind::AllReduce,
+        OpKind::ReduceScatter,
+        OpKind::AllGather,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::Barrier,
+        OpKind::SendRecv,
+    ];
     fn code(self) -> u8 {
-        match self {
-            OpKind::AllReduce => 1,
-        }
+        Self::ALL.iter().position(|&k| k == self).unwrap_or(0) as u8 + 1
     }
     fn from_code(c: u8) -> Option<Self> {
-        match c {
-            1 => Some(OpKind::AllReduce),
-            _ => None,
-        }
+        Self::ALL.get((c as usize).checked_sub(1)?).copied()
     }
 }
 
@@ -71,6 +94,10 @@ pub enum Algorithm {
     /// Recursive doubling: `log2(n)` steps (plus two when `n` is not a power of two),
     /// sending the whole buffer at each; latency-optimal for small messages.
     RecursiveDoubling,
+    /// A pipelined chain along the ring (broadcast, reduce).
+    Chain,
+    /// Straight to one peer (send/recv).
+    Direct,
 }
 
 impl Algorithm {
@@ -79,18 +106,24 @@ impl Algorithm {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "recursive doubling",
+            Algorithm::Chain => "chain",
+            Algorithm::Direct => "direct",
         }
     }
     fn code(self) -> u8 {
         match self {
             Algorithm::Ring => 0,
             Algorithm::RecursiveDoubling => 1,
+            Algorithm::Chain => 2,
+            Algorithm::Direct => 3,
         }
     }
     fn from_code(c: u8) -> Option<Self> {
         match c {
             0 => Some(Algorithm::Ring),
             1 => Some(Algorithm::RecursiveDoubling),
+            2 => Some(Algorithm::Chain),
+            3 => Some(Algorithm::Direct),
             _ => None,
         }
     }

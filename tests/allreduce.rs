@@ -351,29 +351,49 @@ fn wire_bytes_follow_the_ring_law() {
 }
 
 #[test]
-fn avg_on_integers_is_refused_and_float_avg_divides() {
+fn float_avg_divides_by_the_world_size() {
     let res = run(4, Net::Local, &test_config(), DEADLINE, |c| {
-        let mut ints = vec![3i32; 10];
-        let refused = c.all_reduce(&mut ints, ReduceOp::Avg);
-        let ok = matches!(
-            refused,
-            Err(Error::UnsupportedOp {
-                op: ReduceOp::Avg,
-                dtype: DataType::I32,
-                ..
-            })
-        );
-        // Refusal is local and does not poison or consume a sequence number.
         let mut f = vec![c.rank() as f32; 10];
         c.all_reduce(&mut f, ReduceOp::Avg)?;
-        Ok((ok, ints, f, c.next_seq()))
+        Ok(f)
     })
     .unwrap();
-    for (ok, ints, f, seq) in res {
-        assert!(ok, "Avg on i32 must be UnsupportedOp");
-        assert_eq!(ints, vec![3; 10], "refused call leaves the buffer alone");
+    for f in res {
         assert_eq!(f, vec![1.5; 10]);
-        assert_eq!(seq, 1);
+    }
+}
+
+/// Avg on integers is refused on every rank that asks, before anything is sent; the
+/// refusal poisons the communicator (its peers would otherwise wait for it).
+#[test]
+fn avg_on_integers_is_refused() {
+    let out = run_all(
+        3,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(20),
+        |c| {
+            let mut ints = vec![3i32; 10];
+            let refused = c.all_reduce(&mut ints, ReduceOp::Avg).unwrap_err();
+            let later = c.all_reduce(&mut [1.0f32], ReduceOp::Sum).unwrap_err();
+            Ok((refused, later, ints))
+        },
+    );
+    for o in out {
+        let (refused, later, ints) = o.expect("finished").expect("ran");
+        assert!(
+            matches!(
+                refused,
+                Error::UnsupportedOp {
+                    op: ReduceOp::Avg,
+                    dtype: DataType::I32,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert!(matches!(later, Error::Poisoned(_)), "{later}");
+        assert_eq!(ints, vec![3; 10], "a refused call leaves the buffer alone");
     }
 }
 

@@ -89,6 +89,7 @@ fn peer_with_wrong_communicator_id_is_rejected() {
             rank: 1,
             world_size: 2,
             to_rank: h.rank,
+            channel: h.channel,
         };
         s.write_all(&reply.encode()).unwrap();
     });
@@ -111,6 +112,7 @@ fn peer_with_other_protocol_version_is_rejected() {
             rank: 1,
             world_size: 2,
             to_rank: h.rank,
+            channel: h.channel,
         };
         s.write_all(&reply.encode()).unwrap();
     });
@@ -175,6 +177,7 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
         rank: 0,
         world_size: 2,
         to_rank: 1,
+        channel: 0,
     };
     s.write_all(&stranger.encode()).unwrap();
     let reply = read_hello(&mut s);

@@ -4,11 +4,11 @@
 //! full), so the algorithms exercise the same partial-write and would-block paths as
 //! over TCP, deterministically and without ports.
 
-use super::{Link, LinkError, Links, Waiter};
-use std::collections::VecDeque;
+use super::{Channel, Connector, Link, LinkError, Links, Waiter};
+use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes a pipe holds before writes would block (like a socket buffer).
 pub const PIPE_CAPACITY: usize = 4 << 20;
@@ -148,41 +148,73 @@ impl Waiter for LocalWaiter {
     }
 }
 
-/// Builds links for `n` ranks in one process: `peers(r)` lists the ranks that rank `r`
-/// is linked to (the relation must be symmetric). Returns one [`Links`] per rank.
-pub fn group(n: usize, capacity: usize, peers: impl Fn(usize) -> Vec<usize>) -> Vec<Links> {
-    let bells: Vec<Arc<Bell>> = (0..n).map(|_| Arc::new(Bell::default())).collect();
-    // pipes[a][b] carries bytes from a to b.
-    let pipes: Vec<Vec<Arc<Mutex<Pipe>>>> = (0..n)
-        .map(|_| {
-            (0..n)
-                .map(|_| Arc::new(Mutex::new(Pipe::default())))
-                .collect()
-        })
-        .collect();
+/// The pipes of one in-process group, made on first use. `pipes[(a, b, ch)]` carries
+/// bytes from rank `a` to rank `b` on channel `ch`.
+struct Fabric {
+    bells: Vec<Arc<Bell>>,
+    capacity: usize,
+    pipes: Mutex<HashMap<(usize, usize, Channel), Arc<Mutex<Pipe>>>>,
+}
+
+impl Fabric {
+    fn pipe(&self, from: usize, to: usize, ch: Channel) -> Arc<Mutex<Pipe>> {
+        lock(&self.pipes)
+            .entry((from, to, ch))
+            .or_insert_with(|| Arc::new(Mutex::new(Pipe::default())))
+            .clone()
+    }
+}
+
+struct LocalConnector {
+    rank: usize,
+    fabric: Arc<Fabric>,
+}
+
+impl Connector for LocalConnector {
+    fn connect(
+        &mut self,
+        peer: usize,
+        channel: Channel,
+        _deadline: Instant,
+    ) -> crate::Result<Box<dyn Link>> {
+        let n = self.fabric.bells.len();
+        if peer >= n || peer == self.rank {
+            return Err(crate::Error::InvalidArgument(format!(
+                "rank {} cannot link to rank {peer} in a group of {n}",
+                self.rank
+            )));
+        }
+        Ok(Box::new(LocalLink {
+            peer,
+            tx: self.fabric.pipe(self.rank, peer, channel),
+            rx: self.fabric.pipe(peer, self.rank, channel),
+            peer_bell: self.fabric.bells[peer].clone(),
+            capacity: self.fabric.capacity,
+            sent: 0,
+            received: 0,
+        }))
+    }
+}
+
+/// Builds the connectors and waiters of `n` ranks in one process, rank order. A link
+/// is a pair of bounded pipes of `capacity` bytes, made when a rank first connects.
+pub fn group(n: usize, capacity: usize) -> Vec<Links> {
+    let fabric = Arc::new(Fabric {
+        bells: (0..n).map(|_| Arc::new(Bell::default())).collect(),
+        capacity,
+        pipes: Mutex::new(HashMap::new()),
+    });
     (0..n)
         .map(|r| {
-            let mut links: Vec<Option<Box<dyn Link>>> = (0..n).map(|_| None).collect();
-            for p in peers(r) {
-                if p == r || p >= n || links[p].is_some() {
-                    continue;
-                }
-                links[p] = Some(Box::new(LocalLink {
-                    peer: p,
-                    tx: pipes[r][p].clone(),
-                    rx: pipes[p][r].clone(),
-                    peer_bell: bells[p].clone(),
-                    capacity,
-                    sent: 0,
-                    received: 0,
-                }));
-            }
-            let seen = *lock(&bells[r].generation);
+            let seen = *lock(&fabric.bells[r].generation);
             Links {
-                links,
                 waiter: Box::new(LocalWaiter {
-                    bell: bells[r].clone(),
+                    bell: fabric.bells[r].clone(),
                     seen,
+                }),
+                connector: Box::new(LocalConnector {
+                    rank: r,
+                    fabric: fabric.clone(),
                 }),
             }
         })
@@ -195,17 +227,21 @@ mod tests {
 
     #[test]
     fn bytes_flow_and_full_pipe_blocks() {
-        let mut g = group(2, 8, |r| vec![1 - r]);
+        let mut g = group(2, 8);
         let mut b = g.pop().unwrap();
         let mut a = g.pop().unwrap();
-        let la = a.links[1].as_mut().unwrap();
+        let far = Instant::now() + Duration::from_secs(1);
+        let mut la = a.connector.connect(1, Channel::Collective, far).unwrap();
+        let mut lb = b.connector.connect(0, Channel::Collective, far).unwrap();
+        // The other channel is a different stream.
+        let mut lp = b.connector.connect(0, Channel::P2p, far).unwrap();
         let n = la
             .try_write(&[IoSlice::new(b"hello "), IoSlice::new(b"world")])
             .unwrap();
         assert_eq!(n, 8, "pipe of 8 bytes takes 8");
         assert_eq!(la.try_write(&[IoSlice::new(b"x")]).unwrap(), 0);
-        let lb = b.links[0].as_mut().unwrap();
         let mut buf = [0u8; 5];
+        assert_eq!(lp.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
         let mut buf2 = [0u8; 5];
         let got = lb
             .try_read(&mut [IoSliceMut::new(&mut buf), IoSliceMut::new(&mut buf2)])
@@ -216,12 +252,7 @@ mod tests {
         assert_eq!(lb.raw_counts(), (0, 8));
         // The writer's bell rang when the reader drained, so its wait returns at once.
         a.waiter.wait(Duration::from_secs(5)).unwrap();
-        la_shutdown_is_seen(a, b);
-    }
-
-    fn la_shutdown_is_seen(mut a: Links, mut b: Links) {
-        a.links[1].as_mut().unwrap().shutdown();
-        let lb = b.links[0].as_mut().unwrap();
+        la.shutdown();
         let mut buf = [0u8; 4];
         assert!(matches!(
             lb.try_read(&mut [IoSliceMut::new(&mut buf)]),

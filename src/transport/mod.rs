@@ -15,7 +15,7 @@
 //! and threads in one process).
 
 use std::io::{IoSlice, IoSliceMut};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub mod local;
 pub mod tcp;
@@ -59,11 +59,52 @@ pub trait Waiter: Send {
     fn wait(&mut self, timeout: Duration) -> std::io::Result<()>;
 }
 
-/// The links of one rank, indexed by peer rank, and the waiter that covers them all.
+/// Which stream between two ranks. Collectives and point-to-point messages never share
+/// one, so a tagged message waiting to be received can never be read by a collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// Collective traffic.
+    Collective,
+    /// Tagged send/recv.
+    P2p,
+}
+
+impl Channel {
+    /// Wire code in the handshake.
+    pub fn code(self) -> u32 {
+        match self {
+            Channel::Collective => 0,
+            Channel::P2p => 1,
+        }
+    }
+    /// Inverse of [`Channel::code`].
+    pub fn from_code(c: u32) -> Option<Self> {
+        match c {
+            0 => Some(Channel::Collective),
+            1 => Some(Channel::P2p),
+            _ => None,
+        }
+    }
+}
+
+/// Makes links to peers, on demand. Collectives' neighbours are connected when the
+/// communicator is built; point-to-point peers when first used. Every link it makes is
+/// covered by the [`Waiter`] it was created with.
+pub trait Connector: Send {
+    /// The link to `peer` on `channel`, waiting for the peer until `deadline`.
+    fn connect(
+        &mut self,
+        peer: usize,
+        channel: Channel,
+        deadline: Instant,
+    ) -> crate::Result<Box<dyn Link>>;
+}
+
+/// A rank's way to make links, and the waiter that wakes when any of them may move.
 pub struct Links {
-    /// `links[p]` is the link to rank `p`, `None` where there is none (self, non-neighbours).
-    pub links: Vec<Option<Box<dyn Link>>>,
-    /// Wakes when any of `links` may progress.
+    /// Makes links.
+    pub connector: Box<dyn Connector>,
+    /// Wakes when any link made by `connector` may progress.
     pub waiter: Box<dyn Waiter>,
 }
 

@@ -11,11 +11,12 @@
 //! Data sockets get `TCP_NODELAY` and large kernel buffers (see
 //! [`TcpOptions::socket_buffer`]).
 
-use super::{Link, LinkError, Links, Waiter};
+use super::{Channel, Connector, Link, LinkError, Links, Waiter};
 use crate::error::{Error, Result};
 use crate::rendezvous::StoreClient;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -50,6 +51,8 @@ pub struct Hello {
     pub world_size: u32,
     /// The rank the sender wants to reach (request) or answers as (reply).
     pub to_rank: u32,
+    /// Which stream this connection is ([`Channel::code`]).
+    pub channel: u32,
 }
 
 /// Refusal codes carried in [`Hello::status`].
@@ -63,7 +66,7 @@ mod refuse {
         match code {
             VERSION => "protocol version differs",
             COMM_ID => "communicator id differs (a process from another job?)",
-            RANK => "rank or world size not expected here",
+            RANK => "rank, world size or channel not expected here",
             DUPLICATE => "this rank is already connected",
             _ => "unknown refusal",
         }
@@ -81,6 +84,7 @@ impl Hello {
         b[16..20].copy_from_slice(&self.rank.to_le_bytes());
         b[20..24].copy_from_slice(&self.world_size.to_le_bytes());
         b[24..28].copy_from_slice(&self.to_rank.to_le_bytes());
+        b[28..32].copy_from_slice(&self.channel.to_le_bytes());
         b
     }
 
@@ -105,6 +109,7 @@ impl Hello {
             rank: u32_at(16),
             world_size: u32_at(20),
             to_rank: u32_at(24),
+            channel: u32_at(28),
         })
     }
 }
@@ -180,7 +185,7 @@ impl Waiter for TcpWaiter {
 }
 
 /// What a rank needs to know to connect its links.
-pub struct ConnectCtx<'a> {
+pub struct ConnectCtx {
     /// This rank.
     pub rank: usize,
     /// Ranks in the job.
@@ -188,7 +193,7 @@ pub struct ConnectCtx<'a> {
     /// The job's communicator id.
     pub comm_id: u64,
     /// The store through which addresses are exchanged.
-    pub store: &'a mut StoreClient,
+    pub store: StoreClient,
     /// Socket settings.
     pub opts: TcpOptions,
 }
@@ -246,50 +251,98 @@ fn read_hello(s: &mut TcpStream, deadline: Instant) -> io::Result<[u8; HELLO_LEN
     Ok(b)
 }
 
-/// Connects this rank to each of `peers` (lower ranks connect to higher ones; the rest
-/// are accepted on `listener`) and returns the links and their waiter.
-pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> Result<Links> {
-    let deadline = Instant::now() + ctx.opts.connect_timeout;
-    let me = ctx.rank;
-    let mut streams: Vec<Option<TcpStream>> = (0..ctx.world_size).map(|_| None).collect();
-    let mut want: Vec<usize> = peers.iter().copied().filter(|&p| p != me).collect();
-    want.sort_unstable();
-    want.dedup();
-    let hello = |to: usize, status: u16| Hello {
-        version: PROTOCOL_VERSION,
-        status,
-        comm_id: ctx.comm_id,
-        rank: me as u32,
-        world_size: ctx.world_size as u32,
-        to_rank: to as u32,
-    };
+/// Publishes this rank's data address in the store and returns the rank's
+/// [`Links`]: a connector that dials higher ranks and accepts lower ones, and a waiter
+/// over every link it makes.
+pub fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
+    let listener = listen(ctx.store.local_addr().ip(), &ctx.opts)?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the data listener's address", e))?;
+    ctx.store
+        .set(&format!("addr/{}", ctx.rank), addr.to_string().as_bytes())?;
+    let poll = Poll::new().map_err(|e| Error::io("creating the poller", e))?;
+    let registry = poll
+        .registry()
+        .try_clone()
+        .map_err(|e| Error::io("cloning the poller's registry", e))?;
+    Ok(Links {
+        connector: Box::new(TcpConnector {
+            ctx,
+            listener,
+            registry,
+            addrs: HashMap::new(),
+            stash: HashMap::new(),
+            connected: HashMap::new(),
+            refused: Vec::new(),
+        }),
+        waiter: Box::new(TcpWaiter {
+            poll,
+            events: Events::with_capacity(64),
+        }),
+    })
+}
 
-    // Higher ranks first: they are accepting.
-    for &p in want.iter().filter(|&&p| p > me) {
-        let raw = ctx
+struct TcpConnector {
+    ctx: ConnectCtx,
+    listener: TcpListener,
+    registry: mio::Registry,
+    addrs: HashMap<usize, SocketAddr>,
+    /// Connections accepted and acknowledged before anyone asked for them.
+    stash: HashMap<(usize, Channel), TcpStream>,
+    connected: HashMap<(usize, Channel), ()>,
+    /// Strangers turned away, for the error if the awaited peer never comes.
+    refused: Vec<String>,
+}
+
+impl TcpConnector {
+    fn hello(&self, to: usize, channel: Channel, status: u16) -> Hello {
+        Hello {
+            version: PROTOCOL_VERSION,
+            status,
+            comm_id: self.ctx.comm_id,
+            rank: self.ctx.rank as u32,
+            world_size: self.ctx.world_size as u32,
+            to_rank: to as u32,
+            channel: channel.code(),
+        }
+    }
+
+    fn peer_addr(&mut self, p: usize, deadline: Instant) -> Result<SocketAddr> {
+        if let Some(a) = self.addrs.get(&p) {
+            return Ok(*a);
+        }
+        let me = self.ctx.rank;
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let raw = self
+            .ctx
             .store
-            .get(
-                &format!("addr/{p}"),
-                deadline.saturating_duration_since(Instant::now()),
-            )
+            .get(&format!("addr/{p}"), wait)
             .map_err(|e| {
                 Error::Rendezvous(format!(
-                    "rank {me}: rank {p} did not publish its address within {:?}: has it started, \
-                     with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})",
-                    ctx.opts.connect_timeout
-                ))
+                "rank {me}: rank {p} did not publish its address within {wait:?}: has it started, \
+                 with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})"
+            ))
             })?;
         let text = String::from_utf8_lossy(&raw).into_owned();
         let addr: SocketAddr = text.parse().map_err(|_| {
             Error::Rendezvous(format!("rank {p} published an unparsable address {text:?}"))
         })?;
+        self.addrs.insert(p, addr);
+        Ok(addr)
+    }
+
+    /// Connects to higher rank `p` and completes the handshake.
+    fn dial(&mut self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
+        let me = self.ctx.rank;
+        let addr = self.peer_addr(p, deadline)?;
         let who = format!("rank {p} at {addr}");
-        let mut s = connect_with_retry(&addr, &ctx.opts, deadline).map_err(|e| match e {
+        let mut s = connect_with_retry(&addr, &self.ctx.opts, deadline).map_err(|e| match e {
             Error::Io { source, .. } => hs_err(&who, format!("could not connect: {source}")),
             e => e,
         })?;
         let io = |e: io::Error| hs_err(&who, format!("handshake I/O failed: {e}"));
-        s.write_all(&hello(p, 0).encode()).map_err(io)?;
+        s.write_all(&self.hello(p, ch, 0).encode()).map_err(io)?;
         let reply = read_hello(&mut s, deadline).map_err(io)?;
         let h = Hello::decode(&reply).map_err(|d| hs_err(&who, d))?;
         if h.status != 0 {
@@ -307,145 +360,160 @@ pub fn connect(ctx: ConnectCtx<'_>, listener: TcpListener, peers: &[usize]) -> R
                 ),
             ));
         }
-        if h.comm_id != ctx.comm_id {
+        if h.comm_id != self.ctx.comm_id {
             return Err(hs_err(
                 &who,
                 format!(
                     "communicator id {:#018x} differs from ours {:#018x}",
-                    h.comm_id, ctx.comm_id
+                    h.comm_id, self.ctx.comm_id
                 ),
             ));
         }
         if h.rank as usize != p
-            || h.world_size as usize != ctx.world_size
+            || h.world_size as usize != self.ctx.world_size
             || h.to_rank as usize != me
+            || h.channel != ch.code()
         {
             return Err(hs_err(
                 &who,
                 format!(
-                    "answered as rank {} of {} (to rank {}), expected rank {p} of {}",
-                    h.rank, h.world_size, h.to_rank, ctx.world_size
+                    "answered as rank {} of {} (to rank {}, channel {}), expected rank {p} of {}",
+                    h.rank, h.world_size, h.to_rank, h.channel, self.ctx.world_size
                 ),
             ));
         }
-        streams[p] = Some(s);
+        Ok(s)
     }
 
-    // Then accept the lower ones, refusing strangers without giving up on the job.
-    let mut missing: Vec<usize> = want.iter().copied().filter(|&p| p < me).collect();
-    let mut refused: Vec<String> = Vec::new();
-    while !missing.is_empty() {
-        if Instant::now() >= deadline {
-            let mut detail = format!(
-                "rank {me}: ranks {missing:?} did not connect within {:?}",
-                ctx.opts.connect_timeout
-            );
-            if !refused.is_empty() {
-                detail.push_str(&format!("; refused meanwhile: {}", refused.join("; ")));
+    /// Accepts connections until lower rank `p` arrives on `ch`; acknowledged
+    /// connections from other ranks are kept for later, strangers are refused.
+    fn accept_from(&mut self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
+        let me = self.ctx.rank;
+        loop {
+            if let Some(s) = self.stash.remove(&(p, ch)) {
+                return Ok(s);
             }
-            return Err(hs_err(format!("ranks {missing:?}"), detail));
-        }
-        let (mut s, from) = match listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
+            if Instant::now() >= deadline {
+                let mut detail = format!(
+                    "rank {me}: rank {p} did not connect ({ch:?} channel) within {:?}",
+                    self.ctx.opts.connect_timeout
+                );
+                if !self.refused.is_empty() {
+                    detail.push_str(&format!("; refused meanwhile: {}", self.refused.join("; ")));
+                }
+                return Err(hs_err(format!("rank {p}"), detail));
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io("accepting a data connection", e)),
-        };
-        let _ = s.set_nonblocking(false);
-        // A stranger gets a short deadline of its own, so it cannot stall the job.
-        let hs_deadline = deadline.min(Instant::now() + Duration::from_secs(5));
-        let raw = match read_hello(&mut s, hs_deadline) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(%from, "rank {me}: dropped a connection that sent no handshake: {e}");
-                refused.push(format!("{from}: no handshake ({e})"));
-                continue;
-            }
-        };
-        let h = match Hello::decode(&raw) {
-            Ok(h) => h,
-            Err(d) => {
-                tracing::warn!(%from, "rank {me}: refused a connection: {d}");
-                refused.push(format!("{from}: {d}"));
-                continue;
-            }
-        };
-        let code = if h.version != PROTOCOL_VERSION {
-            refuse::VERSION
-        } else if h.comm_id != ctx.comm_id {
-            refuse::COMM_ID
-        } else if h.world_size as usize != ctx.world_size
-            || h.to_rank as usize != me
-            || !missing.contains(&(h.rank as usize))
-        {
-            if streams.get(h.rank as usize).is_some_and(|s| s.is_some()) {
+            let (mut s, from) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io("accepting a data connection", e)),
+            };
+            let _ = s.set_nonblocking(false);
+            // A stranger gets a short deadline of its own, so it cannot stall the job.
+            let hs_deadline = deadline.min(Instant::now() + Duration::from_secs(5));
+            let raw = match read_hello(&mut s, hs_deadline) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(%from, "rank {me}: dropped a connection that sent no handshake: {e}");
+                    self.refused.push(format!("{from}: no handshake ({e})"));
+                    continue;
+                }
+            };
+            let h = match Hello::decode(&raw) {
+                Ok(h) => h,
+                Err(d) => {
+                    tracing::warn!(%from, "rank {me}: refused a connection: {d}");
+                    self.refused.push(format!("{from}: {d}"));
+                    continue;
+                }
+            };
+            let their_ch = Channel::from_code(h.channel);
+            let key = (h.rank as usize, their_ch.unwrap_or(Channel::Collective));
+            let code = if h.version != PROTOCOL_VERSION {
+                refuse::VERSION
+            } else if h.comm_id != self.ctx.comm_id {
+                refuse::COMM_ID
+            } else if h.world_size as usize != self.ctx.world_size
+                || h.to_rank as usize != me
+                || h.rank as usize >= me
+                || their_ch.is_none()
+            {
+                refuse::RANK
+            } else if self.connected.contains_key(&key) || self.stash.contains_key(&key) {
                 refuse::DUPLICATE
             } else {
-                refuse::RANK
+                0
+            };
+            if code != 0 {
+                let why = format!(
+                    "{from} claiming rank {} of {} (comm {:#018x}, version {}, channel {}): {}",
+                    h.rank,
+                    h.world_size,
+                    h.comm_id,
+                    h.version,
+                    h.channel,
+                    refuse::text(code)
+                );
+                tracing::warn!("rank {me}: refused a connection from {why}");
+                let reply = self.hello(h.rank as usize, key.1, code);
+                let _ = s.write_all(&reply.encode());
+                self.refused.push(why);
+                continue;
             }
-        } else {
-            0
-        };
-        if code != 0 {
-            let why = format!(
-                "{from} claiming rank {} of {} (comm {:#018x}, version {}): {}",
-                h.rank,
-                h.world_size,
-                h.comm_id,
-                h.version,
-                refuse::text(code)
-            );
-            tracing::warn!("rank {me}: refused a connection from {why}");
-            let _ = s.write_all(&hello(h.rank as usize, code).encode());
-            refused.push(why);
-            continue;
+            let reply = self.hello(key.0, key.1, 0);
+            if let Err(e) = s.write_all(&reply.encode()) {
+                return Err(hs_err(
+                    format!("rank {} at {from}", key.0),
+                    format!("handshake reply failed: {e}"),
+                ));
+            }
+            self.stash.insert(key, s);
         }
-        let p = h.rank as usize;
-        if let Err(e) = s.write_all(&hello(p, 0).encode()) {
-            return Err(hs_err(
-                format!("rank {p} at {from}"),
-                format!("handshake reply failed: {e}"),
-            ));
-        }
-        missing.retain(|&m| m != p);
-        streams[p] = Some(s);
     }
+}
 
-    let poll = Poll::new().map_err(|e| Error::io("creating the poller", e))?;
-    let mut links: Vec<Option<Box<dyn Link>>> = (0..ctx.world_size).map(|_| None).collect();
-    for (p, s) in streams.into_iter().enumerate() {
-        let Some(s) = s else { continue };
+impl Connector for TcpConnector {
+    fn connect(
+        &mut self,
+        peer: usize,
+        channel: Channel,
+        deadline: Instant,
+    ) -> Result<Box<dyn Link>> {
+        let me = self.ctx.rank;
+        if peer >= self.ctx.world_size || peer == me {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me} cannot link to rank {peer} in a job of {}",
+                self.ctx.world_size
+            )));
+        }
+        let s = if peer > me {
+            self.dial(peer, channel, deadline)?
+        } else {
+            self.accept_from(peer, channel, deadline)?
+        };
         let setup = |s: &TcpStream| -> io::Result<()> {
             s.set_nodelay(true)?;
             s.set_read_timeout(None)?;
             s.set_nonblocking(true)
         };
-        setup(&s).map_err(|e| Error::io(format!("configuring the link to rank {p}"), e))?;
+        setup(&s).map_err(|e| Error::io(format!("configuring the link to rank {peer}"), e))?;
         let mut stream = mio::net::TcpStream::from_std(s);
-        poll.registry()
-            .register(
-                &mut stream,
-                Token(p),
-                Interest::READABLE | Interest::WRITABLE,
-            )
+        let token = Token(peer * 2 + channel.code() as usize);
+        self.registry
+            .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
             .map_err(|e| Error::io("registering a link with the poller", e))?;
-        links[p] = Some(Box::new(TcpLink {
-            peer: p,
+        self.connected.insert((peer, channel), ());
+        Ok(Box::new(TcpLink {
+            peer,
             stream,
             sent: 0,
             received: 0,
-        }));
+        }))
     }
-    Ok(Links {
-        links,
-        waiter: Box::new(TcpWaiter {
-            poll,
-            events: Events::with_capacity(64),
-        }),
-    })
 }
 
 fn connect_with_retry(
@@ -485,6 +553,7 @@ mod tests {
             rank: 3,
             world_size: 8,
             to_rank: 4,
+            channel: 1,
         };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
         let mut b = h.encode();
