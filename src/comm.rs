@@ -249,16 +249,18 @@ fn link_peers(rank: usize, n: usize) -> Vec<usize> {
     v
 }
 
-/// Element type and reduction of a call, as the byte-level kernels need them.
-fn kernels<T: Element>(op: ReduceOp, n: usize) -> (impl Fn(&mut [u8], &[u8]), impl Fn(&mut [u8])) {
-    (
-        move |d: &mut [u8], s: &[u8]| reduce::kernels::reduce_bytes(T::DTYPE, op, d, s),
-        move |d: &mut [u8]| {
-            if op == ReduceOp::Avg {
-                reduce::kernels::scale_bytes(T::DTYPE, d, n)
-            }
-        },
-    )
+/// The byte-level kernel combining two buffers of `T` with `op`.
+fn reducer<T: Element>(op: ReduceOp) -> impl Fn(&mut [u8], &[u8]) {
+    move |d: &mut [u8], s: &[u8]| reduce::kernels::reduce_bytes(T::DTYPE, op, d, s)
+}
+
+/// What runs once on a fully reduced buffer of `T`: Avg's division by `n`.
+fn finisher<T: Element>(op: ReduceOp, n: usize) -> impl Fn(&mut [u8]) {
+    move |d: &mut [u8]| {
+        if op == ReduceOp::Avg {
+            reduce::kernels::scale_bytes(T::DTYPE, d, n)
+        }
+    }
 }
 
 impl Communicator {
@@ -515,7 +517,7 @@ impl Communicator {
             let p = p;
             // SAFETY: the job contract above.
             let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
-            let (red, fin) = kernels::<T>(op, n);
+            let (red, fin) = (reducer::<T>(op), finisher::<T>(op, n));
             match algo {
                 Algorithm::RecursiveDoubling => doubling::all_reduce(e, b, &fp, &red, &fin),
                 _ => {
@@ -557,7 +559,7 @@ impl Communicator {
             let p = p;
             // SAFETY: the job contract.
             let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
-            let (red, fin) = kernels::<T>(op, n);
+            let (red, fin) = (reducer::<T>(op), finisher::<T>(op, n));
             ring::run(
                 e,
                 b,
@@ -642,7 +644,7 @@ impl Communicator {
             let p = p;
             // SAFETY: the job contract.
             let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
-            let (red, fin) = kernels::<T>(op, n);
+            let (red, fin) = (reducer::<T>(op), finisher::<T>(op, n));
             broadcast::reduce(e, b, size_of::<T>(), root, &fp, &red, &fin)
         }))
     }
@@ -737,14 +739,7 @@ impl Communicator {
     /// In-place reduce-scatter: `buf` holds `world_size` equal blocks; afterwards block
     /// `rank` holds the reduction (other blocks hold partial results).
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let n = self.world_size;
-        self.check(buf.len() % n == 0, || {
-            format!(
-                "reduce_scatter_in_place: {} elements do not split into {n} equal blocks",
-                buf.len()
-            )
-        })?;
-        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let chunks = self.equal_blocks(buf.len(), "reduce_scatter_in_place")?;
         let job = self.job_reduce_scatter(buf, chunks, op)?;
         self.run_now(job)
     }
@@ -775,14 +770,7 @@ impl Communicator {
     /// In-place all-gather: `buf` holds `world_size` equal blocks and this rank's block
     /// `rank` is its contribution; afterwards every block is filled.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        let n = self.world_size;
-        self.check(buf.len() % n == 0, || {
-            format!(
-                "all_gather_in_place: {} elements do not split into {n} equal blocks",
-                buf.len()
-            )
-        })?;
-        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let chunks = self.equal_blocks(buf.len(), "all_gather_in_place")?;
         let job = self.job_all_gather(buf, chunks)?;
         self.run_now(job)
     }
@@ -825,6 +813,15 @@ impl Communicator {
     pub fn barrier(&self) -> Result<()> {
         let job = self.job_barrier();
         self.run_now(job)
+    }
+
+    /// `len` elements as `world_size` equal blocks, or a refusal naming `what`.
+    fn equal_blocks(&self, len: usize, what: &str) -> Result<Vec<Range<usize>>> {
+        let n = self.world_size;
+        self.check(len.is_multiple_of(n), || {
+            format!("{what}: {len} elements do not split into {n} equal blocks")
+        })?;
+        Ok(schedule::chunks_from_counts(&vec![len / n; n]))
     }
 
     fn check_counts(
@@ -1107,14 +1104,9 @@ impl<'s, 'c> Scope<'s, 'c> {
         buf: &'s mut [T],
         op: ReduceOp,
     ) -> Result<Handle<'s, &'s mut [T]>> {
-        let n = self.comm.world_size;
-        self.comm.check(buf.len() % n == 0, || {
-            format!(
-                "reduce_scatter_in_place: {} elements do not split into {n} equal blocks",
-                buf.len()
-            )
-        })?;
-        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let chunks = self
+            .comm
+            .equal_blocks(buf.len(), "reduce_scatter_in_place")?;
         let job = self.comm.job_reduce_scatter(buf, chunks, op);
         self.start(job, buf)
     }
@@ -1124,14 +1116,7 @@ impl<'s, 'c> Scope<'s, 'c> {
         &self,
         buf: &'s mut [T],
     ) -> Result<Handle<'s, &'s mut [T]>> {
-        let n = self.comm.world_size;
-        self.comm.check(buf.len() % n == 0, || {
-            format!(
-                "all_gather_in_place: {} elements do not split into {n} equal blocks",
-                buf.len()
-            )
-        })?;
-        let chunks = schedule::chunks_from_counts(&vec![buf.len() / n; n]);
+        let chunks = self.comm.equal_blocks(buf.len(), "all_gather_in_place")?;
         let job = self.comm.job_all_gather(buf, chunks);
         self.start(job, buf)
     }

@@ -1310,7 +1310,7 @@ impl StoreClient {
             return Ok(response);
         };
         let code = ErrorCode::from_u8(code);
-        if code.map_or(true, ErrorCode::closes_connection) {
+        if code.is_none_or(ErrorCode::closes_connection) {
             self.broken = Some(message.clone());
         }
         Err(match code {

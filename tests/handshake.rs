@@ -146,7 +146,7 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
     let (tx, rx) = mpsc::channel();
     let c1 = cfg(1, 2, &store);
     std::thread::spawn(move || {
-        let r = Communicator::init(c1).and_then(|mut c| {
+        let r = Communicator::init(c1).and_then(|c| {
             let mut v = vec![2.0f32; 1000];
             c.all_reduce(&mut v, ReduceOp::Sum)?;
             Ok(v)
@@ -187,7 +187,7 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
     let (tx0, rx0) = mpsc::channel();
     let c0 = cfg(0, 2, &store);
     std::thread::spawn(move || {
-        let r = Communicator::init(c0).and_then(|mut c| {
+        let r = Communicator::init(c0).and_then(|c| {
             let mut v = vec![1.0f32; 1000];
             c.all_reduce(&mut v, ReduceOp::Sum)?;
             Ok(v)

@@ -148,12 +148,14 @@ impl Waiter for LocalWaiter {
     }
 }
 
+type PipeMap = HashMap<(usize, usize, Channel), Arc<Mutex<Pipe>>>;
+
 /// The pipes of one in-process group, made on first use. `pipes[(a, b, ch)]` carries
 /// bytes from rank `a` to rank `b` on channel `ch`.
 struct Fabric {
     bells: Vec<Arc<Bell>>,
     capacity: usize,
-    pipes: Mutex<HashMap<(usize, usize, Channel), Arc<Mutex<Pipe>>>>,
+    pipes: Mutex<PipeMap>,
 }
 
 impl Fabric {
