@@ -161,8 +161,10 @@ impl fmt::Display for Fingerprint {
         if let Some(op) = self.op {
             write!(f, ", {op}")?;
         }
-        if let Some(root) = self.root {
-            write!(f, ", root {root}")?;
+        match (self.kind, self.root) {
+            (OpKind::SendRecv, Some(tag)) => write!(f, ", tag {tag}")?,
+            (_, Some(root)) => write!(f, ", root {root}")?,
+            _ => {}
         }
         write!(f, ", {})", self.algo.name())
     }

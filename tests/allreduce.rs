@@ -3,50 +3,13 @@
 
 mod common;
 
-use common::{run, run_all, test_config, Net};
+use common::{eps, input, run, run_all, test_config, Net};
 use ferroccl::{Config, DataType, Element, Error, ReduceOp};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// Rank `rank`'s input for a test case: values chosen so that the reference is
-/// meaningful (no overflow for floats, wrapping exercised only where intended).
-fn input<T: Element>(seed: u64, rank: usize, count: usize, op: ReduceOp) -> Vec<T> {
-    (0..count)
-        .map(|i| {
-            let h = splitmix(seed ^ ((rank as u64) << 40) ^ i as u64);
-            let u = (h >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
-            let v = match (T::DTYPE.is_float(), op) {
-                (true, ReduceOp::Prod) => 0.5 + 1.5 * u,
-                (true, _) => 8.0 * u - 4.0,
-                (false, ReduceOp::Prod) => {
-                    (h % 4) as f64 - if T::DTYPE == DataType::U8 { 0.0 } else { 1.0 }
-                }
-                (false, _) => (h % 61) as f64 - if T::DTYPE == DataType::U8 { 0.0 } else { 30.0 },
-            };
-            T::from_f64(v)
-        })
-        .collect()
-}
-
-fn eps(dt: DataType) -> f64 {
-    match dt {
-        DataType::F16 => 2f64.powi(-10),
-        DataType::BF16 => 2f64.powi(-7),
-        DataType::F32 => 2f64.powi(-23),
-        DataType::F64 => 2f64.powi(-52),
-        _ => 0.0,
-    }
-}
 
 /// Checks one all-reduce case: result vs an f64 reference, and bitwise agreement.
 fn check_case<T: Element>(

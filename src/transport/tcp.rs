@@ -16,9 +16,11 @@ use crate::error::{Error, Result};
 use crate::rendezvous::StoreClient;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Protocol version carried in every handshake; bumped on any wire change.
@@ -266,15 +268,20 @@ pub fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
         .registry()
         .try_clone()
         .map_err(|e| Error::io("cloning the poller's registry", e))?;
+    let accepted = Arc::new(Accepted::default());
+    {
+        let (acc, me) = (accepted.clone(), Identity::of(&ctx));
+        std::thread::Builder::new()
+            .name(format!("ferroccl-accept{}", ctx.rank))
+            .spawn(move || accept_loop(listener, me, &acc))
+            .map_err(|e| Error::io("starting the connection acceptor", e))?;
+    }
     Ok(Links {
         connector: Box::new(TcpConnector {
             ctx,
-            listener,
             registry,
             addrs: HashMap::new(),
-            stash: HashMap::new(),
-            connected: HashMap::new(),
-            refused: Vec::new(),
+            accepted,
         }),
         waiter: Box::new(TcpWaiter {
             poll,
@@ -285,27 +292,174 @@ pub fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
 
 struct TcpConnector {
     ctx: ConnectCtx,
-    listener: TcpListener,
     registry: mio::Registry,
     addrs: HashMap<usize, SocketAddr>,
-    /// Connections accepted and acknowledged before anyone asked for them.
-    stash: HashMap<(usize, Channel), TcpStream>,
-    connected: HashMap<(usize, Channel), ()>,
-    /// Strangers turned away, for the error if the awaited peer never comes.
-    refused: Vec<String>,
+    accepted: Arc<Accepted>,
 }
 
-impl TcpConnector {
+impl Drop for TcpConnector {
+    fn drop(&mut self) {
+        self.accepted.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Who this rank is, as its handshakes say.
+#[derive(Clone, Copy)]
+struct Identity {
+    rank: usize,
+    world_size: usize,
+    comm_id: u64,
+}
+
+impl Identity {
+    fn of(ctx: &ConnectCtx) -> Self {
+        Identity {
+            rank: ctx.rank,
+            world_size: ctx.world_size,
+            comm_id: ctx.comm_id,
+        }
+    }
+
     fn hello(&self, to: usize, channel: Channel, status: u16) -> Hello {
         Hello {
             version: PROTOCOL_VERSION,
             status,
-            comm_id: self.ctx.comm_id,
-            rank: self.ctx.rank as u32,
-            world_size: self.ctx.world_size as u32,
+            comm_id: self.comm_id,
+            rank: self.rank as u32,
+            world_size: self.world_size as u32,
             to_rank: to as u32,
             channel: channel.code(),
         }
+    }
+}
+
+/// Connections from lower ranks, accepted and acknowledged by the acceptor thread
+/// whatever this rank is doing, so a peer dialling it never waits on its main thread.
+#[derive(Default)]
+struct Accepted {
+    state: Mutex<AcceptState>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+#[derive(Default)]
+struct AcceptState {
+    ready: HashMap<(usize, Channel), TcpStream>,
+    /// Links already handed out (a second connection for one is refused).
+    taken: HashSet<(usize, Channel)>,
+    /// Strangers turned away, for the error if an awaited peer never comes.
+    refused: Vec<String>,
+}
+
+fn lock_state(a: &Accepted) -> MutexGuard<'_, AcceptState> {
+    a.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Accepts until told to stop; each connection's handshake runs on its own short-lived
+/// thread so a silent stranger delays nobody.
+fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>) {
+    use std::os::fd::AsRawFd;
+    while !acc.stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if ready <= 0 {
+            continue;
+        }
+        loop {
+            match listener.accept() {
+                Ok((s, from)) => {
+                    let acc = acc.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("ferroccl-handshake".into())
+                        .spawn(move || handshake_incoming(s, from, me, &acc));
+                    if let Err(e) = spawned {
+                        tracing::warn!("rank {}: cannot start a handshake thread: {e}", me.rank);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!("rank {}: accept failed: {e}", me.rank);
+                    std::thread::sleep(Duration::from_millis(10));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Checks an incoming connection's handshake and, if it is a lower rank of this job,
+/// acknowledges it and files it for [`TcpConnector::accept_from`].
+fn handshake_incoming(mut s: TcpStream, from: SocketAddr, me: Identity, acc: &Accepted) {
+    let refuse_with = |acc: &Accepted, why: String| {
+        tracing::warn!("rank {}: refused a connection from {why}", me.rank);
+        lock_state(acc).refused.push(why);
+        acc.cv.notify_all();
+    };
+    let _ = s.set_nonblocking(false);
+    // A stranger gets a short deadline of its own.
+    let raw = match read_hello(&mut s, Instant::now() + Duration::from_secs(5)) {
+        Ok(b) => b,
+        Err(e) => return refuse_with(acc, format!("{from}: no handshake ({e})")),
+    };
+    let h = match Hello::decode(&raw) {
+        Ok(h) => h,
+        Err(d) => return refuse_with(acc, format!("{from}: {d}")),
+    };
+    let ch = Channel::from_code(h.channel);
+    let key = (h.rank as usize, ch.unwrap_or(Channel::Collective));
+    let mut st = lock_state(acc);
+    let code = if h.version != PROTOCOL_VERSION {
+        refuse::VERSION
+    } else if h.comm_id != me.comm_id {
+        refuse::COMM_ID
+    } else if h.world_size as usize != me.world_size
+        || h.to_rank as usize != me.rank
+        || h.rank as usize >= me.rank
+        || ch.is_none()
+    {
+        refuse::RANK
+    } else if st.taken.contains(&key) || st.ready.contains_key(&key) {
+        refuse::DUPLICATE
+    } else {
+        0
+    };
+    if code != 0 {
+        drop(st);
+        let _ = s.write_all(&me.hello(key.0, key.1, code).encode());
+        return refuse_with(
+            acc,
+            format!(
+                "{from} claiming rank {} of {} (comm {:#018x}, version {}, channel {}): {}",
+                h.rank,
+                h.world_size,
+                h.comm_id,
+                h.version,
+                h.channel,
+                refuse::text(code)
+            ),
+        );
+    }
+    if let Err(e) = s.write_all(&me.hello(key.0, key.1, 0).encode()) {
+        drop(st);
+        return refuse_with(
+            acc,
+            format!("{from} (rank {}): handshake reply failed: {e}", key.0),
+        );
+    }
+    st.ready.insert(key, s);
+    drop(st);
+    acc.cv.notify_all();
+}
+
+impl TcpConnector {
+    fn hello(&self, to: usize, channel: Channel, status: u16) -> Hello {
+        Identity::of(&self.ctx).hello(to, channel, status)
     }
 
     fn peer_addr(&mut self, p: usize, deadline: Instant) -> Result<SocketAddr> {
@@ -385,93 +539,32 @@ impl TcpConnector {
         Ok(s)
     }
 
-    /// Accepts connections until lower rank `p` arrives on `ch`; acknowledged
-    /// connections from other ranks are kept for later, strangers are refused.
+    /// Waits for lower rank `p`'s connection on `ch`, accepted by the acceptor thread.
     fn accept_from(&mut self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
         let me = self.ctx.rank;
+        let mut st = lock_state(&self.accepted);
         loop {
-            if let Some(s) = self.stash.remove(&(p, ch)) {
+            if let Some(s) = st.ready.remove(&(p, ch)) {
+                st.taken.insert((p, ch));
                 return Ok(s);
             }
-            if Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 let mut detail = format!(
                     "rank {me}: rank {p} did not connect ({ch:?} channel) within {:?}",
                     self.ctx.opts.connect_timeout
                 );
-                if !self.refused.is_empty() {
-                    detail.push_str(&format!("; refused meanwhile: {}", self.refused.join("; ")));
+                if !st.refused.is_empty() {
+                    detail.push_str(&format!("; refused meanwhile: {}", st.refused.join("; ")));
                 }
                 return Err(hs_err(format!("rank {p}"), detail));
             }
-            let (mut s, from) = match self.listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(1));
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::io("accepting a data connection", e)),
-            };
-            let _ = s.set_nonblocking(false);
-            // A stranger gets a short deadline of its own, so it cannot stall the job.
-            let hs_deadline = deadline.min(Instant::now() + Duration::from_secs(5));
-            let raw = match read_hello(&mut s, hs_deadline) {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(%from, "rank {me}: dropped a connection that sent no handshake: {e}");
-                    self.refused.push(format!("{from}: no handshake ({e})"));
-                    continue;
-                }
-            };
-            let h = match Hello::decode(&raw) {
-                Ok(h) => h,
-                Err(d) => {
-                    tracing::warn!(%from, "rank {me}: refused a connection: {d}");
-                    self.refused.push(format!("{from}: {d}"));
-                    continue;
-                }
-            };
-            let their_ch = Channel::from_code(h.channel);
-            let key = (h.rank as usize, their_ch.unwrap_or(Channel::Collective));
-            let code = if h.version != PROTOCOL_VERSION {
-                refuse::VERSION
-            } else if h.comm_id != self.ctx.comm_id {
-                refuse::COMM_ID
-            } else if h.world_size as usize != self.ctx.world_size
-                || h.to_rank as usize != me
-                || h.rank as usize >= me
-                || their_ch.is_none()
-            {
-                refuse::RANK
-            } else if self.connected.contains_key(&key) || self.stash.contains_key(&key) {
-                refuse::DUPLICATE
-            } else {
-                0
-            };
-            if code != 0 {
-                let why = format!(
-                    "{from} claiming rank {} of {} (comm {:#018x}, version {}, channel {}): {}",
-                    h.rank,
-                    h.world_size,
-                    h.comm_id,
-                    h.version,
-                    h.channel,
-                    refuse::text(code)
-                );
-                tracing::warn!("rank {me}: refused a connection from {why}");
-                let reply = self.hello(h.rank as usize, key.1, code);
-                let _ = s.write_all(&reply.encode());
-                self.refused.push(why);
-                continue;
-            }
-            let reply = self.hello(key.0, key.1, 0);
-            if let Err(e) = s.write_all(&reply.encode()) {
-                return Err(hs_err(
-                    format!("rank {} at {from}", key.0),
-                    format!("handshake reply failed: {e}"),
-                ));
-            }
-            self.stash.insert(key, s);
+            st = self
+                .accepted
+                .cv
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
     }
 }
@@ -506,7 +599,6 @@ impl Connector for TcpConnector {
         self.registry
             .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
             .map_err(|e| Error::io("registering a link with the poller", e))?;
-        self.connected.insert((peer, channel), ());
         Ok(Box::new(TcpLink {
             peer,
             stream,
