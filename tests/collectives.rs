@@ -168,10 +168,9 @@ fn check_reduce<T: Element>(
         Ok(recv)
     })
     .map_err(|e| e.to_string())?;
+    let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(seed, r, count, op)).collect();
     for i in 0..count {
-        let xs: Vec<f64> = (0..n)
-            .map(|r| input::<T>(seed, r, count, op)[i].to_f64())
-            .collect();
+        let xs: Vec<f64> = inputs.iter().map(|v| v[i].to_f64()).collect();
         let (want, scale) = reference(op, &xs);
         let g = res[root][i];
         if !close(g, want, scale, n) {
