@@ -4,6 +4,7 @@
 pub mod comm;
 mod doubling;
 pub mod error;
+pub mod plan;
 pub mod reduce;
 pub mod rendezvous;
 mod ring;
