@@ -6,6 +6,7 @@ pub mod comm;
 mod doubling;
 mod engine;
 pub mod error;
+pub mod plan;
 pub mod reduce;
 pub mod rendezvous;
 mod ring;

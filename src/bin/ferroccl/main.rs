@@ -1,7 +1,8 @@
-//! The `ferroccl` command line: `bench`, `launch`.
+//! The `ferroccl` command line: `bench`, `launch`, `plan`.
 
 mod bench;
 mod launch;
+mod plan;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,6 +25,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Start N local processes with the launcher environment set (RANK, WORLD_SIZE, ...).
     Launch(launch::LaunchArgs),
+    /// The arithmetic of a data-parallel run (batch, lr, throughput, epoch time, ring
+    /// all-reduce cost on a link), each line with its formula.
+    Plan(plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +36,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(a) => bench::main(a),
         Command::Launch(a) => launch::main(a),
+        Command::Plan(a) => plan::main(a),
     }
 }
 
