@@ -259,7 +259,7 @@ fn bench_on_two_hosts_shaped_to_1gbit() {
             ("0", "0"),
             "#wrong in {r:?}\n{ctx}"
         );
-        if r[14] == "ring" && size % (ranks * 4) == 0 {
+        if r[14] == "ring" && size.is_multiple_of(ranks * 4) {
             assert_eq!(
                 r[13], "1.000",
                 "ring rows move exactly the ring law: {r:?}\n{ctx}"
