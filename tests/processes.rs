@@ -178,7 +178,11 @@ fn bench_refuses_bad_flags_clearly() {
         (&["bench", "--transport", "rdma"], "not available"),
         (&["bench", "--transport", "cuda-ipc"], "not available"),
         (&["bench", "-b", "1M", "-e", "1K"], "larger than"),
-        (&["bench", "reduce_scatter"], "unknown collective"),
+        (&["bench", "alltoall"], "unknown collective"),
+        (
+            &["bench", "broadcast", "--ranks", "2", "-r", "2"],
+            "not a rank",
+        ),
     ];
     for (args, want) in cases {
         let mut cmd = Command::new(EXE);
@@ -231,4 +235,63 @@ fn a_missing_rank_makes_the_others_fail_within_the_deadline() {
         "took {:?}",
         t0.elapsed()
     );
+}
+
+/// Every collective through the bench, over threads: each checks its own results and
+/// its counted bytes sit on the collective's law (sizes divisible by ranks).
+#[test]
+fn bench_runs_every_collective() {
+    for coll in [
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "reduce",
+    ] {
+        let mut cmd = Command::new(EXE);
+        cmd.args([
+            "bench",
+            coll,
+            "--transport",
+            "local",
+            "--ranks",
+            "4",
+            "-b",
+            "96K",
+            "-e",
+            "6M",
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "-r",
+            "3",
+            "-d",
+            "bfloat16",
+            "-o",
+            "min",
+        ]);
+        let out = run(cmd, Duration::from_secs(60));
+        let (so, se) = text(&out);
+        assert!(out.status.success(), "{coll}: stdout:\n{so}\nstderr:\n{se}");
+        assert!(
+            so.contains(&format!("ferroccl bench: {coll}, 4 ranks")),
+            "{so}"
+        );
+        let rows = rows(&so);
+        assert_eq!(rows.len(), 3, "{coll}: {so}");
+        for r in &rows {
+            assert_eq!(r[8], "0", "{coll}: {r:?}");
+            assert_eq!(r[12], "0", "{coll}: {r:?}");
+            assert_eq!(r[13], "1.000", "{coll}: wire column {r:?}");
+            let root = if coll == "broadcast" || coll == "reduce" {
+                "3"
+            } else {
+                "-1"
+            };
+            assert_eq!(r[4], root, "{coll}: root column {r:?}");
+        }
+    }
 }

@@ -1,4 +1,9 @@
-//! `ferroccl bench`: the nccl-tests `all_reduce_perf` table, for ferroccl.
+//! `ferroccl bench COLLECTIVE`: the nccl-tests `*_perf` tables, for ferroccl.
+//!
+//! algbw = S/t and busbw = algbw × factor, with nccl-tests' factors: all-reduce
+//! 2(n-1)/n; reduce-scatter and all-gather (n-1)/n with S the full (gathered) size;
+//! broadcast and reduce 1. One more column, `wire`: the payload bytes each rank sent
+//! (the most any rank sent), counted by its links, over the law for that collective.
 //!
 //! Under a launcher (`ferroccl launch`, `mpirun`, `srun`, `torchrun`) each process is one
 //! rank and rank 0 prints. Started bare, it runs `--ranks N` local ranks itself: as
@@ -15,7 +20,7 @@ use std::time::{Duration, Instant};
 /// Arguments of `ferroccl bench` (the nccl-tests flags, plus ours).
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Collective to measure (all_reduce for now).
+    /// Collective to measure: all_reduce, reduce_scatter, all_gather, broadcast, reduce.
     #[arg(default_value = "all_reduce")]
     pub collective: String,
     /// Smallest message size in bytes (suffixes K, M, G).
@@ -127,17 +132,86 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     c
 }
 
+/// The collectives the bench measures, with nccl-tests' bus factors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Coll {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Reduce,
+}
+
+impl Coll {
+    fn parse(s: &str) -> ferroccl::Result<Self> {
+        Ok(match s.replace('-', "_").as_str() {
+            "all_reduce" | "allreduce" => Coll::AllReduce,
+            "reduce_scatter" | "reducescatter" => Coll::ReduceScatter,
+            "all_gather" | "allgather" => Coll::AllGather,
+            "broadcast" | "bcast" => Coll::Broadcast,
+            "reduce" => Coll::Reduce,
+            _ => {
+                return Err(ferroccl::Error::InvalidArgument(format!(
+                    "unknown collective {s:?}: expected all_reduce, reduce_scatter, all_gather, broadcast or reduce"
+                )))
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::AllGather => "all_gather",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+        }
+    }
+
+    /// busbw / algbw (nccl-tests doc/PERFORMANCE.md).
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::ReduceScatter | Coll::AllGather => (n - 1.0) / n,
+            Coll::Broadcast | Coll::Reduce => 1.0,
+        }
+    }
+
+    /// The most payload bytes any rank sends for a size of `bytes`, by the algorithm's
+    /// law: the ring's 2(n-1)/n·S or (n-1)/n·S, the chain's S.
+    fn wire_law(self, n: usize, bytes: usize) -> f64 {
+        if n == 1 {
+            return 0.0;
+        }
+        match self {
+            Coll::Broadcast | Coll::Reduce => bytes as f64,
+            c => c.bus_factor(n) * bytes as f64,
+        }
+    }
+
+    fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    fn rooted(self) -> bool {
+        matches!(self, Coll::Broadcast | Coll::Reduce)
+    }
+
+    /// Elements of the whole buffer are split in equal blocks per rank.
+    fn blocked(self) -> bool {
+        matches!(self, Coll::ReduceScatter | Coll::AllGather)
+    }
+}
+
 /// Returns whether every result checked out.
 fn run(a: BenchArgs) -> ferroccl::Result<bool> {
-    if a.collective != "all_reduce" && a.collective != "allreduce" {
-        return Err(ferroccl::Error::InvalidArgument(format!(
-            "unknown collective {:?}: this build benchmarks all_reduce",
-            a.collective
-        )));
-    }
+    let coll = Coll::parse(&a.collective)?;
     let dtype = DataType::parse(&a.dtype)?;
     let op = ReduceOp::parse(&a.op)?;
-    ferroccl::reduce::check_op(dtype, op)?;
+    if coll.reduces() {
+        ferroccl::reduce::check_op(dtype, op)?;
+    }
     let transport = TransportKind::parse(&a.transport)?;
     if a.step_factor < 2 && a.min_bytes != a.max_bytes {
         return Err(ferroccl::Error::InvalidArgument(
@@ -156,15 +230,27 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         ));
     }
 
-    if let Some(_env) = ferroccl::rendezvous::detect_env()? {
+    if ferroccl::rendezvous::detect_env()?.is_some() {
         let cfg = config_for(&a, Config::from_env()?);
-        let mut comm = Communicator::init(cfg)?;
-        return rank_main(&a, dtype, op, &mut comm, transport.name());
+        if a.root >= cfg.world_size {
+            return Err(ferroccl::Error::InvalidArgument(format!(
+                "-r {} is not a rank of {} ranks",
+                a.root, cfg.world_size
+            )));
+        }
+        let comm = Communicator::init(cfg)?;
+        return rank_main(&a, coll, dtype, op, &comm, transport.name());
     }
     if a.ranks == 0 {
         return Err(ferroccl::Error::InvalidArgument(
             "--ranks must be at least 1".into(),
         ));
+    }
+    if a.root >= a.ranks {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "-r {} is not a rank of {} ranks",
+            a.root, a.ranks
+        )));
     }
     match transport {
         TransportKind::Local => {
@@ -173,9 +259,9 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             let results: Vec<ferroccl::Result<bool>> = std::thread::scope(|s| {
                 let hs: Vec<_> = comms
                     .into_iter()
-                    .map(|mut c| {
+                    .map(|c| {
                         let a = &a;
-                        s.spawn(move || rank_main(a, dtype, op, &mut c, "local"))
+                        s.spawn(move || rank_main(a, coll, dtype, op, &c, "local"))
                     })
                     .collect();
                 hs.into_iter()
@@ -215,11 +301,13 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
     }
 }
 
-fn sizes(a: &BenchArgs, esize: usize) -> Vec<usize> {
+/// Message sizes in bytes: from -b to -e by -f, each rounded down to whole elements
+/// (and, for the blocked collectives, to whole blocks of one element per rank at least).
+fn sizes(a: &BenchArgs, unit: usize) -> Vec<usize> {
     let mut v = Vec::new();
-    let mut s = a.min_bytes.max(esize);
+    let mut s = a.min_bytes.max(unit);
     loop {
-        v.push(s / esize * esize);
+        v.push(s / unit * unit);
         if s >= a.max_bytes || a.step_factor < 2 {
             break;
         }
@@ -231,19 +319,20 @@ fn sizes(a: &BenchArgs, esize: usize) -> Vec<usize> {
 
 fn rank_main(
     a: &BenchArgs,
+    coll: Coll,
     dtype: DataType,
     op: ReduceOp,
-    c: &mut Communicator,
+    c: &Communicator,
     tname: &str,
 ) -> ferroccl::Result<bool> {
     match dtype {
-        DataType::F32 => bench_typed::<f32>(a, op, c, tname),
-        DataType::F64 => bench_typed::<f64>(a, op, c, tname),
-        DataType::F16 => bench_typed::<f16>(a, op, c, tname),
-        DataType::BF16 => bench_typed::<bf16>(a, op, c, tname),
-        DataType::I32 => bench_typed::<i32>(a, op, c, tname),
-        DataType::I64 => bench_typed::<i64>(a, op, c, tname),
-        DataType::U8 => bench_typed::<u8>(a, op, c, tname),
+        DataType::F32 => bench_typed::<f32>(a, coll, op, c, tname),
+        DataType::F64 => bench_typed::<f64>(a, coll, op, c, tname),
+        DataType::F16 => bench_typed::<f16>(a, coll, op, c, tname),
+        DataType::BF16 => bench_typed::<bf16>(a, coll, op, c, tname),
+        DataType::I32 => bench_typed::<i32>(a, coll, op, c, tname),
+        DataType::I64 => bench_typed::<i64>(a, coll, op, c, tname),
+        DataType::U8 => bench_typed::<u8>(a, coll, op, c, tname),
         _ => Err(ferroccl::Error::InvalidArgument(format!(
             "unsupported dtype {dtype}"
         ))),
@@ -270,52 +359,177 @@ fn expected(op: ReduceOp, n: usize, i: usize) -> f64 {
     }
 }
 
-fn fill<T: Element>(v: &mut [T], op: ReduceOp, r: usize) {
-    for (i, x) in v.iter_mut().enumerate() {
-        *x = T::from_f64(value(op, r, i));
+fn fill<T: Element>(v: &mut [T], op: ReduceOp, r: usize, first: usize) {
+    for (k, x) in v.iter_mut().enumerate() {
+        *x = T::from_f64(value(op, r, first + k));
     }
 }
 
-fn count_wrong<T: Element>(v: &[T], op: ReduceOp, n: usize) -> u64 {
-    v.iter()
-        .enumerate()
-        .filter(|(i, x)| {
-            let want = T::from_f64(expected(op, n, *i));
-            if T::DTYPE.is_float() {
-                let (g, w) = (x.to_f64(), want.to_f64());
-                // Written so that a NaN result counts as wrong.
-                let close = (g - w).abs() <= 1e-2 * w.abs().max(1.0);
-                !close
-            } else {
-                **x != want
-            }
-        })
-        .count() as u64
+fn wrong<T: Element>(x: T, want: f64) -> bool {
+    let want = T::from_f64(want);
+    if T::DTYPE.is_float() {
+        let (g, w) = (x.to_f64(), want.to_f64());
+        // Written so that a NaN result counts as wrong.
+        let close = (g - w).abs() <= 1e-2 * w.abs().max(1.0);
+        !close
+    } else {
+        x != want
+    }
 }
 
-fn max_over_ranks(c: &mut Communicator, x: f64) -> ferroccl::Result<f64> {
+/// Wrong elements of this rank's result of `coll` over `count` elements (the whole
+/// buffer's count; the rank's block for the blocked collectives is derived).
+fn count_wrong<T: Element>(
+    coll: Coll,
+    res: &[T],
+    op: ReduceOp,
+    n: usize,
+    rank: usize,
+    root: usize,
+    count: usize,
+) -> u64 {
+    let block = count / n;
+    let bad =
+        |it: &mut dyn Iterator<Item = (T, f64)>| it.filter(|&(x, w)| wrong(x, w)).count() as u64;
+    match coll {
+        Coll::AllReduce => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, expected(op, n, i)))),
+        Coll::ReduceScatter => bad(&mut res[..block]
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| (x, expected(op, n, rank * block + k)))),
+        Coll::AllGather => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, value(ReduceOp::Sum, i / block.max(1), i % block.max(1))))),
+        Coll::Broadcast => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, value(ReduceOp::Sum, root, i)))),
+        Coll::Reduce if rank == root => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, expected(op, n, i)))),
+        Coll::Reduce => 0,
+    }
+}
+
+fn max_over_ranks(c: &Communicator, x: f64) -> ferroccl::Result<f64> {
     let mut v = [x];
     c.all_reduce(&mut v, ReduceOp::Max)?;
     Ok(v[0])
 }
 
+/// Buffers of one rank: `send` holds this rank's input for the largest size.
+struct Bufs<T> {
+    send: Vec<T>,
+    recv: Vec<T>,
+}
+
+impl<T: Element> Bufs<T> {
+    /// Sets up the input of `coll` for `count` elements (whole-buffer count).
+    fn prepare(&mut self, coll: Coll, op: ReduceOp, n: usize, rank: usize, count: usize) {
+        match coll {
+            // This rank's block of the gathered buffer.
+            Coll::AllGather => fill(&mut self.send[..count / n], ReduceOp::Sum, rank, 0),
+            Coll::Broadcast => fill(&mut self.send[..count], ReduceOp::Sum, rank, 0),
+            _ => fill(&mut self.send[..count], op, rank, 0),
+        }
+    }
+
+    /// One out-of-place operation; the result is in `recv`.
+    fn out_of_place(
+        &mut self,
+        c: &Communicator,
+        coll: Coll,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+    ) -> ferroccl::Result<()> {
+        let n = c.world_size();
+        let (send, recv) = (&self.send, &mut self.recv);
+        match coll {
+            Coll::AllReduce => c.all_reduce_into(&send[..count], &mut recv[..count], op),
+            Coll::ReduceScatter => c.reduce_scatter(&send[..count], &mut recv[..count / n], op),
+            Coll::AllGather => c.all_gather(&send[..count / n], &mut recv[..count]),
+            Coll::Broadcast => {
+                recv[..count].copy_from_slice(&send[..count]);
+                c.broadcast(&mut recv[..count], root)
+            }
+            Coll::Reduce => c.reduce_into(&send[..count], &mut recv[..count], op, root),
+        }
+    }
+
+    /// Refills `recv` as the in-place form's input.
+    fn reset_in_place(&mut self, coll: Coll, n: usize, rank: usize, count: usize) {
+        match coll {
+            Coll::AllGather => {
+                let b = count / n;
+                let (send, recv) = (&self.send, &mut self.recv);
+                recv[rank * b..(rank + 1) * b].copy_from_slice(&send[..b]);
+            }
+            _ => self.recv[..count].copy_from_slice(&self.send[..count]),
+        }
+    }
+
+    /// One in-place operation on `recv`.
+    fn in_place(
+        &mut self,
+        c: &Communicator,
+        coll: Coll,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+    ) -> ferroccl::Result<()> {
+        let buf = &mut self.recv[..count];
+        match coll {
+            Coll::AllReduce => c.all_reduce(buf, op),
+            Coll::ReduceScatter => c.reduce_scatter_in_place(buf, op),
+            Coll::AllGather => c.all_gather_in_place(buf),
+            Coll::Broadcast => c.broadcast(buf, root),
+            Coll::Reduce => c.reduce(buf, op, root),
+        }
+    }
+
+    /// The in-place result laid out as the out-of-place one (this rank's block first).
+    fn in_place_result(&self, coll: Coll, n: usize, rank: usize, count: usize) -> Vec<T> {
+        match coll {
+            Coll::ReduceScatter => {
+                let b = count / n;
+                self.recv[rank * b..(rank + 1) * b].to_vec()
+            }
+            _ => self.recv[..count].to_vec(),
+        }
+    }
+}
+
 fn bench_typed<T: Element>(
     a: &BenchArgs,
+    coll: Coll,
     op: ReduceOp,
-    c: &mut Communicator,
+    c: &Communicator,
     tname: &str,
 ) -> ferroccl::Result<bool> {
     let n = c.world_size();
+    let rank = c.rank();
+    let root = a.root;
     let esize = std::mem::size_of::<T>();
-    let sizes = sizes(a, esize);
+    let unit = if coll.blocked() { esize * n } else { esize };
+    let sizes = sizes(a, unit);
     let max_count = sizes.iter().max().copied().unwrap_or(0) / esize;
-    let mut send = vec![T::default(); max_count];
-    let mut recv = vec![T::default(); max_count];
-    fill(&mut send, op, c.rank());
-    let printer = c.rank() == 0;
+    let mut bufs = Bufs {
+        send: vec![T::default(); max_count],
+        recv: vec![T::default(); max_count],
+    };
+    let printer = rank == 0;
+    let op_name = if coll.reduces() { op.name() } else { "none" };
+    let root_col: i64 = if coll.rooted() { root as i64 } else { -1 };
     if printer {
         println!(
-            "# ferroccl bench: all_reduce, {n} ranks, transport {tname}, segment {} B, busy-poll {:?}, timeout {:?}",
+            "# ferroccl bench: {}, {n} ranks, transport {tname}, segment {} B, busy-poll {:?}, timeout {:?}",
+            coll.name(),
             c.config().segment_bytes,
             c.config().busy_poll,
             c.config().timeout
@@ -325,14 +539,29 @@ fn bench_typed<T: Element>(
             a.min_bytes, a.max_bytes, a.step_factor, a.warmup, a.iters, a.check
         );
         println!("#");
-        println!("# wire: payload bytes each rank sent per operation, counted by its links, over the ring law 2(n-1)/n*S");
         println!(
-            "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
-            c.config().small_message_bytes
+            "# busbw = algbw x {}; wire: payload bytes the busiest rank sent per operation, counted by its links, over {}",
+            match coll {
+                Coll::AllReduce => "2(n-1)/n",
+                Coll::ReduceScatter | Coll::AllGather => "(n-1)/n",
+                _ => "1",
+            },
+            match coll {
+                Coll::AllReduce => "the ring law 2(n-1)/n*S",
+                Coll::ReduceScatter | Coll::AllGather => "the ring law (n-1)/n*S",
+                _ => "the chain law S",
+            }
         );
+        if coll == Coll::AllReduce {
+            println!(
+                "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
+                c.config().small_message_bytes
+            );
+        }
+        let blank = ["", "", "", "", ""];
         println!(
             "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
-            "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "", "", ""
+            blank[0], blank[1], blank[2], blank[3], blank[4], "out-of-place", "", "", "", "in-place", "", "", "", "", ""
         );
         println!(
             "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
@@ -343,49 +572,46 @@ fn bench_typed<T: Element>(
             "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(x law)", ""
         );
     }
-    let factor = if n > 1 {
-        2.0 * (n as f64 - 1.0) / n as f64
-    } else {
-        0.0
-    };
+    let factor = coll.bus_factor(n);
     let mut rows = Vec::new();
     let mut total_wrong = 0u64;
     for &bytes in &sizes {
         let count = bytes / esize;
-        // Out of place: recv = allreduce(send).
+        bufs.prepare(coll, op, n, rank, count);
         for _ in 0..a.warmup {
-            c.all_reduce_into(&send[..count], &mut recv[..count], op)?;
+            bufs.out_of_place(c, coll, op, root, count)?;
         }
-        max_over_ranks(c, 0.0)?; // barrier
+        c.barrier()?;
         let before = c.wire_stats();
         let t0 = Instant::now();
         for _ in 0..a.iters {
-            c.all_reduce_into(&send[..count], &mut recv[..count], op)?;
+            bufs.out_of_place(c, coll, op, root, count)?;
         }
         let oop = t0.elapsed().as_secs_f64() / a.iters as f64;
         let wire = c.wire_stats().since(&before);
         let oop_wrong = if a.check != 0 {
-            count_wrong(&recv[..count], op, n)
+            count_wrong(coll, &bufs.recv, op, n, rank, root, count)
         } else {
             0
         };
 
         // In place: the buffer is reduced again each iteration; it is refilled and
-        // reduced once more for the check.
-        recv[..count].copy_from_slice(&send[..count]);
+        // run once more for the check.
+        bufs.reset_in_place(coll, n, rank, count);
         for _ in 0..a.warmup {
-            c.all_reduce(&mut recv[..count], op)?;
+            bufs.in_place(c, coll, op, root, count)?;
         }
-        max_over_ranks(c, 0.0)?;
+        c.barrier()?;
         let t0 = Instant::now();
         for _ in 0..a.iters {
-            c.all_reduce(&mut recv[..count], op)?;
+            bufs.in_place(c, coll, op, root, count)?;
         }
         let ip = t0.elapsed().as_secs_f64() / a.iters as f64;
         let ip_wrong = if a.check != 0 {
-            recv[..count].copy_from_slice(&send[..count]);
-            c.all_reduce(&mut recv[..count], op)?;
-            count_wrong(&recv[..count], op, n)
+            bufs.reset_in_place(coll, n, rank, count);
+            bufs.in_place(c, coll, op, root, count)?;
+            let res = bufs.in_place_result(coll, n, rank, count);
+            count_wrong(coll, &res, op, n, rank, root, count)
         } else {
             0
         };
@@ -394,47 +620,59 @@ fn bench_typed<T: Element>(
         let ip = max_over_ranks(c, ip)?;
         let wire_bytes = max_over_ranks(c, wire.payload_sent as f64 / a.iters as f64)?;
         let header_bytes = max_over_ranks(c, wire.header_sent as f64 / a.iters as f64)?;
-        let mut wrong = [oop_wrong as f64, ip_wrong as f64];
-        c.all_reduce(&mut wrong, ReduceOp::Sum)?;
+        let mut w = [oop_wrong as f64, ip_wrong as f64];
+        c.all_reduce(&mut w, ReduceOp::Sum)?;
         let row = Row {
             bytes,
             count,
             oop_us: oop * 1e6,
-            oop_wrong: wrong[0] as u64,
+            oop_wrong: w[0] as u64,
             ip_us: ip * 1e6,
-            ip_wrong: wrong[1] as u64,
+            ip_wrong: w[1] as u64,
             wire_bytes,
             header_bytes,
         };
         total_wrong += row.oop_wrong + row.ip_wrong;
         if printer {
-            let law = factor * bytes as f64;
+            let law = coll.wire_law(n, bytes);
             let wire_col = if law > 0.0 {
                 format!("{:.3}", row.wire_bytes / law)
             } else {
                 "-".into()
             };
+            let algo = match coll {
+                Coll::AllReduce => match c.all_reduce_algorithm(bytes) {
+                    ferroccl::Algorithm::Ring => "ring",
+                    _ => "rd",
+                },
+                Coll::ReduceScatter | Coll::AllGather => "ring",
+                _ => "chain",
+            };
             let gb = |us: f64| bytes as f64 / (us * 1e-6) / 1e9;
+            let wrong_col = |w: u64| {
+                if a.check != 0 {
+                    w.to_string()
+                } else {
+                    "N/A".into()
+                }
+            };
             println!(
                 "{:>12} {:>12} {:>8} {:>6} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6} {:>7} {:>5}",
                 bytes,
                 count,
                 T::DTYPE.name(),
-                op.name(),
-                -1,
+                op_name,
+                root_col,
                 row.oop_us,
                 gb(row.oop_us),
                 gb(row.oop_us) * factor,
-                if a.check != 0 { row.oop_wrong.to_string() } else { "N/A".into() },
+                wrong_col(row.oop_wrong),
                 row.ip_us,
                 gb(row.ip_us),
                 gb(row.ip_us) * factor,
-                if a.check != 0 { row.ip_wrong.to_string() } else { "N/A".into() },
+                wrong_col(row.ip_wrong),
                 wire_col,
-                match c.all_reduce_algorithm(bytes) {
-                    ferroccl::Algorithm::Ring => "ring",
-                    _ => "rd",
-                }
+                algo
             );
         }
         rows.push(row);
@@ -453,45 +691,62 @@ fn bench_typed<T: Element>(
         println!("# Avg bus bandwidth    : {avg_busbw:.4} ");
         println!("#");
         if let Some(path) = &a.json {
-            write_json(path, n, tname, T::DTYPE, op, factor, &rows)?;
+            let meta = JsonMeta {
+                coll,
+                n,
+                tname,
+                dt: T::DTYPE,
+                op: op_name,
+                root: root_col,
+                factor,
+            };
+            write_json(path, &meta, &rows)?;
         }
     }
     Ok(total_wrong == 0)
 }
 
-fn write_json(
-    path: &std::path::Path,
+struct JsonMeta<'a> {
+    coll: Coll,
     n: usize,
-    tname: &str,
+    tname: &'a str,
     dt: DataType,
-    op: ReduceOp,
+    op: &'a str,
+    root: i64,
     factor: f64,
-    rows: &[Row],
-) -> ferroccl::Result<()> {
+}
+
+fn write_json(path: &std::path::Path, m: &JsonMeta<'_>, rows: &[Row]) -> ferroccl::Result<()> {
     let mut s = String::new();
     let _ = write!(
         s,
-        "{{\n  \"tool\": \"ferroccl bench\",\n  \"collective\": \"all_reduce\",\n  \"ranks\": {n},\n  \"transport\": \"{tname}\",\n  \"dtype\": \"{}\",\n  \"op\": \"{}\",\n  \"bus_factor\": {factor},\n  \"rows\": [\n",
-        dt.name(),
-        op.name()
+        "{{\n  \"tool\": \"ferroccl bench\",\n  \"collective\": \"{}\",\n  \"ranks\": {},\n  \"transport\": \"{}\",\n  \"dtype\": \"{}\",\n  \"op\": \"{}\",\n  \"root\": {},\n  \"bus_factor\": {},\n  \"rows\": [\n",
+        m.coll.name(),
+        m.n,
+        m.tname,
+        m.dt.name(),
+        m.op,
+        m.root,
+        m.factor
     );
     for (i, r) in rows.iter().enumerate() {
         let gb = |us: f64| r.bytes as f64 / (us * 1e-6) / 1e9;
         let _ = writeln!(
             s,
-            "    {{\"bytes\": {}, \"count\": {}, \"oop_time_us\": {:.3}, \"oop_algbw_gbs\": {:.6}, \"oop_busbw_gbs\": {:.6}, \"oop_wrong\": {}, \"ip_time_us\": {:.3}, \"ip_algbw_gbs\": {:.6}, \"ip_busbw_gbs\": {:.6}, \"ip_wrong\": {}, \"payload_bytes_sent_per_rank\": {:.1}, \"header_bytes_sent_per_rank\": {:.1}}}{}",
+            "    {{\"bytes\": {}, \"count\": {}, \"oop_time_us\": {:.3}, \"oop_algbw_gbs\": {:.6}, \"oop_busbw_gbs\": {:.6}, \"oop_wrong\": {}, \"ip_time_us\": {:.3}, \"ip_algbw_gbs\": {:.6}, \"ip_busbw_gbs\": {:.6}, \"ip_wrong\": {}, \"payload_bytes_sent_per_rank\": {:.1}, \"header_bytes_sent_per_rank\": {:.1}, \"wire_law_bytes\": {:.1}}}{}",
             r.bytes,
             r.count,
             r.oop_us,
             gb(r.oop_us),
-            gb(r.oop_us) * factor,
+            gb(r.oop_us) * m.factor,
             r.oop_wrong,
             r.ip_us,
             gb(r.ip_us),
-            gb(r.ip_us) * factor,
+            gb(r.ip_us) * m.factor,
             r.ip_wrong,
             r.wire_bytes,
             r.header_bytes,
+            m.coll.wire_law(m.n, r.bytes),
             if i + 1 < rows.len() { "," } else { "" }
         );
     }
