@@ -71,6 +71,11 @@ pub struct BenchArgs {
     /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
     #[arg(long = "busy-poll-us")]
     pub busy_poll_us: Option<u64>,
+    /// Timing: `avg` (nccl-tests: back-to-back iterations, mean, max over ranks) or
+    /// `median` (each iteration after a barrier, max over ranks, median: how the peer
+    /// scripts in shared/peers time, for like-for-like comparisons).
+    #[arg(long = "stat", default_value = "avg", value_parser = ["avg", "median"])]
+    pub stat: String,
     /// Also write the rows as JSON to this file (rank 0).
     #[arg(long = "json")]
     pub json: Option<std::path::PathBuf>,
@@ -416,6 +421,39 @@ fn count_wrong<T: Element>(
     }
 }
 
+/// Seconds per operation, the same on every rank, and the bytes this rank's links
+/// moved during the iterations: with `--stat avg` the mean of back-to-back iterations
+/// (max over ranks); with `--stat median` each iteration timed after a barrier, the
+/// max over ranks per iteration, then the median. Barriers move headers but no
+/// payload, so the payload count is the operations' alone.
+fn timed(
+    c: &Communicator,
+    a: &BenchArgs,
+    mut op: impl FnMut() -> ferroccl::Result<()>,
+) -> ferroccl::Result<(f64, ferroccl::WireStats)> {
+    let before = c.wire_stats();
+    if a.stat == "median" {
+        let mut ts = Vec::with_capacity(a.iters);
+        for _ in 0..a.iters {
+            c.barrier()?;
+            let t0 = Instant::now();
+            op()?;
+            ts.push(t0.elapsed().as_secs_f64());
+        }
+        let wire = c.wire_stats().since(&before);
+        c.all_reduce(&mut ts, ReduceOp::Max)?;
+        ts.sort_by(f64::total_cmp);
+        return Ok((ts[ts.len() / 2], wire));
+    }
+    let t0 = Instant::now();
+    for _ in 0..a.iters {
+        op()?;
+    }
+    let secs = t0.elapsed().as_secs_f64() / a.iters as f64;
+    let wire = c.wire_stats().since(&before);
+    Ok((max_over_ranks(c, secs)?, wire))
+}
+
 fn max_over_ranks(c: &Communicator, x: f64) -> ferroccl::Result<f64> {
     let mut v = [x];
     c.all_reduce(&mut v, ReduceOp::Max)?;
@@ -535,8 +573,8 @@ fn bench_typed<T: Element>(
             c.config().timeout
         );
         println!(
-            "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
-            a.min_bytes, a.max_bytes, a.step_factor, a.warmup, a.iters, a.check
+            "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timing: {}",
+            a.min_bytes, a.max_bytes, a.step_factor, a.warmup, a.iters, a.check, a.stat
         );
         println!("#");
         println!(
@@ -582,13 +620,7 @@ fn bench_typed<T: Element>(
             bufs.out_of_place(c, coll, op, root, count)?;
         }
         c.barrier()?;
-        let before = c.wire_stats();
-        let t0 = Instant::now();
-        for _ in 0..a.iters {
-            bufs.out_of_place(c, coll, op, root, count)?;
-        }
-        let oop = t0.elapsed().as_secs_f64() / a.iters as f64;
-        let wire = c.wire_stats().since(&before);
+        let (oop, wire) = timed(c, a, || bufs.out_of_place(c, coll, op, root, count))?;
         let oop_wrong = if a.check != 0 {
             count_wrong(coll, &bufs.recv, op, n, rank, root, count)
         } else {
@@ -602,11 +634,7 @@ fn bench_typed<T: Element>(
             bufs.in_place(c, coll, op, root, count)?;
         }
         c.barrier()?;
-        let t0 = Instant::now();
-        for _ in 0..a.iters {
-            bufs.in_place(c, coll, op, root, count)?;
-        }
-        let ip = t0.elapsed().as_secs_f64() / a.iters as f64;
+        let (ip, _) = timed(c, a, || bufs.in_place(c, coll, op, root, count))?;
         let ip_wrong = if a.check != 0 {
             bufs.reset_in_place(coll, n, rank, count);
             bufs.in_place(c, coll, op, root, count)?;
@@ -616,8 +644,6 @@ fn bench_typed<T: Element>(
             0
         };
 
-        let oop = max_over_ranks(c, oop)?;
-        let ip = max_over_ranks(c, ip)?;
         let wire_bytes = max_over_ranks(c, wire.payload_sent as f64 / a.iters as f64)?;
         let header_bytes = max_over_ranks(c, wire.header_sent as f64 / a.iters as f64)?;
         let mut w = [oop_wrong as f64, ip_wrong as f64];
