@@ -41,7 +41,8 @@ pub(crate) fn run(
     let rank = e.rank;
     let right = (rank + 1) % n;
     let left = (rank + n - 1) % n;
-    let seg_elems = (e.cfg.segment_bytes / esize).max(1);
+    let max_chunk = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+    let seg_elems = schedule::pipeline_segment(max_chunk, esize, e.cfg.segment_bytes);
     let sends = schedule::ring_plan(chunks, rank, steps.clone(), seg_elems, true);
     let recvs = schedule::ring_plan(chunks, rank, steps.clone(), seg_elems, false);
     let first_of_step = |plan: &[schedule::Transfer]| {

@@ -80,6 +80,21 @@ pub fn segment_range(chunk: &Range<usize>, seg_elems: usize, j: usize) -> Range<
     start..end
 }
 
+/// Smallest segment [`pipeline_segment`] picks on its own (64 KiB): below it, per-frame
+/// costs outweigh what pipelining hides.
+pub const MIN_AUTO_SEGMENT_BYTES: usize = 64 << 10;
+
+/// Elements per segment for chunks of at most `chunk_elems` elements of `esize` bytes,
+/// with `max_bytes` the configured segment size. A chunk travels as at least two
+/// segments when that keeps segments at or above [`MIN_AUTO_SEGMENT_BYTES`], so the
+/// second half is in flight while the first is reduced and forwarded; `max_bytes` is
+/// always the upper bound (and is used as is when it is below the minimum).
+pub fn pipeline_segment(chunk_elems: usize, esize: usize, max_bytes: usize) -> usize {
+    let half = (chunk_elems * esize).div_ceil(2);
+    let bytes = half.max(MIN_AUTO_SEGMENT_BYTES).min(max_bytes);
+    (bytes / esize).max(1)
+}
+
 /// One frame of the ring all-reduce from one rank's point of view.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transfer {
@@ -230,6 +245,31 @@ mod tests {
             let law = 2.0 * (n as f64 - 1.0) / n as f64 * count as f64;
             prop_assert!((sent as f64 - law).abs() <= allreduce_steps(n) as f64, "sent {} law {}", sent, law);
             if count % n == 0 { prop_assert_eq!(sent as f64, law); }
+        }
+    }
+
+    #[test]
+    fn large_chunks_are_cut_in_two_small_ones_are_not() {
+        // 1 MiB over 2 ranks: 512 KiB chunks travel as two 256 KiB segments.
+        assert_eq!(pipeline_segment(131_072, 4, 512 << 10), 65_536);
+        // Huge chunks: the configured size caps the segment.
+        assert_eq!(pipeline_segment(1 << 24, 4, 512 << 10), 131_072);
+        // Small chunks stay whole (one 64 KiB-or-less segment).
+        assert_eq!(segments(10_000, pipeline_segment(10_000, 4, 512 << 10)), 1);
+        // A small configured size is honoured as is.
+        assert_eq!(pipeline_segment(1 << 20, 2, 6), 3);
+    }
+
+    proptest! {
+        #[test]
+        fn pipeline_segment_is_within_bounds(chunk in 0usize..1 << 26, es in prop::sample::select(vec![1usize, 2, 4, 8]), max in 1usize..1 << 22) {
+            let seg = pipeline_segment(chunk, es, max);
+            prop_assert!(seg >= 1);
+            prop_assert!(seg * es <= max.max(es));
+            // Two segments at most per chunk unless the cap forces more.
+            if max >= MIN_AUTO_SEGMENT_BYTES && chunk * es >= 2 * MIN_AUTO_SEGMENT_BYTES {
+                prop_assert!(segments(chunk, seg) >= 2);
+            }
         }
     }
 
