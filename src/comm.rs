@@ -26,7 +26,7 @@ pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
 /// Default for [`Config::socket_buffer`].
 pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
 /// Default for [`Config::busy_poll`].
-pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(300);
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_millis(1);
 /// Default for [`Config::small_message_bytes`].
 pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 64 << 10;
 /// Default rendezvous port, as torchrun's.
@@ -65,7 +65,8 @@ pub struct Config {
     /// How long a collective keeps polling its links (yielding the CPU between polls)
     /// before it sleeps until the kernel wakes it. Waking a sleeping thread costs tens
     /// of microseconds, which dominates small messages; polling a little first avoids
-    /// it. `Duration::ZERO` always sleeps. Default 300 µs.
+    /// it. `Duration::ZERO` always sleeps. Default 1 ms (on loopback, 1 MiB all-reduce
+    /// medians: 243 µs vs 314 µs with 300 µs at 2 ranks, 1349 vs 1598 µs at 4).
     pub busy_poll: Duration,
     /// All-reduces of at most this many bytes use recursive doubling (`log2 n` steps,
     /// each moving the whole buffer) instead of the ring (`2(n-1)` steps, each moving
