@@ -1044,24 +1044,29 @@ pub struct Scope<'s, 'c> {
     _invariant: PhantomData<&'s mut &'s ()>,
 }
 
-/// A collective in flight. [`Handle::wait`] blocks until it is done and returns its
-/// buffer; [`Handle::test`] asks without blocking. Dropping it does not cancel the
+/// A collective in flight. [`Handle::wait`] blocks until it is done and hands its
+/// buffer back; [`Handle::test`] asks without blocking. Dropping it does not cancel the
 /// operation (collectives cannot be cancelled on one rank alone); the scope still
-/// waits for it.
+/// waits for it. A barrier's handle hands back an empty slice.
 #[must_use = "a handle does nothing unless waited on; the scope waits for it anyway"]
-pub struct Handle<'s, B> {
+pub struct Handle<'s, T> {
     done: Arc<Completion>,
-    out: B,
-    _scope: PhantomData<&'s ()>,
+    // The buffer as raw parts: no reference to it is alive while the worker writes it.
+    ptr: *mut T,
+    len: usize,
+    _buf: PhantomData<&'s mut [T]>,
 }
 
-impl<'s, B> Handle<'s, B> {
+impl<'s, T> Handle<'s, T> {
     /// Blocks until the operation is done; returns its buffer, or its error.
-    pub fn wait(self) -> Result<B> {
+    pub fn wait(self) -> Result<&'s mut [T]> {
         let mut st = lock(&self.done.state);
         loop {
             if let Some(r) = st.take() {
-                return r.map(|()| self.out);
+                // SAFETY: `ptr..len` is the buffer borrowed for 's when the operation
+                // was started; the operation is over, so nothing else touches it, and
+                // this handle (consumed here) was its only holder.
+                return r.map(|()| unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) });
             }
             st = self.done.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
@@ -1080,23 +1085,30 @@ impl<'s, 'c> Scope<'s, 'c> {
         self.comm
     }
 
-    fn start<B>(&self, job: Result<JobFn>, out: B) -> Result<Handle<'s, B>> {
-        let done = self.comm.submit(job?);
+    /// Builds a job over `buf` with `make` and queues it. The buffer's pointer is taken
+    /// once; the job and the handle both derive from it, and no reference to the
+    /// buffer outlives this call (the worker writes through the job's pointer).
+    fn start<T>(
+        &self,
+        buf: &'s mut [T],
+        make: impl FnOnce(&mut [T]) -> Result<JobFn>,
+    ) -> Result<Handle<'s, T>> {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: a reborrow of the caller's buffer through `ptr`, used only to build
+        // the job; it ends before anything else touches the buffer.
+        let job = make(unsafe { std::slice::from_raw_parts_mut(ptr, len) })?;
+        let done = self.comm.submit(job);
         Ok(Handle {
             done,
-            out,
-            _scope: PhantomData,
+            ptr,
+            len,
+            _buf: PhantomData,
         })
     }
 
     /// Non-blocking [`Communicator::all_reduce`].
-    pub fn all_reduce<T: Element>(
-        &self,
-        buf: &'s mut [T],
-        op: ReduceOp,
-    ) -> Result<Handle<'s, &'s mut [T]>> {
-        let job = self.comm.job_all_reduce(buf, op);
-        self.start(job, buf)
+    pub fn all_reduce<T: Element>(&self, buf: &'s mut [T], op: ReduceOp) -> Result<Handle<'s, T>> {
+        self.start(buf, |b| self.comm.job_all_reduce(b, op))
     }
 
     /// Non-blocking [`Communicator::reduce_scatter_in_place`].
@@ -1104,32 +1116,22 @@ impl<'s, 'c> Scope<'s, 'c> {
         &self,
         buf: &'s mut [T],
         op: ReduceOp,
-    ) -> Result<Handle<'s, &'s mut [T]>> {
+    ) -> Result<Handle<'s, T>> {
         let chunks = self
             .comm
             .equal_blocks(buf.len(), "reduce_scatter_in_place")?;
-        let job = self.comm.job_reduce_scatter(buf, chunks, op);
-        self.start(job, buf)
+        self.start(buf, |b| self.comm.job_reduce_scatter(b, chunks, op))
     }
 
     /// Non-blocking [`Communicator::all_gather_in_place`].
-    pub fn all_gather_in_place<T: Element>(
-        &self,
-        buf: &'s mut [T],
-    ) -> Result<Handle<'s, &'s mut [T]>> {
+    pub fn all_gather_in_place<T: Element>(&self, buf: &'s mut [T]) -> Result<Handle<'s, T>> {
         let chunks = self.comm.equal_blocks(buf.len(), "all_gather_in_place")?;
-        let job = self.comm.job_all_gather(buf, chunks);
-        self.start(job, buf)
+        self.start(buf, |b| self.comm.job_all_gather(b, chunks))
     }
 
     /// Non-blocking [`Communicator::broadcast`].
-    pub fn broadcast<T: Element>(
-        &self,
-        buf: &'s mut [T],
-        root: usize,
-    ) -> Result<Handle<'s, &'s mut [T]>> {
-        let job = self.comm.job_broadcast(buf, root);
-        self.start(job, buf)
+    pub fn broadcast<T: Element>(&self, buf: &'s mut [T], root: usize) -> Result<Handle<'s, T>> {
+        self.start(buf, |b| self.comm.job_broadcast(b, root))
     }
 
     /// Non-blocking [`Communicator::reduce`].
@@ -1138,15 +1140,13 @@ impl<'s, 'c> Scope<'s, 'c> {
         buf: &'s mut [T],
         op: ReduceOp,
         root: usize,
-    ) -> Result<Handle<'s, &'s mut [T]>> {
-        let job = self.comm.job_reduce(buf, op, root);
-        self.start(job, buf)
+    ) -> Result<Handle<'s, T>> {
+        self.start(buf, |b| self.comm.job_reduce(b, op, root))
     }
 
     /// Non-blocking [`Communicator::barrier`].
     pub fn barrier(&self) -> Result<Handle<'s, ()>> {
-        let job = self.comm.job_barrier();
-        self.start(Ok(job), ())
+        self.start(&mut [], |_| Ok(self.comm.job_barrier()))
     }
 }
 
