@@ -265,50 +265,66 @@ fn ring_only() -> Config {
 }
 
 /// The ring law, counted by the links: each rank sends 2(n-1)/n·S payload bytes
-/// (within one element per chunk when S is not divisible by n), and the links' own
-/// byte counts equal payload plus headers.
+/// (within one element per chunk when S is not divisible by n, exactly when it is),
+/// and the links' own byte counts equal payload plus headers.
+fn check_ring_law(net: Net, n: usize, count: usize) -> Result<(), String> {
+    let res = run(n, net, &ring_only(), DEADLINE, move |c| {
+        let before = c.wire_stats();
+        let mut v = vec![1.0f32; count];
+        c.all_reduce(&mut v, ReduceOp::Sum)?;
+        let s = c.wire_stats().since(&before);
+        let raw = c.raw_byte_counts();
+        Ok((s, raw, v[..count.min(1)].to_vec()))
+    })
+    .map_err(|e| e.to_string())?;
+    let law = 2.0 * (n as f64 - 1.0) / n as f64 * (count * 4) as f64;
+    let slack = 2.0 * (n as f64 - 1.0) * 4.0; // one element per chunk sent
+    let ctx = format!("{net:?} n={n} count={count}");
+    let (mut total_sent, mut total_recv) = (0, 0);
+    for (r, (s, raw, v)) in res.iter().enumerate() {
+        let sent = s.payload_sent as f64;
+        let fail = |what: String| Err(format!("{ctx} rank {r}: {what}"));
+        if (sent - law).abs() > slack || (count % n == 0 && sent != law) {
+            return fail(format!("sent {sent} payload bytes, law {law}"));
+        }
+        if raw.0 != s.payload_sent + s.header_sent || raw.1 != s.payload_recv + s.header_recv {
+            return fail(format!("link counts {raw:?} != payload + headers {s:?}"));
+        }
+        if s.header_sent % 40 != 0 {
+            return fail(format!(
+                "{} header bytes is not whole headers",
+                s.header_sent
+            ));
+        }
+        if count > 0 && v[0] != n as f32 {
+            return fail(format!("result {} != {n}", v[0]));
+        }
+        total_sent += s.payload_sent;
+        total_recv += s.payload_recv;
+    }
+    if total_sent != total_recv {
+        return Err(format!(
+            "{ctx}: {total_sent} bytes sent but {total_recv} received"
+        ));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn wire_bytes_follow_the_ring_law(n in 1usize..=8, count in 0usize..200_000) {
+        let r = check_ring_law(Net::Local, n, count);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
 #[test]
-fn wire_bytes_follow_the_ring_law() {
-    for net in [Net::Local, Net::Tcp] {
-        for n in [2usize, 3, 4, 7] {
-            for count in [0usize, 1, 5, 1000, 65_536, 100_001] {
-                let res = run(n, net, &ring_only(), DEADLINE, move |c| {
-                    let before = c.wire_stats();
-                    let mut v = vec![1.0f32; count];
-                    c.all_reduce(&mut v, ReduceOp::Sum)?;
-                    let s = c.wire_stats().since(&before);
-                    let raw = c.raw_byte_counts();
-                    Ok((s, raw, v[..count.min(1)].to_vec()))
-                })
-                .unwrap();
-                let law = 2.0 * (n as f64 - 1.0) / n as f64 * (count * 4) as f64;
-                let slack = 2.0 * (n as f64 - 1.0) * 4.0; // one element per chunk sent
-                let mut total_sent = 0;
-                let mut total_recv = 0;
-                for (r, (s, raw, v)) in res.iter().enumerate() {
-                    let sent = s.payload_sent as f64;
-                    assert!((sent - law).abs() <= slack, "{net:?} n={n} count={count} rank {r}: sent {sent} payload bytes, law {law}");
-                    if count % n == 0 {
-                        assert_eq!(
-                            sent, law,
-                            "{net:?} n={n} count={count} rank {r}: exact when divisible"
-                        );
-                    }
-                    assert_eq!(
-                        raw.0,
-                        s.payload_sent + s.header_sent,
-                        "link byte count = payload + headers"
-                    );
-                    assert_eq!(raw.1, s.payload_recv + s.header_recv);
-                    assert_eq!(s.header_sent % 40, 0, "whole headers");
-                    if count > 0 {
-                        assert_eq!(v[0], n as f32);
-                    }
-                    total_sent += s.payload_sent;
-                    total_recv += s.payload_recv;
-                }
-                assert_eq!(total_sent, total_recv, "every byte sent was received");
-            }
+fn wire_bytes_follow_the_ring_law_over_tcp() {
+    for n in [2usize, 3, 4, 7] {
+        for count in [0usize, 1, 5, 1000, 65_536, 100_001] {
+            check_ring_law(Net::Tcp, n, count).unwrap();
         }
     }
 }

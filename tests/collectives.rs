@@ -269,59 +269,55 @@ fn in_place_forms() {
 
 /// Counted by the links, per rank: reduce-scatter and all-gather (n-1)/n·S; broadcast
 /// S from every rank but the last of the chain; reduce S from every rank but the root;
-/// all-reduce 2(n-1)/n·S (tested in allreduce.rs).
-#[test]
-fn bytes_on_the_wire_follow_each_law() {
-    for n in [2usize, 3, 4, 7] {
-        for root in [0, n - 1, n / 2] {
-            let per = 6000usize; // elements per rank block: S = n·per·4 bytes
-            let res = run(n, Net::Local, &test_config(), DEADLINE, move |c| {
-                let mut out = Vec::new();
-                let s0 = c.wire_stats();
-                let send = vec![1.0f32; n * per];
-                let mut recv = vec![0.0f32; per];
-                c.reduce_scatter(&send, &mut recv, ReduceOp::Sum)?;
-                let s1 = c.wire_stats();
-                out.push(s1.since(&s0).payload_sent);
-                let mut all = vec![0.0f32; n * per];
-                c.all_gather(&recv, &mut all)?;
-                let s2 = c.wire_stats();
-                out.push(s2.since(&s1).payload_sent);
-                let mut b = vec![2.0f32; n * per];
-                c.broadcast(&mut b, root)?;
-                let s3 = c.wire_stats();
-                out.push(s3.since(&s2).payload_sent);
-                c.reduce(&mut b, ReduceOp::Sum, root)?;
-                let s4 = c.wire_stats();
-                out.push(s4.since(&s3).payload_sent);
-                Ok(out)
-            })
-            .unwrap();
-            let s = (n * per * 4) as u64;
-            let last_of_chain = (root + n - 1) % n;
-            for (r, got) in res.iter().enumerate() {
-                assert_eq!(
-                    got[0],
-                    s * (n as u64 - 1) / n as u64,
-                    "reduce_scatter n={n} rank {r}"
-                );
-                assert_eq!(
-                    got[1],
-                    s * (n as u64 - 1) / n as u64,
-                    "all_gather n={n} rank {r}"
-                );
-                assert_eq!(
-                    got[2],
-                    if r == last_of_chain { 0 } else { s },
-                    "broadcast n={n} root={root} rank {r}"
-                );
-                assert_eq!(
-                    got[3],
-                    if r == root { 0 } else { s },
-                    "reduce n={n} root={root} rank {r}"
-                );
-            }
+/// all-reduce 2(n-1)/n·S (in allreduce.rs).
+fn check_byte_laws(n: usize, per: usize, root: usize) -> Result<(), String> {
+    let res = run(n, Net::Local, &test_config(), DEADLINE, move |c| {
+        let mut out = Vec::new();
+        let s0 = c.wire_stats();
+        let send = vec![1.0f32; n * per];
+        let mut recv = vec![0.0f32; per];
+        c.reduce_scatter(&send, &mut recv, ReduceOp::Sum)?;
+        let s1 = c.wire_stats();
+        out.push(s1.since(&s0).payload_sent);
+        let mut all = vec![0.0f32; n * per];
+        c.all_gather(&recv, &mut all)?;
+        let s2 = c.wire_stats();
+        out.push(s2.since(&s1).payload_sent);
+        let mut b = vec![2.0f32; n * per];
+        c.broadcast(&mut b, root)?;
+        let s3 = c.wire_stats();
+        out.push(s3.since(&s2).payload_sent);
+        c.reduce(&mut b, ReduceOp::Sum, root)?;
+        let s4 = c.wire_stats();
+        out.push(s4.since(&s3).payload_sent);
+        Ok(out)
+    })
+    .map_err(|e| e.to_string())?;
+    let s = (n * per * 4) as u64;
+    let last_of_chain = (root + n - 1) % n;
+    for (r, got) in res.iter().enumerate() {
+        let want = [
+            s * (n as u64 - 1) / n as u64,
+            s * (n as u64 - 1) / n as u64,
+            if r == last_of_chain || n == 1 { 0 } else { s },
+            if r == root || n == 1 { 0 } else { s },
+        ];
+        if got[..] != want[..] {
+            return Err(format!(
+                "n={n} per={per} root={root} rank {r}: [reduce_scatter, all_gather, broadcast, reduce] sent {got:?}, law {want:?}"
+            ));
         }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn bytes_on_the_wire_follow_each_law(n in 1usize..=8, per in 0usize..5000, root in 0usize..8) {
+        let r = check_byte_laws(n, per, root % n);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }
 
