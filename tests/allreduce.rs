@@ -284,7 +284,7 @@ fn check_ring_law(net: Net, n: usize, count: usize) -> Result<(), String> {
     for (r, (s, raw, v)) in res.iter().enumerate() {
         let sent = s.payload_sent as f64;
         let fail = |what: String| Err(format!("{ctx} rank {r}: {what}"));
-        if (sent - law).abs() > slack || (count % n == 0 && sent != law) {
+        if (sent - law).abs() > slack || (count.is_multiple_of(n) && sent != law) {
             return fail(format!("sent {sent} payload bytes, law {law}"));
         }
         if raw.0 != s.payload_sent + s.header_sent || raw.1 != s.payload_recv + s.header_recv {
