@@ -14,6 +14,7 @@ use std::marker::PhantomData;
 use std::mem::size_of;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -174,6 +175,7 @@ pub struct Communicator {
     p2p_seq: RefCell<(Vec<u64>, Vec<u64>)>,
     shared: Arc<Shared>,
     worker: RefCell<Option<std::thread::JoinHandle<()>>>,
+    abort: Arc<AtomicBool>,
     // Kept alive for the communicator's lifetime: ranks may still be reading it.
     _store_server: Option<StoreServer>,
 }
@@ -336,7 +338,9 @@ impl Communicator {
             engine.connect(Channel::Collective, p, deadline)?;
         }
         let n = cfg.world_size;
+        let abort = engine.abort.clone();
         Ok(Communicator {
+            abort,
             rank: cfg.rank,
             world_size: n,
             local_rank: cfg.local_rank,
@@ -390,6 +394,13 @@ impl Communicator {
     pub fn raw_byte_counts(&self) -> (u64, u64) {
         self.wait_idle();
         lock(&self.shared.engine).raw_byte_counts()
+    }
+
+    /// A handle that can abort this communicator from any thread (see [`AbortHandle`]).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
+            flag: self.abort.clone(),
+        }
     }
 
     /// Why this communicator is unusable, if it is.
@@ -971,6 +982,28 @@ impl Communicator {
             _invariant: PhantomData,
         };
         f(&scope)
+    }
+}
+
+/// Aborts a [`Communicator`] from any thread — a watchdog, a signal handler's helper
+/// thread, a supervisor that learnt a peer host died. Every operation in flight on the
+/// communicator (blocking or in a [`Scope`]) fails with [`Error::Aborted`] within about
+/// 100 ms; the communicator is poisoned (its links shut, so its peers fail fast with
+/// [`Error::PeerClosed`]) and every later call returns [`Error::Poisoned`].
+#[derive(Clone, Debug)]
+pub struct AbortHandle {
+    flag: Arc<AtomicBool>,
+}
+
+impl AbortHandle {
+    /// Aborts the communicator. Idempotent.
+    pub fn abort(&self) {
+        self.flag.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`AbortHandle::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
     }
 }
 

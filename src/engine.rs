@@ -10,9 +10,20 @@
 
 use crate::comm::Config;
 use crate::error::{Error, Result};
-use crate::transport::{Channel, Connector, LinkError, Links, Waiter};
-use crate::wire::{Fingerprint, FrameError, FrameHeader, InFrame, OutFrame, Peer, WireStats};
+use crate::transport::{Beacon, Channel, Connector, LinkError, Links, Waiter};
+use crate::wire::{
+    Fingerprint, FrameError, FrameHeader, InFrame, OpKind, OutFrame, Peer, WireStats,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The longest single sleep in a wait: bounds how late an abort is noticed.
+const MAX_WAIT_SLICE: Duration = Duration::from_millis(100);
+/// How long a timed-out rank spends asking its peers where they are.
+const STATUS_BUDGET: Duration = Duration::from_secs(2);
+/// Peers asked at most, after a timeout (the ones waited on first).
+const STATUS_MAX_PEERS: usize = 64;
 
 /// A frame to send: `len` bytes at `off` in the operation's buffer.
 #[derive(Clone, Debug)]
@@ -55,6 +66,10 @@ pub(crate) struct Engine {
     links: [Vec<Option<Peer>>; 2],
     pub waiter: Box<dyn Waiter>,
     connector: Box<dyn Connector>,
+    /// What this rank is doing, for peers that ask.
+    beacon: Arc<Beacon>,
+    /// Set by [`crate::comm::AbortHandle::abort`] from any thread.
+    pub abort: Arc<AtomicBool>,
     /// Receive buffer for frames that are reduced rather than stored.
     pub scratch: Vec<u64>,
     pub poisoned: Option<String>,
@@ -63,7 +78,8 @@ pub(crate) struct Engine {
 fn ch_index(ch: Channel) -> usize {
     match ch {
         Channel::Collective => 0,
-        Channel::P2p => 1,
+        // Status queries never become links (the transport answers them itself).
+        Channel::P2p | Channel::Status => 1,
     }
 }
 
@@ -79,6 +95,8 @@ impl Engine {
             ],
             waiter: links.waiter,
             connector: links.connector,
+            beacon: links.beacon,
+            abort: Arc::new(AtomicBool::new(false)),
             scratch: Vec::new(),
             poisoned: None,
             cfg,
@@ -133,6 +151,10 @@ impl Engine {
         if let Some(why) = &self.poisoned {
             return Err(Error::Poisoned(why.clone()));
         }
+        if self.abort.load(Ordering::Relaxed) {
+            self.poison(format!("rank {} was aborted", self.rank));
+            return Err(Error::Poisoned(format!("rank {} was aborted", self.rank)));
+        }
         let r = op(self);
         if let Err(e) = &r {
             self.poison(e.to_string());
@@ -181,6 +203,7 @@ impl Engine {
         ins: &[In],
         on_recv: &mut dyn FnMut(usize, Option<&mut [u8]>),
     ) -> Result<()> {
+        self.beacon.set(fp.seq, fp.kind.code());
         let scratch_need = ins
             .iter()
             .filter(|i| matches!(i.dst, Dst::Scratch))
@@ -191,7 +214,79 @@ impl Engine {
         let mut scratch = std::mem::take(&mut self.scratch);
         let r = self.stream_inner(ch, fp, base, outs, ins, on_recv, &mut scratch);
         self.scratch = scratch;
-        r
+        match r {
+            Err(Error::Timeout {
+                rank,
+                op,
+                after,
+                waiting_for,
+                ..
+            }) => {
+                let waited: Vec<usize> = outs
+                    .iter()
+                    .map(|o| o.peer)
+                    .chain(ins.iter().map(|i| i.peer))
+                    .collect();
+                let peers = self.where_are_peers(fp, &waited);
+                Err(Error::Timeout {
+                    rank,
+                    op,
+                    after,
+                    waiting_for,
+                    peers,
+                })
+            }
+            r => r,
+        }
+    }
+
+    /// Asks the other ranks (those this operation waits on first) which operation
+    /// each is in, within a short budget, and says it in one line: the answer to
+    /// "which rank is hanging?".
+    fn where_are_peers(&mut self, fp: &Fingerprint, waited: &[usize]) -> String {
+        let n = self.world_size;
+        if n == 1 {
+            return "no other ranks".into();
+        }
+        let mut order: Vec<usize> = Vec::new();
+        for &p in waited.iter().chain((0..n).collect::<Vec<_>>().iter()) {
+            if p != self.rank && !order.contains(&p) {
+                order.push(p);
+            }
+        }
+        let skipped = order.len().saturating_sub(STATUS_MAX_PEERS);
+        order.truncate(STATUS_MAX_PEERS);
+        let deadline = Instant::now() + STATUS_BUDGET.min(self.cfg.timeout);
+        let mut same = Vec::new();
+        let mut parts = Vec::new();
+        for p in order {
+            match self.connector.peer_status(p, deadline) {
+                Ok(Some((seq, kind))) if seq == fp.seq && kind == fp.kind.code() => same.push(p),
+                Ok(Some((seq, kind))) => {
+                    let name = OpKind::from_code(kind).map_or("?", OpKind::name);
+                    parts.push(format!("rank {p} is at #{seq} ({name})"));
+                }
+                Ok(None) => parts.push(format!("rank {p} has not started any operation")),
+                Err(e) => {
+                    tracing::debug!("status query to rank {p} failed: {e}");
+                    parts.push(format!("rank {p} unreachable"));
+                }
+            }
+        }
+        if !same.is_empty() {
+            let list: Vec<String> = same.iter().map(|p| p.to_string()).collect();
+            let who = if same.len() == 1 { "rank" } else { "ranks" };
+            let verb = if same.len() == 1 { "is" } else { "are" };
+            parts.push(format!(
+                "{who} {} {verb} in #{} too",
+                list.join(", "),
+                fp.seq
+            ));
+        }
+        if skipped > 0 {
+            parts.push(format!("{skipped} more ranks not asked"));
+        }
+        parts.join("; ")
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -216,7 +311,7 @@ impl Engine {
         let (mut si, mut ri) = (0usize, 0usize);
         let mut out: Option<OutFrame> = None;
         let mut inp: Option<InFrame> = None;
-        let mut pacer = Pacer::new(&self.cfg);
+        let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
         while si < outs.len() || ri < ins.len() {
             let mut progressed = false;
             while si < outs.len() {
@@ -363,14 +458,16 @@ pub(crate) struct Pacer {
     last: Instant,
     timeout: Duration,
     busy_poll: Duration,
+    abort: Arc<AtomicBool>,
 }
 
 impl Pacer {
-    pub fn new(cfg: &Config) -> Self {
+    pub fn new(cfg: &Config, abort: Arc<AtomicBool>) -> Self {
         Pacer {
             last: Instant::now(),
             timeout: cfg.timeout,
             busy_poll: cfg.busy_poll,
+            abort,
         }
     }
 
@@ -387,6 +484,12 @@ impl Pacer {
         fp: &Fingerprint,
         waiting_for: impl FnOnce() -> String,
     ) -> Result<()> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted {
+                rank,
+                op: fp.to_string(),
+            });
+        }
         let idle = self.last.elapsed();
         if idle < self.busy_poll {
             std::thread::yield_now();
@@ -398,10 +501,11 @@ impl Pacer {
                 op: fp.to_string(),
                 after: idle,
                 waiting_for: waiting_for(),
+                peers: String::new(),
             });
         }
         waiter
-            .wait((self.timeout - idle).min(Duration::from_millis(500)))
+            .wait((self.timeout - idle).min(MAX_WAIT_SLICE))
             .map_err(|e| Error::io(format!("rank {rank}: waiting on links during {fp}"), e))
     }
 }

@@ -110,7 +110,7 @@ pub enum Error {
     },
 
     /// A wait made no progress for the configured timeout.
-    #[error("rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}")]
+    #[error("rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}; {peers}")]
     Timeout {
         /// This rank.
         rank: usize,
@@ -120,6 +120,18 @@ pub enum Error {
         after: Duration,
         /// What we were waiting for, e.g. `data from rank 2`.
         waiting_for: String,
+        /// Where the other ranks were when asked, e.g. `rank 2 is at #16 (broadcast);
+        /// rank 3 unreachable` — the answer to "which rank is hanging?".
+        peers: String,
+    },
+
+    /// [`crate::comm::AbortHandle::abort`] was called while this operation ran.
+    #[error("rank {rank}: {op} aborted")]
+    Aborted {
+        /// This rank.
+        rank: usize,
+        /// The operation that was running.
+        op: String,
     },
 
     /// An earlier failure poisoned this communicator; it must be rebuilt.

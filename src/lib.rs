@@ -60,7 +60,7 @@ pub mod schedule;
 pub mod transport;
 pub mod wire;
 
-pub use comm::{Communicator, Config, Handle, Scope};
+pub use comm::{AbortHandle, Communicator, Config, Handle, Scope};
 pub use error::{Error, Result};
 pub use reduce::{DataType, Element, ReduceOp};
 pub use wire::{Algorithm, WireStats};

@@ -76,10 +76,10 @@ impl OpKind {
         OpKind::Barrier,
         OpKind::SendRecv,
     ];
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         Self::ALL.iter().position(|&k| k == self).unwrap_or(0) as u8 + 1
     }
-    fn from_code(c: u8) -> Option<Self> {
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
         Self::ALL.get((c as usize).checked_sub(1)?).copied()
     }
 }

@@ -4,7 +4,7 @@
 //! full), so the algorithms exercise the same partial-write and would-block paths as
 //! over TCP, deterministically and without ports.
 
-use super::{Channel, Connector, Link, LinkError, Links, Waiter};
+use super::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -154,6 +154,7 @@ type PipeMap = HashMap<(usize, usize, Channel), Arc<Mutex<Pipe>>>;
 /// bytes from rank `a` to rank `b` on channel `ch`.
 struct Fabric {
     bells: Vec<Arc<Bell>>,
+    beacons: Vec<Arc<Beacon>>,
     capacity: usize,
     pipes: Mutex<PipeMap>,
 }
@@ -196,6 +197,14 @@ impl Connector for LocalConnector {
             received: 0,
         }))
     }
+
+    fn peer_status(&mut self, peer: usize, _deadline: Instant) -> crate::Result<Option<(u64, u8)>> {
+        self.fabric
+            .beacons
+            .get(peer)
+            .map(|b| b.get())
+            .ok_or_else(|| crate::Error::InvalidArgument(format!("no rank {peer} in this group")))
+    }
 }
 
 /// Builds the connectors and waiters of `n` ranks in one process, rank order. A link
@@ -203,6 +212,7 @@ impl Connector for LocalConnector {
 pub fn group(n: usize, capacity: usize) -> Vec<Links> {
     let fabric = Arc::new(Fabric {
         bells: (0..n).map(|_| Arc::new(Bell::default())).collect(),
+        beacons: (0..n).map(|_| Arc::new(Beacon::default())).collect(),
         capacity,
         pipes: Mutex::new(HashMap::new()),
     });
@@ -218,6 +228,7 @@ pub fn group(n: usize, capacity: usize) -> Vec<Links> {
                     rank: r,
                     fabric: fabric.clone(),
                 }),
+                beacon: fabric.beacons[r].clone(),
             }
         })
         .collect()

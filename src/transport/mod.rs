@@ -15,6 +15,8 @@
 //! and threads in one process).
 
 use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod local;
@@ -67,6 +69,9 @@ pub enum Channel {
     Collective,
     /// Tagged send/recv.
     P2p,
+    /// A one-shot question from a peer: "which operation are you in?" (answered by the
+    /// transport itself, so it works while the rank's own thread is stuck).
+    Status,
 }
 
 impl Channel {
@@ -75,6 +80,7 @@ impl Channel {
         match self {
             Channel::Collective => 0,
             Channel::P2p => 1,
+            Channel::Status => 2,
         }
     }
     /// Inverse of [`Channel::code`].
@@ -82,8 +88,38 @@ impl Channel {
         match c {
             0 => Some(Channel::Collective),
             1 => Some(Channel::P2p),
+            2 => Some(Channel::Status),
             _ => None,
         }
+    }
+}
+
+/// The operation a rank is in, published for peers that ask ([`Channel::Status`]):
+/// its sequence number and kind code, or nothing before the first operation. One
+/// relaxed atomic store per operation.
+#[derive(Debug, Default)]
+pub struct Beacon(AtomicU64);
+
+impl Beacon {
+    /// Records that this rank entered operation `seq` of kind `kind` (a wire code).
+    pub fn set(&self, seq: u64, kind: u8) {
+        self.0
+            .store(((seq + 1) << 8) | kind as u64, Ordering::Relaxed);
+    }
+
+    /// The operation last entered: `(seq, kind code)`, or `None` before the first.
+    pub fn get(&self) -> Option<(u64, u8)> {
+        Self::decode(self.0.load(Ordering::Relaxed))
+    }
+
+    /// The packed form sent on the wire.
+    pub fn raw(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Unpacks [`Beacon::raw`].
+    pub fn decode(v: u64) -> Option<(u64, u8)> {
+        (v >> 8).checked_sub(1).map(|seq| (seq, (v & 0xff) as u8))
     }
 }
 
@@ -98,14 +134,21 @@ pub trait Connector: Send {
         channel: Channel,
         deadline: Instant,
     ) -> crate::Result<Box<dyn Link>>;
+
+    /// Asks `peer` which operation it is in (its [`Beacon`]), giving up at `deadline`.
+    /// `Ok(None)`: the peer has not started any operation.
+    fn peer_status(&mut self, peer: usize, deadline: Instant) -> crate::Result<Option<(u64, u8)>>;
 }
 
-/// A rank's way to make links, and the waiter that wakes when any of them may move.
+/// A rank's way to make links, the waiter that wakes when any of them may move, and
+/// the beacon through which peers can ask what it is doing.
 pub struct Links {
     /// Makes links.
     pub connector: Box<dyn Connector>,
     /// Wakes when any link made by `connector` may progress.
     pub waiter: Box<dyn Waiter>,
+    /// This rank's current operation, as peers see it.
+    pub beacon: Arc<Beacon>,
 }
 
 /// Which transport a communicator uses.

@@ -11,7 +11,7 @@
 //! Data sockets get `TCP_NODELAY` and large kernel buffers (see
 //! [`TcpOptions::socket_buffer`]).
 
-use super::{Channel, Connector, Link, LinkError, Links, Waiter};
+use super::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
 use crate::error::{Error, Result};
 use crate::rendezvous::StoreClient;
 use mio::{Events, Interest, Poll, Token};
@@ -269,11 +269,12 @@ pub fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
         .try_clone()
         .map_err(|e| Error::io("cloning the poller's registry", e))?;
     let accepted = Arc::new(Accepted::default());
+    let beacon = Arc::new(Beacon::default());
     {
-        let (acc, me) = (accepted.clone(), Identity::of(&ctx));
+        let (acc, me, b) = (accepted.clone(), Identity::of(&ctx), beacon.clone());
         std::thread::Builder::new()
             .name(format!("ferroccl-accept{}", ctx.rank))
-            .spawn(move || accept_loop(listener, me, &acc))
+            .spawn(move || accept_loop(listener, me, &acc, &b))
             .map_err(|e| Error::io("starting the connection acceptor", e))?;
     }
     Ok(Links {
@@ -287,6 +288,7 @@ pub fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
             poll,
             events: Events::with_capacity(64),
         }),
+        beacon,
     })
 }
 
@@ -357,7 +359,7 @@ fn lock_state(a: &Accepted) -> MutexGuard<'_, AcceptState> {
 
 /// Accepts until told to stop; each connection's handshake runs on its own short-lived
 /// thread so a silent stranger delays nobody.
-fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>) {
+fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>, beacon: &Arc<Beacon>) {
     use std::os::fd::AsRawFd;
     while !acc.stop.load(Ordering::Relaxed) {
         let mut pfd = libc::pollfd {
@@ -373,10 +375,10 @@ fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>) {
         loop {
             match listener.accept() {
                 Ok((s, from)) => {
-                    let acc = acc.clone();
+                    let (acc, beacon) = (acc.clone(), beacon.clone());
                     let spawned = std::thread::Builder::new()
                         .name("ferroccl-handshake".into())
-                        .spawn(move || handshake_incoming(s, from, me, &acc));
+                        .spawn(move || handshake_incoming(s, from, me, &acc, &beacon));
                     if let Err(e) = spawned {
                         tracing::warn!("rank {}: cannot start a handshake thread: {e}", me.rank);
                     }
@@ -395,7 +397,13 @@ fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>) {
 
 /// Checks an incoming connection's handshake and, if it is a lower rank of this job,
 /// acknowledges it and files it for [`TcpConnector::accept_from`].
-fn handshake_incoming(mut s: TcpStream, from: SocketAddr, me: Identity, acc: &Accepted) {
+fn handshake_incoming(
+    mut s: TcpStream,
+    from: SocketAddr,
+    me: Identity,
+    acc: &Accepted,
+    beacon: &Beacon,
+) {
     let refuse_with = |acc: &Accepted, why: String| {
         tracing::warn!("rank {}: refused a connection from {why}", me.rank);
         lock_state(acc).refused.push(why);
@@ -412,6 +420,22 @@ fn handshake_incoming(mut s: TcpStream, from: SocketAddr, me: Identity, acc: &Ac
         Err(d) => return refuse_with(acc, format!("{from}: {d}")),
     };
     let ch = Channel::from_code(h.channel);
+    if ch == Some(Channel::Status)
+        && h.version == PROTOCOL_VERSION
+        && h.comm_id == me.comm_id
+        && (h.rank as usize) < me.world_size
+        && h.to_rank as usize == me.rank
+    {
+        // A peer asks what this rank is doing: answer from the beacon, whatever this
+        // rank's own thread is doing, and hang up.
+        let mut reply = me
+            .hello(h.rank as usize, Channel::Status, 0)
+            .encode()
+            .to_vec();
+        reply.extend_from_slice(&beacon.raw().to_le_bytes());
+        let _ = s.write_all(&reply);
+        return;
+    }
     let key = (h.rank as usize, ch.unwrap_or(Channel::Collective));
     let mut st = lock_state(acc);
     let code = if h.version != PROTOCOL_VERSION {
@@ -422,6 +446,7 @@ fn handshake_incoming(mut s: TcpStream, from: SocketAddr, me: Identity, acc: &Ac
         || h.to_rank as usize != me.rank
         || h.rank as usize >= me.rank
         || ch.is_none()
+        || ch == Some(Channel::Status)
     {
         refuse::RANK
     } else if st.taken.contains(&key) || st.ready.contains_key(&key) {
@@ -569,7 +594,39 @@ impl TcpConnector {
     }
 }
 
+impl TcpConnector {
+    /// Asks rank `p`'s acceptor for its beacon.
+    fn ask_status(&mut self, p: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
+        let addr = self.peer_addr(p, deadline)?;
+        let who = format!("rank {p} at {addr}");
+        let mut s = connect_with_retry(&addr, &self.ctx.opts, deadline)?;
+        let io = |e: io::Error| hs_err(&who, format!("status query failed: {e}"));
+        s.write_all(&self.hello(p, Channel::Status, 0).encode())
+            .map_err(io)?;
+        let reply = read_hello(&mut s, deadline).map_err(io)?;
+        let h = Hello::decode(&reply).map_err(|d| hs_err(&who, d))?;
+        if h.status != 0 || h.comm_id != self.ctx.comm_id || h.rank as usize != p {
+            return Err(hs_err(
+                &who,
+                format!("refused the status query: {}", refuse::text(h.status)),
+            ));
+        }
+        let mut b = [0u8; 8];
+        s.read_exact(&mut b).map_err(io)?;
+        Ok(Beacon::decode(u64::from_le_bytes(b)))
+    }
+}
+
 impl Connector for TcpConnector {
+    fn peer_status(&mut self, peer: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
+        if peer >= self.ctx.world_size || peer == self.ctx.rank {
+            return Err(Error::InvalidArgument(format!(
+                "no peer rank {peer} to ask"
+            )));
+        }
+        self.ask_status(peer, deadline)
+    }
+
     fn connect(
         &mut self,
         peer: usize,

@@ -32,7 +32,7 @@ pub fn test_config() -> Config {
 pub struct RunError {
     pub rank: Option<usize>,
     pub message: String,
-    pub error: Option<ferroccl::Error>,
+    pub error: Option<Box<ferroccl::Error>>,
 }
 
 impl std::fmt::Display for RunError {
@@ -67,7 +67,7 @@ where
             let comms = Communicator::local_group(n, base).map_err(|e| RunError {
                 rank: None,
                 message: e.to_string(),
-                error: Some(e),
+                error: Some(Box::new(e)),
             })?;
             for mut c in comms {
                 let (tx, body) = (tx.clone(), body.clone());
@@ -82,7 +82,7 @@ where
                 StoreServer::bind("127.0.0.1:0".parse().unwrap(), n).map_err(|e| RunError {
                     rank: None,
                     message: e.to_string(),
-                    error: Some(e),
+                    error: Some(Box::new(e)),
                 })?;
             let addr = store.local_addr().to_string();
             _store = Some(store);
@@ -116,7 +116,7 @@ where
                 return Err(RunError {
                     rank: Some(r),
                     message: e.to_string(),
-                    error: Some(e),
+                    error: Some(Box::new(e)),
                 })
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
