@@ -165,7 +165,8 @@ impl Engine {
     /// Marks the engine unusable and shuts every link so peers fail fast too.
     pub fn poison(&mut self, why: String) {
         if self.poisoned.is_none() {
-            tracing::error!(rank = self.rank, "communicator poisoned: {why}");
+            // The failure is returned to the caller, who reports it; log quietly.
+            tracing::debug!(rank = self.rank, "communicator poisoned: {why}");
             self.poisoned = Some(why);
         }
         self.shutdown();
