@@ -426,18 +426,27 @@ fn async_failure_reports_through_the_handle() {
 
 #[test]
 fn barrier_waits_for_the_slowest_rank() {
-    let res = run(5, Net::Tcp, &test_config(), DEADLINE, |c| {
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_millis(60 * c.rank() as u64));
-        c.barrier()?;
-        Ok(t0.elapsed())
-    })
-    .unwrap();
-    for (r, t) in res.iter().enumerate() {
-        assert!(
-            *t >= Duration::from_millis(240),
-            "rank {r} left the barrier after {t:?}"
-        );
+    // Ranks are threads of this process, so one clock orders their events: no rank
+    // may leave the barrier before the last one (rank 4, which sleeps longest) entered.
+    for net in [Net::Local, Net::Tcp] {
+        let entered: std::sync::Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
+        let last_in = entered.clone();
+        let res = run(5, net, &test_config(), DEADLINE, move |c| {
+            std::thread::sleep(Duration::from_millis(60 * c.rank() as u64));
+            if c.rank() == 4 {
+                *last_in.lock().unwrap() = Some(Instant::now());
+            }
+            c.barrier()?;
+            Ok(Instant::now())
+        })
+        .unwrap();
+        let entered = entered.lock().unwrap().expect("rank 4 entered");
+        for (r, left) in res.iter().enumerate() {
+            assert!(
+                *left >= entered,
+                "{net:?}: rank {r} left the barrier before rank 4 entered it"
+            );
+        }
     }
 }
 
