@@ -4,7 +4,18 @@ mod common;
 
 use common::{run_all, test_config, Net};
 use ferroccl::{Error, ReduceOp};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Sleeps until `count` reaches `n` (or 15 s pass): lets a rank stay silent exactly as
+/// long as the others need to observe its silence, whatever the machine's load.
+fn wait_for(count: &AtomicUsize, n: usize) {
+    let end = Instant::now() + Duration::from_secs(15);
+    while count.load(Ordering::SeqCst) < n && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
 
 fn short_timeout() -> ferroccl::Config {
     let mut c = test_config();
