@@ -25,21 +25,29 @@ fn short_timeout() -> ferroccl::Config {
 
 /// Ranks 0 and 1 enter all_reduce #1 while rank 2 stays behind after barrier #0: the
 /// timeout says rank 2 is at #0 (barrier) and rank 1 is in #1 too — asked over the
-/// network, while rank 2's own thread sleeps.
+/// network, while rank 2's own thread waits for them.
 #[test]
 fn a_timeout_says_which_rank_is_behind_and_where() {
     for net in [Net::Local, Net::Tcp] {
-        let out = run_all(3, net, &short_timeout(), Duration::from_secs(30), |c| {
-            c.barrier()?;
-            if c.rank() == 2 {
-                std::thread::sleep(Duration::from_millis(2500));
-                return Ok(None);
-            }
-            let e = c
-                .all_reduce(&mut vec![1.0f32; 100_000], ReduceOp::Sum)
-                .unwrap_err();
-            Ok(Some(e))
-        });
+        let done = Arc::new(AtomicUsize::new(0));
+        let out = run_all(
+            3,
+            net,
+            &short_timeout(),
+            Duration::from_secs(30),
+            move |c| {
+                c.barrier()?;
+                if c.rank() == 2 {
+                    wait_for(&done, 2);
+                    return Ok(None);
+                }
+                let e = c
+                    .all_reduce(&mut vec![1.0f32; 100_000], ReduceOp::Sum)
+                    .unwrap_err();
+                done.fetch_add(1, Ordering::SeqCst);
+                Ok(Some(e))
+            },
+        );
         let errs: Vec<Error> = out
             .into_iter()
             .take(2)
@@ -61,19 +69,20 @@ fn a_timeout_says_which_rank_is_behind_and_where() {
 
 #[test]
 fn a_timeout_names_a_rank_that_never_started() {
+    let done = Arc::new(AtomicUsize::new(0));
     let out = run_all(
         2,
         Net::Tcp,
         &short_timeout(),
         Duration::from_secs(30),
-        |c| {
+        move |c| {
             if c.rank() == 1 {
-                std::thread::sleep(Duration::from_millis(2000));
+                wait_for(&done, 1);
                 return Ok(None);
             }
-            Ok(Some(
-                c.all_reduce(&mut [1u8; 10], ReduceOp::Max).unwrap_err(),
-            ))
+            let e = c.all_reduce(&mut [1u8; 10], ReduceOp::Max).unwrap_err();
+            done.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(e))
         },
     );
     let e = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
