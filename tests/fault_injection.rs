@@ -91,6 +91,8 @@ fn is_typed_failure(stderr: &str) -> bool {
             "unreachable",
             "did not publish",
             "handshake",
+            "rendezvous:",
+            "failed during",
         ]
         .iter()
         .any(|k| stderr.contains(k))
