@@ -176,6 +176,8 @@ pub struct Communicator {
     shared: Arc<Shared>,
     worker: RefCell<Option<std::thread::JoinHandle<()>>>,
     abort: Arc<AtomicBool>,
+    /// Working copy for out-of-place forms that reduce in place (8-byte aligned).
+    work: RefCell<Vec<u64>>,
     // Kept alive for the communicator's lifetime: ranks may still be reading it.
     _store_server: Option<StoreServer>,
 }
@@ -341,6 +343,7 @@ impl Communicator {
         let abort = engine.abort.clone();
         Ok(Communicator {
             abort,
+            work: RefCell::new(Vec::new()),
             rank: cfg.rank,
             world_size: n,
             local_rank: cfg.local_rank,
@@ -740,9 +743,18 @@ impl Communicator {
     ) -> Result<()> {
         self.check_counts(counts, send.len(), recv.len(), "reduce_scatterv", "send")?;
         let chunks = schedule::chunks_from_counts(counts);
-        // The ring reduces in place; keep the caller's input intact.
-        let mut work = send.to_vec();
-        let job = self.job_reduce_scatter(&mut work, chunks.clone(), op)?;
+        // The ring reduces in place; keep the caller's input intact by working on a
+        // copy, in a buffer kept between calls (no allocation or page faults per call).
+        let mut words = self.work.borrow_mut();
+        let need = std::mem::size_of_val(send).div_ceil(8);
+        if words.len() < need {
+            words.resize(need, 0);
+        }
+        let bytes =
+            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..std::mem::size_of_val(send)];
+        let work: &mut [T] = bytemuck::cast_slice_mut(bytes);
+        work.copy_from_slice(send);
+        let job = self.job_reduce_scatter(work, chunks.clone(), op)?;
         self.run_now(job)?;
         recv.copy_from_slice(&work[chunks[self.rank].clone()]);
         Ok(())
