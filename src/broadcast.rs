@@ -26,6 +26,50 @@ fn frames(len: usize, seg: usize) -> Vec<(u32, usize, usize)> {
         .collect()
 }
 
+/// The frames of a chain, from one rank's side: `pos` is its place in the chain (0
+/// starts, `n-1` ends). Everyone but the first receives each segment from the left
+/// (landing at `dst(offset)`), everyone but the last forwards it to the right once it
+/// has arrived.
+fn chain(
+    n: usize,
+    pos: usize,
+    left: usize,
+    right: usize,
+    fr: &[(u32, usize, usize)],
+    dst: impl Fn(usize) -> Dst,
+) -> (Vec<Out>, Vec<In>) {
+    let ins = if pos == 0 {
+        Vec::new()
+    } else {
+        fr.iter()
+            .map(|&(j, off, len)| In {
+                peer: left,
+                step: 0,
+                seg: j,
+                len,
+                dst: dst(off),
+                after_send: None,
+            })
+            .collect()
+    };
+    let outs = if pos == n - 1 {
+        Vec::new()
+    } else {
+        fr.iter()
+            .enumerate()
+            .map(|(i, &(j, off, len))| Out {
+                peer: right,
+                step: 0,
+                seg: j,
+                off,
+                len,
+                after_recv: (pos > 0).then_some(i),
+            })
+            .collect()
+    };
+    (outs, ins)
+}
+
 /// Broadcasts `buf` from `root` to every rank, in place.
 pub(crate) fn broadcast(
     e: &mut Engine,
@@ -43,35 +87,7 @@ pub(crate) fn broadcast(
     let left = (e.rank + n - 1) % n;
     let seg = (e.cfg.segment_bytes / esize).max(1) * esize;
     let fr = frames(buf.len(), seg);
-    let ins: Vec<In> = if pos == 0 {
-        Vec::new()
-    } else {
-        fr.iter()
-            .map(|&(j, off, len)| In {
-                peer: left,
-                step: 0,
-                seg: j,
-                len,
-                dst: Dst::Buf(off),
-                after_send: None,
-            })
-            .collect()
-    };
-    let outs: Vec<Out> = if pos == n - 1 {
-        Vec::new()
-    } else {
-        fr.iter()
-            .enumerate()
-            .map(|(i, &(j, off, len))| Out {
-                peer: right,
-                step: 0,
-                seg: j,
-                off,
-                len,
-                after_recv: (pos > 0).then_some(i),
-            })
-            .collect()
-    };
+    let (outs, ins) = chain(n, pos, left, right, &fr, Dst::Buf);
     // SAFETY: frames address disjoint segments of `buf`; a segment is forwarded only
     // after it has arrived.
     unsafe {
@@ -106,35 +122,7 @@ pub(crate) fn reduce(
     let left = (e.rank + n - 1) % n;
     let seg = (e.cfg.segment_bytes / esize).max(1) * esize;
     let fr = frames(buf.len(), seg);
-    let ins: Vec<In> = if pos == 0 {
-        Vec::new()
-    } else {
-        fr.iter()
-            .map(|&(j, _, len)| In {
-                peer: left,
-                step: 0,
-                seg: j,
-                len,
-                dst: Dst::Scratch,
-                after_send: None,
-            })
-            .collect()
-    };
-    let outs: Vec<Out> = if pos == n - 1 {
-        Vec::new()
-    } else {
-        fr.iter()
-            .enumerate()
-            .map(|(i, &(j, off, len))| Out {
-                peer: right,
-                step: 0,
-                seg: j,
-                off,
-                len,
-                after_recv: (pos > 0).then_some(i),
-            })
-            .collect()
-    };
+    let (outs, ins) = chain(n, pos, left, right, &fr, |_| Dst::Scratch);
     let base = buf.as_mut_ptr();
     let is_root = pos == n - 1;
     let mut on_recv = |i: usize, data: Option<&mut [u8]>| {

@@ -524,29 +524,17 @@ impl Communicator {
 
     fn job_all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<JobFn> {
         self.check_op::<T>(op)?;
-        let bytes = std::mem::size_of_val(buf);
-        let algo = self.all_reduce_algorithm(bytes);
+        let algo = self.all_reduce_algorithm(std::mem::size_of_val(buf));
         let fp = self.fingerprint(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None, algo);
-        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
-        Ok(Box::new(move |e: &mut Engine| {
-            let p = p;
-            // SAFETY: the job contract above.
-            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+        let n = self.world_size;
+        Ok(job_over(buf, move |e, b| {
             let (red, fin) = (reducer::<T>(op), finisher::<T>(op, n));
             match algo {
                 Algorithm::RecursiveDoubling => doubling::all_reduce(e, b, &fp, &red, &fin),
                 _ => {
-                    let chunks = schedule::balanced_chunks(bytes / size_of::<T>(), n);
-                    ring::run(
-                        e,
-                        b,
-                        size_of::<T>(),
-                        &chunks,
-                        0..schedule::allreduce_steps(n),
-                        &fp,
-                        &red,
-                        &fin,
-                    )
+                    let chunks = schedule::balanced_chunks(b.len() / size_of::<T>(), n);
+                    let steps = 0..schedule::allreduce_steps(n);
+                    ring::run(e, b, size_of::<T>(), &chunks, steps, &fp, &red, &fin)
                 }
             }
         }))
@@ -568,12 +556,8 @@ impl Communicator {
             None,
             Algorithm::Ring,
         );
-        let bytes = std::mem::size_of_val(buf);
-        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
-        Ok(Box::new(move |e: &mut Engine| {
-            let p = p;
-            // SAFETY: the job contract.
-            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+        let n = self.world_size;
+        Ok(job_over(buf, move |e, b| {
             let (red, fin) = (reducer::<T>(op), finisher::<T>(op, n));
             ring::run(
                 e,
@@ -602,12 +586,8 @@ impl Communicator {
             None,
             Algorithm::Ring,
         );
-        let bytes = std::mem::size_of_val(buf);
-        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
-        Ok(Box::new(move |e: &mut Engine| {
-            let p = p;
-            // SAFETY: the job contract.
-            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+        let n = self.world_size;
+        Ok(job_over(buf, move |e, b| {
             let steps = n.saturating_sub(1)..schedule::allreduce_steps(n);
             ring::run(
                 e,
@@ -632,12 +612,7 @@ impl Communicator {
             Some(root),
             Algorithm::Chain,
         );
-        let bytes = std::mem::size_of_val(buf);
-        let p = SendPtr(buf.as_mut_ptr().cast());
-        Ok(Box::new(move |e: &mut Engine| {
-            let p = p;
-            // SAFETY: the job contract.
-            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+        Ok(job_over(buf, move |e, b| {
             broadcast::broadcast(e, b, size_of::<T>(), root, &fp)
         }))
     }
@@ -653,12 +628,8 @@ impl Communicator {
             Some(root),
             Algorithm::Chain,
         );
-        let bytes = std::mem::size_of_val(buf);
-        let (p, n) = (SendPtr(buf.as_mut_ptr().cast()), self.world_size);
-        Ok(Box::new(move |e: &mut Engine| {
-            let p = p;
-            // SAFETY: the job contract.
-            let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+        let n = self.world_size;
+        Ok(job_over(buf, move |e, b| {
             let (red, fin) = (reducer::<T>(op), finisher::<T>(op, n));
             broadcast::reduce(e, b, size_of::<T>(), root, &fp, &red, &fin)
         }))
@@ -1017,6 +988,22 @@ impl AbortHandle {
     pub fn is_aborted(&self) -> bool {
         self.flag.load(Ordering::Relaxed)
     }
+}
+
+/// A job running `run` over `buf` as bytes. Only the buffer's raw parts travel with
+/// the job; see the SAFETY contract of the `job_*` builders.
+fn job_over<T: Element>(
+    buf: &mut [T],
+    run: impl FnOnce(&mut Engine, &mut [u8]) -> Result<()> + Send + 'static,
+) -> JobFn {
+    let (p, bytes) = (SendPtr(buf.as_mut_ptr().cast()), std::mem::size_of_val(buf));
+    Box::new(move |e: &mut Engine| {
+        let p = p;
+        // SAFETY: the buffer outlives the job and nothing else touches it meanwhile
+        // (the `job_*` contract: `run_now` blocks, a `Scope` waits).
+        let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
+        run(e, b)
+    })
 }
 
 /// Frames of a point-to-point message: `(segment, offset, length)` in bytes.
