@@ -452,12 +452,16 @@ fn bench_law_prints_the_fit_and_plan_reads_it() {
 #[test]
 fn bench_law_refuses_bad_rates_and_chains() {
     for (args, needle) in [
-        (&["--law", "fast"][..], "--law"),
-        (&["--law", "10G"][..], "unknown unit"),
-        (&["--law", "0gbit"][..], "positive"),
-        (&["broadcast", "--law", "1gbit"][..], "ring collectives"),
+        (&["--ranks", "2", "--law", "fast"][..], "--law"),
+        (&["--ranks", "2", "--law", "10G"][..], "unknown unit"),
+        (&["--ranks", "2", "--law", "0gbit"][..], "positive"),
+        (
+            &["broadcast", "--ranks", "2", "--law", "1gbit"][..],
+            "ring collectives",
+        ),
+        (&["--ranks", "1", "--law", "1gbit"][..], "at least 2 ranks"),
     ] {
-        let mut a = vec!["bench", "--transport", "local", "--ranks", "2"];
+        let mut a = vec!["bench", "--transport", "local"];
         a.extend_from_slice(args);
         let o = ferroccl(&a);
         let err = stderr(&o);

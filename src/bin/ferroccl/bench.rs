@@ -581,6 +581,12 @@ fn bench_typed<T: Element>(
     tname: &str,
 ) -> ferroccl::Result<bool> {
     let n = c.world_size();
+    if a.law.is_some() && n < 2 {
+        // One rank sends nothing: there is no link whose law could be checked.
+        return Err(ferroccl::Error::InvalidArgument(
+            "--law needs at least 2 ranks".into(),
+        ));
+    }
     let rank = c.rank();
     let root = a.root;
     let esize = std::mem::size_of::<T>();
