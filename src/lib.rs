@@ -52,6 +52,7 @@ pub mod comm;
 mod doubling;
 mod engine;
 pub mod error;
+pub mod law;
 pub mod plan;
 pub mod reduce;
 pub mod rendezvous;

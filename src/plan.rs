@@ -476,7 +476,12 @@ fn parse_number(flag: &str, text: &str, num: &str) -> Result<f64> {
 /// `10Gbit/s`, `10Gbps`, `10Gb/s`), bytes as `B` (`1.25GB`, `1.25GB/s`, `1.25GBps`).
 /// A bare number is refused: bits or bytes must be said.
 pub fn parse_bandwidth(text: &str) -> Result<f64> {
-    let flag = "--link";
+    parse_rate("--link", text)
+}
+
+/// [`parse_bandwidth`] for any flag: `flag` names the input in errors. tc's spellings
+/// (`500mbit`, `2.5gbit`) are accepted too: a lower-case `m` is mega, as in tc.
+pub fn parse_rate(flag: &str, text: &str) -> Result<f64> {
     let t = text.trim();
     let (num, unit) = split_number(t);
     let v = parse_number(flag, text, num)?;
@@ -490,7 +495,7 @@ pub fn parse_bandwidth(text: &str) -> Result<f64> {
         .unwrap_or(unit);
     let (scale, rest) = match u.chars().next() {
         Some('k' | 'K') => (1e3, &u[1..]),
-        Some('M') => (1e6, &u[1..]),
+        Some('M' | 'm') => (1e6, &u[1..]),
         Some('G' | 'g') => (1e9, &u[1..]),
         Some('T' | 't') => (1e12, &u[1..]),
         _ => (1.0, u),
@@ -626,8 +631,8 @@ pub fn link_from_bench_json(text: &str, name: &str) -> Result<Link> {
             )));
         }
     }
-    let (c, m) =
-        fit_line(rows.iter().map(|r| (r.bytes, r.ip_time_us * 1e-6))).ok_or_else(|| {
+    let (c, m) = crate::law::fit_line(rows.iter().map(|r| (r.bytes, r.ip_time_us * 1e-6)))
+        .ok_or_else(|| {
             err("all rows have the same size: fitting needs at least two sizes".into())
         })?;
     let nf = n as f64;
@@ -642,30 +647,6 @@ pub fn link_from_bench_json(text: &str, name: &str) -> Result<Link> {
             rows.len()
         ),
     })
-}
-
-/// Least-squares line y = c + m·x with c ≥ 0 (when the free fit's intercept is
-/// negative, the constrained optimum is the line through the origin). `None` when
-/// every x is the same.
-fn fit_line(points: impl Iterator<Item = (f64, f64)> + Clone) -> Option<(f64, f64)> {
-    let k = points.clone().count() as f64;
-    let (sx, sy) = points
-        .clone()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / k, sy / k);
-    let (sxx, sxy) = points.clone().fold((0.0, 0.0), |(a, b), (x, y)| {
-        (a + (x - mx) * (x - mx), b + (x - mx) * (y - my))
-    });
-    if sxx <= 0.0 {
-        return None;
-    }
-    let m = sxy / sxx;
-    let c = my - m * mx;
-    if c >= 0.0 {
-        return Some((c, m));
-    }
-    let (xx, xy) = points.fold((0.0, 0.0), |(a, b), (x, y)| (a + x * x, b + x * y));
-    Some((0.0, xy / xx))
 }
 
 /// `x` to 6 significant digits, without trailing zeros.
@@ -1421,6 +1402,8 @@ mod tests {
             ("10Gb/s", 1.25e9),
             ("100gbit", 12.5e9),
             ("400Mbit", 50e6),
+            ("500mbit", 62.5e6),
+            ("2.5gbit", 312.5e6),
             ("1.25GB", 1.25e9),
             ("1.25GB/s", 1.25e9),
             ("1.25GBps", 1.25e9),

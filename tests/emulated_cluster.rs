@@ -1,5 +1,6 @@
 //! `tools/emulated-cluster`: its argument checks (always run, they touch nothing), and
-//! `ferroccl bench` on a 2-host cluster shaped to 1 Gbit/s. That one needs root, `ip` and
+//! `ferroccl bench --law 1gbit` on 2 and 3 hosts of a cluster shaped to 1 Gbit/s (the
+//! counted bytes must be the ring law's; measured/predicted times are printed). That one needs root, `ip` and
 //! `tc`, and a kernel with network namespaces, veth, bridge and tbf; where any is missing
 //! (the script exits 77) it says why on stderr and passes without asserting. It also
 //! stands aside when an emulated cluster is already up, which someone else may be using.
@@ -193,18 +194,99 @@ impl Drop for Cluster {
     }
 }
 
-/// The columns of the rows `[host 0]` printed (rank 0 prints the table).
-fn host0_rows(stdout: &str) -> Vec<Vec<String>> {
+/// The columns of the rows `[host 0]` printed (rank 0 prints the table): the main table
+/// when `law` is false, the ring-law table (lines starting `law`) when it is true.
+fn host0_rows(stdout: &str, law: bool) -> Vec<Vec<String>> {
     stdout
         .lines()
         .filter_map(|l| l.strip_prefix("[host 0] "))
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter(|l| l.starts_with("law ") == law)
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
         .collect()
 }
 
+/// `ferroccl bench --law 1gbit` on `ranks` hosts of the cluster that is up, over sizes
+/// `lo`..`hi` (doubling; each divisible by ranks × 4 so the ring's blocks are equal).
+/// Asserts results, the counted payload bytes against the ring law (exact), and busbw
+/// under the shaped link; prints (does not assert) measured/predicted times.
+fn law_on_cluster(ranks: usize, lo: usize, hi: usize) {
+    let d = Duration::from_secs(120);
+    let (b, e) = (lo.to_string(), hi.to_string());
+    let n = ranks.to_string();
+    let out = script(
+        &[
+            "run", &n, "--", EXE, "bench", "-b", &b, "-e", &e, "-f", "2", "-n", "3", "-w", "1",
+            "--law", "1gbit",
+        ],
+        &[("FCCL_RUN_TIMEOUT", "100")],
+        d,
+        true,
+    );
+    let ctx = out.dump();
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    assert!(
+        out.stdout
+            .contains("[host 0] # Out of bounds values : 0 OK"),
+        "{ctx}"
+    );
+    let sizes: Vec<usize> = std::iter::successors(Some(lo), |s| Some(s * 2))
+        .take_while(|&s| s <= hi)
+        .collect();
+    let rows = host0_rows(&out.stdout, false);
+    assert_eq!(rows.len(), sizes.len(), "{sizes:?}: {ctx}");
+    // size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong | wire algo
+    for (r, &size) in rows.iter().zip(&sizes) {
+        assert_eq!(r.len(), 15, "{r:?}\n{ctx}");
+        assert_eq!(r[0], size.to_string(), "{r:?}\n{ctx}");
+        assert_eq!(
+            (r[8].as_str(), r[12].as_str()),
+            ("0", "0"),
+            "#wrong in {r:?}\n{ctx}"
+        );
+        assert_eq!(r[14], "ring", "--law forces the ring: {r:?}\n{ctx}");
+        assert_eq!(
+            r[13], "1.000",
+            "ring rows move exactly the ring law: {r:?}\n{ctx}"
+        );
+        // The links are shaped: 1 Gbit/s is 0.125 GB/s. Small sizes may ride the tbf
+        // bucket (250 kB), so only the large ones are held to it (with 10% slack).
+        if size >= 4 << 20 {
+            for busbw in [&r[7], &r[11]] {
+                let b: f64 = busbw.parse().expect("busbw");
+                assert!(
+                    b <= 0.1375,
+                    "busbw {b} GB/s above the 1 Gbit/s link: {r:?}\n{ctx}"
+                );
+            }
+        }
+    }
+    // law size payload law wire meas pred meas/pred
+    let law = host0_rows(&out.stdout, true);
+    assert_eq!(law.len(), sizes.len(), "{ctx}");
+    for (r, &size) in law.iter().zip(&sizes) {
+        assert_eq!(r.len(), 8, "{r:?}\n{ctx}");
+        assert_eq!(r[1], size.to_string(), "{r:?}\n{ctx}");
+        // 2(n-1)/n·S bytes per rank, counted by the links, to the byte.
+        let want = 2 * (ranks - 1) * size / ranks;
+        assert_eq!(r[2], want.to_string(), "payload bytes: {r:?}\n{ctx}");
+        assert_eq!(r[3], want.to_string(), "law bytes: {r:?}\n{ctx}");
+        assert_eq!(r[4], "1.000", "{r:?}\n{ctx}");
+        eprintln!(
+            "n={ranks} 1gbit size {size}: meas {} us, pred {} us, meas/pred {}",
+            r[5], r[6], r[7]
+        );
+    }
+    let fit = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("[host 0] # fit over"))
+        .unwrap_or_else(|| panic!("no fit line: {ctx}"));
+    eprintln!("n={ranks} 1gbit {fit}");
+}
+
 #[test]
-fn bench_on_two_hosts_shaped_to_1gbit() {
+fn bench_law_on_2_and_3_hosts_shaped_to_1gbit() {
     let d = Duration::from_secs(120);
     let status = script(&["status"], &[], d, false);
     match status.code() {
@@ -225,56 +307,13 @@ fn bench_on_two_hosts_shaped_to_1gbit() {
         }
     }
     let _down = Cluster;
-    let up = script(&["up", "2", "1gbit"], &[], d, true);
+    let up = script(&["up", "3", "1gbit"], &[], d, true);
     if up.code() == Some(CANNOT) {
         eprintln!("skipped: emulated-cluster cannot run here:\n{}", up.stderr);
         return;
     }
-    assert_eq!(up.code(), Some(0), "up 2 1gbit\n{}", up.dump());
-
-    let out = script(
-        &[
-            "run", "2", "--", EXE, "bench", "-b", "1M", "-e", "8M", "-f", "2", "-n", "3", "-w", "1",
-        ],
-        &[("FCCL_RUN_TIMEOUT", "100")],
-        d,
-        true,
-    );
-    let ctx = out.dump();
-    assert_eq!(out.code(), Some(0), "{ctx}");
-    assert!(
-        out.stdout
-            .contains("[host 0] # Out of bounds values : 0 OK"),
-        "{ctx}"
-    );
-    let rows = host0_rows(&out.stdout);
-    assert_eq!(rows.len(), 4, "1M, 2M, 4M and 8M: {ctx}");
-    // size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong | wire algo
-    let ranks = 2;
-    for r in &rows {
-        assert_eq!(r.len(), 15, "{r:?}\n{ctx}");
-        let size: usize = r[0].parse().expect("size");
-        assert_eq!(
-            (r[8].as_str(), r[12].as_str()),
-            ("0", "0"),
-            "#wrong in {r:?}\n{ctx}"
-        );
-        if r[14] == "ring" && size.is_multiple_of(ranks * 4) {
-            assert_eq!(
-                r[13], "1.000",
-                "ring rows move exactly the ring law: {r:?}\n{ctx}"
-            );
-        }
-        // The links are shaped: 1 Gbit/s is 0.125 GB/s. Small sizes may ride the tbf
-        // bucket (250 kB), so only the large ones are held to it (with 10% slack).
-        if size >= 4 << 20 {
-            for busbw in [&r[7], &r[11]] {
-                let b: f64 = busbw.parse().expect("busbw");
-                assert!(
-                    b <= 0.1375,
-                    "busbw {b} GB/s above the 1 Gbit/s link: {r:?}\n{ctx}"
-                );
-            }
-        }
-    }
+    assert_eq!(up.code(), Some(0), "up 3 1gbit\n{}", up.dump());
+    // n = 2: 1 MiB .. 8 MiB. n = 3: 768 KiB .. 6 MiB (divisible by 3 × 4).
+    law_on_cluster(2, 1 << 20, 8 << 20);
+    law_on_cluster(3, 768 << 10, 6 << 20);
 }

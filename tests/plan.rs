@@ -387,6 +387,103 @@ fn real_bench_json_feeds_plan() {
 }
 
 #[test]
+fn bench_law_prints_the_fit_and_plan_reads_it() {
+    // `--law` adds the ring-law table and a `fit` object that `plan --bench` uses.
+    let dir = temp_dir("lawbench");
+    let file = dir.join("law.json");
+    let f = file.to_str().expect("utf-8 path");
+    let b = ferroccl(&[
+        "bench",
+        "--transport",
+        "local",
+        "--ranks",
+        "3",
+        "-b",
+        "96K",
+        "-e",
+        "384K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--law",
+        "1gbit",
+        "--json",
+        f,
+    ]);
+    let out = ok(&b);
+    assert!(out.contains("small_message_bytes = 0"), "{out}");
+    let law_rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with("law "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(law_rows.len(), 3, "96K, 192K, 384K:\n{out}");
+    for r in &law_rows {
+        // law size payload law wire meas pred meas/pred
+        let size: f64 = r[1].parse().expect("size");
+        let payload: f64 = r[2].parse().expect("payload");
+        assert_eq!(payload, size * 4.0 / 3.0, "ring law bytes: {r:?}");
+        assert_eq!(r[4], "1.000", "{r:?}");
+    }
+    assert!(out.contains("# fit over 3 sizes"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("bench json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid json");
+    assert_eq!(v["law"]["rate_bytes_per_s"].as_f64(), Some(125e6), "{text}");
+    assert_eq!(v["fit"]["rate_bytes_per_s"].as_f64(), Some(125e6), "{text}");
+    let beta = v["fit"]["beta_s_per_byte"].as_f64().expect("fit.beta");
+    let alpha = v["fit"]["alpha_s"].as_f64().expect("fit.alpha");
+    assert!(beta > 0.0 && alpha >= 0.0, "{text}");
+    close(
+        v["fit"]["link_bytes_per_s"].as_f64().expect("link"),
+        1.0 / beta,
+        1e-9,
+    );
+    assert!(v["rows"][0]["meas_over_pred"].as_f64().expect("ratio") > 0.0);
+    let p = plan(&[
+        "-n",
+        "3",
+        "--batch",
+        "8",
+        "--dataset-size",
+        "800",
+        "--throughput",
+        "100",
+        "--params",
+        "1M",
+        "--bench",
+        f,
+    ]);
+    let report = ok(&p);
+    assert!(report.contains("its fit object"), "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_law_refuses_bad_rates_and_chains() {
+    for (args, needle) in [
+        (&["--ranks", "2", "--law", "fast"][..], "--law"),
+        (&["--ranks", "2", "--law", "10G"][..], "unknown unit"),
+        (&["--ranks", "2", "--law", "0gbit"][..], "positive"),
+        (
+            &["broadcast", "--ranks", "2", "--law", "1gbit"][..],
+            "ring collectives",
+        ),
+        (&["--ranks", "1", "--law", "1gbit"][..], "at least 2 ranks"),
+    ] {
+        let mut a = vec!["bench", "--transport", "local"];
+        a.extend_from_slice(args);
+        let o = ferroccl(&a);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{a:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{a:?} should mention {needle:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn bad_bench_files() {
     let dir = temp_dir("badbench");
     let base = [

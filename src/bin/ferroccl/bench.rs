@@ -10,6 +10,7 @@
 //! processes through `ferroccl launch` for `--transport tcp`, as threads for `local`.
 
 use clap::Args;
+use ferroccl::law::{Fit, RingLaw};
 use ferroccl::transport::TransportKind;
 use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
 use half::{bf16, f16};
@@ -79,6 +80,16 @@ pub struct BenchArgs {
     /// Also write the rows as JSON to this file (rank 0).
     #[arg(long = "json")]
     pub json: Option<std::path::PathBuf>,
+    /// Check the ring law on links of this rate (`1gbit`, `500mbit`, `2.5gbit`, `1.25GB`):
+    /// per size the predicted time 2(n-1)α + 2(n-1)/n·S/RATE (α fitted) and
+    /// measured/predicted, then the least-squares α-β fit. Ring collectives only
+    /// (all_reduce, reduce_scatter, all_gather); all_reduce is forced onto the ring.
+    #[arg(long = "law", value_parser = parse_law_rate)]
+    pub law: Option<f64>,
+}
+
+fn parse_law_rate(s: &str) -> Result<f64, String> {
+    ferroccl::plan::parse_rate("--law", s).map_err(|e| e.to_string())
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -133,6 +144,10 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     }
     if let Some(us) = a.busy_poll_us {
         c.busy_poll = Duration::from_micros(us);
+    }
+    if a.law.is_some() {
+        // The law is the ring's: recursive doubling would follow another one.
+        c.small_message_bytes = 0;
     }
     c
 }
@@ -195,6 +210,15 @@ impl Coll {
         }
     }
 
+    /// The ring law this collective follows, when it runs on the ring.
+    fn ring_law(self, n: usize) -> Option<RingLaw> {
+        match self {
+            Coll::AllReduce => Some(RingLaw::all_reduce(n)),
+            Coll::ReduceScatter | Coll::AllGather => Some(RingLaw::half(n)),
+            Coll::Broadcast | Coll::Reduce => None,
+        }
+    }
+
     fn reduces(self) -> bool {
         matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
     }
@@ -218,6 +242,12 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         ferroccl::reduce::check_op(dtype, op)?;
     }
     let transport = TransportKind::parse(&a.transport)?;
+    if a.law.is_some() && coll.ring_law(2).is_none() {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "--law is for the ring collectives (all_reduce, reduce_scatter, all_gather); {} runs on a chain",
+            coll.name()
+        )));
+    }
     if a.step_factor < 2 && a.min_bytes != a.max_bytes {
         return Err(ferroccl::Error::InvalidArgument(
             "-f must be at least 2".into(),
@@ -551,6 +581,12 @@ fn bench_typed<T: Element>(
     tname: &str,
 ) -> ferroccl::Result<bool> {
     let n = c.world_size();
+    if a.law.is_some() && n < 2 {
+        // One rank sends nothing: there is no link whose law could be checked.
+        return Err(ferroccl::Error::InvalidArgument(
+            "--law needs at least 2 ranks".into(),
+        ));
+    }
     let rank = c.rank();
     let root = a.root;
     let esize = std::mem::size_of::<T>();
@@ -590,7 +626,18 @@ fn bench_typed<T: Element>(
                 _ => "the chain law S",
             }
         );
-        if coll == Coll::AllReduce {
+        if let Some(rate) = a.law {
+            println!(
+                "# law: ring on links of {:.4} Gbit/s ({} B/s){}",
+                rate * 8e-9,
+                rate,
+                if coll == Coll::AllReduce {
+                    "; all_reduce forced onto the ring for every size (small_message_bytes = 0)"
+                } else {
+                    ""
+                }
+            );
+        } else if coll == Coll::AllReduce {
             println!(
                 "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
                 c.config().small_message_bytes
@@ -716,6 +763,10 @@ fn bench_typed<T: Element>(
         );
         println!("# Avg bus bandwidth    : {avg_busbw:.4} ");
         println!("#");
+        let law = match (a.law, coll.ring_law(n)) {
+            (Some(rate), Some(law)) => Some(print_law(&rows, law, rate, n)),
+            _ => None,
+        };
         if let Some(path) = &a.json {
             let meta = JsonMeta {
                 coll,
@@ -725,6 +776,7 @@ fn bench_typed<T: Element>(
                 op: op_name,
                 root: root_col,
                 factor,
+                law,
             };
             write_json(path, &meta, &rows)?;
         }
@@ -740,13 +792,96 @@ struct JsonMeta<'a> {
     op: &'a str,
     root: i64,
     factor: f64,
+    law: Option<LawReport>,
+}
+
+/// What `--law` found: the law, the link rate it was given, and the fit (if any).
+struct LawReport {
+    law: RingLaw,
+    rate: f64,
+    fit: Option<Fit>,
+}
+
+impl LawReport {
+    /// α used for predictions: the fitted one, 0 when there is no fit.
+    fn alpha(&self) -> f64 {
+        self.fit.map_or(0.0, |f| f.alpha_s)
+    }
+
+    /// Predicted seconds for `bytes`: steps × α (fitted) + factor × S / RATE.
+    fn predict_s(&self, bytes: usize) -> f64 {
+        self.law
+            .predict_s(bytes as f64, self.alpha(), 1.0 / self.rate)
+    }
+}
+
+/// Prints the ring-law table (lines starting `law`) and the α-β fit, from the rows'
+/// in-place times.
+fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize) -> LawReport {
+    let points: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.bytes as f64, r.ip_us * 1e-6))
+        .collect();
+    let rep = LawReport {
+        law,
+        rate,
+        fit: ferroccl::law::fit(&law, &points),
+    };
+    let (steps, fac) = (law.steps, law.factor);
+    println!(
+        "# ring law, n = {n}: t = {steps}·α + {fac:.4}·S/R with R = {:.4} Gbit/s and α the fitted α below{}; meas = in-place time",
+        rate * 8e-9,
+        if rep.fit.is_none() { " (no fit: α = 0)" } else { "" }
+    );
+    println!(
+        "#{:>3} {:>11} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9}",
+        "", "size", "payload", "law", "wire", "meas", "pred", "meas/pred"
+    );
+    println!(
+        "#{:>3} {:>11} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9}",
+        "", "(B)", "(B/rank)", "(B/rank)", "(x law)", "(us)", "(us)", ""
+    );
+    for r in rows {
+        let lb = law.bytes_per_rank(r.bytes as f64);
+        let pred_us = rep.predict_s(r.bytes) * 1e6;
+        println!(
+            "law {:>11} {:>12.0} {:>12.0} {:>7} {:>12.2} {:>12.2} {:>9.3}",
+            r.bytes,
+            r.wire_bytes,
+            lb,
+            if lb > 0.0 {
+                format!("{:.3}", r.wire_bytes / lb)
+            } else {
+                "-".into()
+            },
+            r.ip_us,
+            pred_us,
+            r.ip_us / pred_us
+        );
+    }
+    match rep.fit {
+        Some(f) => println!(
+            "# fit over {} sizes (least squares, α >= 0): alpha = {:.2} us, beta = {:.4} ns/B, 1/beta = {:.4} Gbit/s = {:.4} of RATE",
+            rows.len(),
+            f.alpha_s * 1e6,
+            f.beta_s_per_byte * 1e9,
+            f.link_bytes_per_s() * 8e-9,
+            f.link_bytes_per_s() / rate
+        ),
+        None => println!(
+            "# fit: not possible over these {} size(s) (needs two sizes and times that grow with size)",
+            rows.len()
+        ),
+    }
+    println!("#");
+    rep
 }
 
 fn write_json(path: &std::path::Path, m: &JsonMeta<'_>, rows: &[Row]) -> ferroccl::Result<()> {
     let mut s = String::new();
     let _ = write!(
         s,
-        "{{\n  \"tool\": \"ferroccl bench\",\n  \"collective\": \"{}\",\n  \"ranks\": {},\n  \"transport\": \"{}\",\n  \"dtype\": \"{}\",\n  \"op\": \"{}\",\n  \"root\": {},\n  \"bus_factor\": {},\n  \"rows\": [\n",
+        "{{\n  \"tool\": \"ferroccl bench\",\n  \"collective\": \"{}\",\n  \"ranks\": {},\n  \"transport\": \"{}\",\n  \"dtype\": \"{}\",\n  \"op\": \"{}\",\n  \"root\": {},\n  \"bus_factor\": {},\n",
         m.coll.name(),
         m.n,
         m.tname,
@@ -755,11 +890,43 @@ fn write_json(path: &std::path::Path, m: &JsonMeta<'_>, rows: &[Row]) -> ferrocc
         m.root,
         m.factor
     );
-    for (i, r) in rows.iter().enumerate() {
-        let gb = |us: f64| r.bytes as f64 / (us * 1e-6) / 1e9;
+    if let Some(l) = &m.law {
         let _ = writeln!(
             s,
-            "    {{\"bytes\": {}, \"count\": {}, \"oop_time_us\": {:.3}, \"oop_algbw_gbs\": {:.6}, \"oop_busbw_gbs\": {:.6}, \"oop_wrong\": {}, \"ip_time_us\": {:.3}, \"ip_algbw_gbs\": {:.6}, \"ip_busbw_gbs\": {:.6}, \"ip_wrong\": {}, \"payload_bytes_sent_per_rank\": {:.1}, \"header_bytes_sent_per_rank\": {:.1}, \"wire_law_bytes\": {:.1}}}{}",
+            "  \"law\": {{\"rate_bytes_per_s\": {}, \"steps\": {}, \"factor\": {}, \"meas\": \"ip_time_us\"}},",
+            l.rate, l.law.steps, l.law.factor
+        );
+        match l.fit {
+            Some(f) => {
+                let _ = writeln!(
+                    s,
+                    "  \"fit\": {{\"alpha_s\": {:e}, \"beta_s_per_byte\": {:e}, \"link_bytes_per_s\": {}, \"rate_bytes_per_s\": {}}},",
+                    f.alpha_s,
+                    f.beta_s_per_byte,
+                    f.link_bytes_per_s(),
+                    l.rate
+                );
+            }
+            None => s.push_str("  \"fit\": null,\n"),
+        }
+    }
+    s.push_str("  \"rows\": [\n");
+    for (i, r) in rows.iter().enumerate() {
+        let gb = |us: f64| r.bytes as f64 / (us * 1e-6) / 1e9;
+        if let Some(l) = &m.law {
+            let pred_us = l.predict_s(r.bytes) * 1e6;
+            let _ = write!(
+                s,
+                "    {{\"pred_time_us\": {:.3}, \"meas_over_pred\": {:.6}, ",
+                pred_us,
+                r.ip_us / pred_us
+            );
+        } else {
+            s.push_str("    {");
+        }
+        let _ = writeln!(
+            s,
+            "\"bytes\": {}, \"count\": {}, \"oop_time_us\": {:.3}, \"oop_algbw_gbs\": {:.6}, \"oop_busbw_gbs\": {:.6}, \"oop_wrong\": {}, \"ip_time_us\": {:.3}, \"ip_algbw_gbs\": {:.6}, \"ip_busbw_gbs\": {:.6}, \"ip_wrong\": {}, \"payload_bytes_sent_per_rank\": {:.1}, \"header_bytes_sent_per_rank\": {:.1}, \"wire_law_bytes\": {:.1}}}{}",
             r.bytes,
             r.count,
             r.oop_us,

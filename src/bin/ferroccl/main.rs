@@ -1,8 +1,9 @@
-//! The `ferroccl` command line: `bench`, `launch`, `plan`.
+//! The `ferroccl` command line: `bench`, `launch`, `plan`, `plot`.
 
 mod bench;
 mod launch;
 mod plan;
+mod plot;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -28,6 +29,9 @@ enum Command {
     /// The arithmetic of a data-parallel run (batch, lr, throughput, epoch time, ring
     /// all-reduce cost on a link), each line with its formula.
     Plan(plan::PlanArgs),
+    /// SVG plots from bench and compare-peers JSON files: busbw against size, and
+    /// measured against ring-law time for `bench --law` files.
+    Plot(plot::PlotArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::main(a),
         Command::Launch(a) => launch::main(a),
         Command::Plan(a) => plan::main(a),
+        Command::Plot(a) => plot::main(a),
     }
 }
 
