@@ -326,6 +326,14 @@ impl Communicator {
             .collect()
     }
 
+    /// A communicator for rank `cfg.rank` over links made elsewhere (for example
+    /// [`crate::transport::rdma::sim::group`]); it connects its neighbours now, as
+    /// [`Communicator::init`] does. `cfg.master_addr` and `cfg.transport` are not used.
+    pub fn with_links(cfg: Config, links: Links) -> Result<Self> {
+        cfg.validate()?;
+        Self::assemble(cfg, links, None)
+    }
+
     fn assemble(cfg: Config, links: Links, server: Option<StoreServer>) -> Result<Self> {
         let mut engine = Engine::new(cfg.clone(), links);
         // Connect higher ranks first: they are the ones accepting (see transport::tcp).

@@ -18,6 +18,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
 pub mod local;
+pub mod rdma;
 pub mod tcp;
 
 /// Why a link could not move bytes.

@@ -1,0 +1,1 @@
+//! The queue pair over ibverbs (feature `rdma`).
