@@ -275,11 +275,19 @@ impl Communicator {
     /// connects to its ring neighbours and recursive-doubling partners.
     pub fn init(cfg: Config) -> Result<Self> {
         cfg.validate()?;
-        if cfg.transport != TransportKind::Tcp {
-            return Err(Error::Config(
-                "the local transport links threads of one process: use Communicator::local_group"
-                    .into(),
-            ));
+        match cfg.transport {
+            TransportKind::Local => {
+                return Err(Error::Config(
+                    "the local transport links threads of one process: use \
+                     Communicator::local_group"
+                        .into(),
+                ))
+            }
+            // Before touching the store: a machine without RDMA fails at once.
+            TransportKind::Rdma => {
+                crate::transport::rdma::probe()?;
+            }
+            _ => {}
         }
         let server = if cfg.rank == 0 && cfg.serve_store {
             let addr = resolve(&cfg.master_addr)?;
@@ -289,6 +297,18 @@ impl Communicator {
         };
         let mut store = StoreClient::connect(&cfg.master_addr, cfg.connect_timeout)?;
         let comm_id = store.join(cfg.rank, cfg.world_size)?;
+        #[cfg(feature = "rdma")]
+        if cfg.transport == TransportKind::Rdma {
+            let links =
+                crate::transport::rdma::verbs::endpoint(crate::transport::rdma::verbs::VerbsCtx {
+                    rank: cfg.rank,
+                    world_size: cfg.world_size,
+                    comm_id,
+                    store,
+                    params: crate::transport::rdma::proto::Params::default(),
+                })?;
+            return Self::assemble(cfg, links, server);
+        }
         let links = tcp::endpoint(ConnectCtx {
             rank: cfg.rank,
             world_size: cfg.world_size,

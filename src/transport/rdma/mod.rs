@@ -16,6 +16,8 @@
 //!   through the rendezvous store.
 
 use super::{Link, LinkError};
+#[cfg(not(feature = "rdma"))]
+use crate::error::Error;
 use proto::{Completion, Endpoint, ProtoError, WorkRequest};
 use std::io::{IoSlice, IoSliceMut};
 
@@ -23,6 +25,29 @@ pub mod proto;
 pub mod sim;
 #[cfg(feature = "rdma")]
 pub mod verbs;
+
+/// The error for asking for the RDMA transport in a build without the `rdma` feature.
+#[cfg(not(feature = "rdma"))]
+pub(crate) fn not_built(name: &str) -> Error {
+    Error::Unavailable {
+        what: format!("transport {name}"),
+        why: "this build has no RDMA transport (it arrives with the \"rdma\" feature)".into(),
+    }
+}
+
+/// Finds and opens an RDMA device, returning its name; the error says why there is
+/// none ([`crate::Error::Unavailable`]: not built with the `rdma` feature, no kernel
+/// support, or no device).
+pub fn probe() -> crate::Result<String> {
+    #[cfg(feature = "rdma")]
+    {
+        verbs::probe()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        Err(not_built("rdma"))
+    }
+}
 
 /// What [`RdmaLink`] needs from one end of a queue pair and its registered memory.
 ///
