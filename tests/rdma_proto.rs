@@ -82,6 +82,20 @@ impl Net {
         let before = self.offered;
         while self.offered < end {
             let Some(slot) = self.a.writable() else { break };
+            // The bounce slot's previous write (sequence k - S) has completed: a write
+            // still in flight may be re-read by the NIC (an RC retransmission after a
+            // lost ACK re-executes the write at the peer).
+            let seq = self.a.tx.next_seq();
+            if let Some(prev) = seq.checked_sub(self.p.slots as u64) {
+                let in_flight =
+                    self.a_to_b.iter().any(
+                        |wr| matches!(wr, WorkRequest::WriteData { wr_id, .. } if *wr_id == prev),
+                    ) || self.sq_a.contains(&Completion::Sent { wr_id: prev });
+                assert!(
+                    !in_flight,
+                    "bounce slot of #{prev} reused before its completion"
+                );
+            }
             let take = (end - self.offered).min(self.p.slot_bytes);
             let at = slot * self.p.slot_bytes;
             self.bounce_a[at..at + take]

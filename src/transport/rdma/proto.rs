@@ -38,8 +38,12 @@
 //!    sender checks `freed ≤ sent` on every credit it sees, credits never exceed `S`:
 //!    `0 ≤ (credit_word + S) - next ≤ S`.
 //! 2. **No reuse of a bounce slot in flight.** Sequence `k` is copied into the bounce
-//!    buffer only after the send completion of `k - S`. Completions may be seen in any
-//!    order (the bookkeeping is a bitmap), which is more than RC needs.
+//!    buffer only after the send completion of `k - S`. For the data the peer reads this
+//!    looks implied by invariant 1 (the peer freed `k - S`, so it landed), but it is not:
+//!    when an ACK is lost, RC retransmits the write, the NIC re-reads the bounce slot
+//!    and the responder executes the duplicate write again, into a ring slot that may
+//!    hold newer data. It also bounds the send queue at `S` data writes. Completions may
+//!    be seen in any order (the bookkeeping is a bitmap), which is more than RC needs.
 //! 3. **In order, exactly once.** The receiver accepts only the receive completion
 //!    whose tag is its next expected sequence number, at most `S` unread slots at a time
 //!    (a sender that overruns its credits is a protocol error, not silent corruption);
