@@ -279,11 +279,19 @@ impl Communicator {
     /// connects to its ring neighbours and recursive-doubling partners.
     pub fn init(cfg: Config) -> Result<Self> {
         cfg.validate()?;
-        if cfg.transport != TransportKind::Tcp {
-            return Err(Error::Config(
-                "the local transport links threads of one process: use Communicator::local_group"
-                    .into(),
-            ));
+        match cfg.transport {
+            TransportKind::Local => {
+                return Err(Error::Config(
+                    "the local transport links threads of one process: use \
+                     Communicator::local_group"
+                        .into(),
+                ))
+            }
+            // Before touching the store: a machine without RDMA fails at once.
+            TransportKind::Rdma => {
+                crate::transport::rdma::probe()?;
+            }
+            _ => {}
         }
         let server = if cfg.rank == 0 && cfg.serve_store {
             let addr = resolve(&cfg.master_addr)?;
@@ -293,6 +301,18 @@ impl Communicator {
         };
         let mut store = StoreClient::connect(&cfg.master_addr, cfg.connect_timeout)?;
         let comm_id = store.join(cfg.rank, cfg.world_size)?;
+        #[cfg(feature = "rdma")]
+        if cfg.transport == TransportKind::Rdma {
+            let links =
+                crate::transport::rdma::verbs::endpoint(crate::transport::rdma::verbs::VerbsCtx {
+                    rank: cfg.rank,
+                    world_size: cfg.world_size,
+                    comm_id,
+                    store,
+                    params: crate::transport::rdma::proto::Params::default(),
+                })?;
+            return Self::assemble(cfg, links, server);
+        }
         let links = tcp::endpoint(ConnectCtx {
             rank: cfg.rank,
             world_size: cfg.world_size,
@@ -328,6 +348,14 @@ impl Communicator {
                 Self::assemble(cfg, links, None)
             })
             .collect()
+    }
+
+    /// A communicator for rank `cfg.rank` over links made elsewhere (for example
+    /// [`crate::transport::rdma::sim::group`]); it connects its neighbours now, as
+    /// [`Communicator::init`] does. `cfg.master_addr` and `cfg.transport` are not used.
+    pub fn with_links(cfg: Config, links: Links) -> Result<Self> {
+        cfg.validate()?;
+        Self::assemble(cfg, links, None)
     }
 
     fn assemble(cfg: Config, links: Links, server: Option<StoreServer>) -> Result<Self> {

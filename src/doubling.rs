@@ -93,6 +93,12 @@ pub(crate) fn all_reduce(
     }
     for k in 0..stages {
         let partner = r ^ (1 << k);
+        // The partner's frame may arrive before our own send of `buf` has left (a
+        // transport that buffers less than the message, such as an RDMA ring): reducing
+        // into `buf` then would send partly reduced data. Keep the frame and reduce
+        // once both directions are done.
+        // (u64 words: the reduction kernels need the element type's alignment.)
+        let mut got: Option<Vec<u64>> = None;
         exchange(
             e,
             fp,
@@ -102,16 +108,22 @@ pub(crate) fn all_reduce(
             Some((partner, true)),
             &mut |_, data| {
                 if let Some(d) = data {
-                    if partner < r {
-                        // lower op higher: the partner's value goes on the left.
-                        reduce(d, own());
-                        own().copy_from_slice(d);
-                    } else {
-                        reduce(own(), d);
-                    }
+                    let mut v = vec![0u64; d.len().div_ceil(8)];
+                    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..d.len()].copy_from_slice(d);
+                    got = Some(v);
                 }
             },
         )?;
+        if let Some(mut words) = got {
+            let d = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len];
+            if partner < r {
+                // lower op higher: the partner's value goes on the left.
+                reduce(d, own());
+                own().copy_from_slice(d);
+            } else {
+                reduce(own(), d);
+            }
+        }
     }
     finish(own());
     if r + p < n {

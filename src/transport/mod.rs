@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod local;
+pub mod rdma;
 pub mod tcp;
 
 /// Why a link could not move bytes.
@@ -161,20 +162,22 @@ pub enum TransportKind {
     /// In-process pipes: only for ranks that are threads of one process
     /// ([`crate::Communicator::local_group`]).
     Local,
+    /// RDMA verbs ([`rdma`]): needs the `rdma` feature and an RDMA device; without
+    /// either, [`crate::Communicator::init`] says which is missing.
+    Rdma,
 }
 
 impl TransportKind {
-    /// Parses a CLI name: `tcp`, `local`; names of transports not built in are refused
-    /// with [`crate::Error::Unavailable`].
+    /// Parses a CLI name: `tcp`, `local`, and `rdma` in builds with the `rdma` feature;
+    /// names of transports not built in are refused with [`crate::Error::Unavailable`].
     pub fn parse(s: &str) -> crate::Result<Self> {
         match s {
             "tcp" => Ok(TransportKind::Tcp),
             "local" => Ok(TransportKind::Local),
-            "rdma" | "ibverbs" => Err(crate::Error::Unavailable {
-                what: format!("transport {s}"),
-                why: "this build has no RDMA transport (it arrives with the \"rdma\" feature)"
-                    .into(),
-            }),
+            #[cfg(feature = "rdma")]
+            "rdma" | "ibverbs" => Ok(TransportKind::Rdma),
+            #[cfg(not(feature = "rdma"))]
+            "rdma" | "ibverbs" => Err(rdma::not_built(s)),
             "cuda-ipc" | "cuda_ipc" => Err(crate::Error::Unavailable {
                 what: format!("transport {s}"),
                 why: "this build has no CUDA IPC transport (it arrives with the \"cuda\" feature)"
@@ -191,6 +194,7 @@ impl TransportKind {
         match self {
             TransportKind::Tcp => "tcp",
             TransportKind::Local => "local",
+            TransportKind::Rdma => "rdma",
         }
     }
 }

@@ -3,7 +3,10 @@
 //! rank's error, in the order errors happened.
 #![allow(dead_code)]
 
+pub mod checks;
+
 use ferroccl::rendezvous::StoreServer;
+use ferroccl::transport::rdma::sim::{self, SimParams};
 use ferroccl::{Communicator, Config};
 use ferroccl::{DataType, Element, ReduceOp};
 use std::sync::mpsc;
@@ -17,6 +20,27 @@ pub enum Net {
     Local,
     /// Loopback TCP with a real rendezvous store.
     Tcp,
+    /// Simulated RDMA queue pairs (the RDMA protocol without hardware).
+    RdmaSim(SimParams),
+}
+
+/// `n` communicators over simulated RDMA queue pairs shaped by `p`.
+pub fn rdma_sim_group(
+    n: usize,
+    base: &Config,
+    p: SimParams,
+) -> ferroccl::Result<Vec<Communicator>> {
+    sim::group(n, p)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, links)| {
+            let mut cfg = base.clone();
+            cfg.rank = r;
+            cfg.local_rank = r;
+            cfg.world_size = n;
+            Communicator::with_links(cfg, links)
+        })
+        .collect()
 }
 
 /// A config suited to tests: short timeouts so a hang fails in seconds.
@@ -63,8 +87,12 @@ where
     // Keep the store alive for the whole run.
     let mut _store: Option<StoreServer> = None;
     match net {
-        Net::Local => {
-            let comms = Communicator::local_group(n, base).map_err(|e| RunError {
+        Net::Local | Net::RdmaSim(_) => {
+            let comms = match net {
+                Net::RdmaSim(p) => rdma_sim_group(n, base, p),
+                _ => Communicator::local_group(n, base),
+            }
+            .map_err(|e| RunError {
                 rank: None,
                 message: e.to_string(),
                 error: Some(Box::new(e)),
@@ -162,8 +190,12 @@ where
     let (tx, rx) = mpsc::channel::<(usize, ferroccl::Result<R>)>();
     let mut _store: Option<StoreServer> = None;
     match net {
-        Net::Local => {
-            for mut c in Communicator::local_group(n, base).expect("local group") {
+        Net::Local | Net::RdmaSim(_) => {
+            let comms = match net {
+                Net::RdmaSim(p) => rdma_sim_group(n, base, p),
+                _ => Communicator::local_group(n, base),
+            };
+            for mut c in comms.expect("in-process group") {
                 let (tx, body) = (tx.clone(), body.clone());
                 std::thread::spawn(move || {
                     let r = body(&mut c);

@@ -54,7 +54,7 @@ pub struct BenchArgs {
     /// Ranks to start when not run under a launcher.
     #[arg(long = "ranks", default_value_t = 4)]
     pub ranks: usize,
-    /// Transport: tcp or local (threads in one process).
+    /// Transport: tcp, local (threads in one process), or rdma (feature `rdma`).
     #[arg(long = "transport", default_value = "tcp")]
     pub transport: String,
     /// Ring segment size in bytes (pipelining granularity).
@@ -265,8 +265,15 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         ));
     }
 
+    if transport == TransportKind::Rdma {
+        // Say at once, once, when this machine has no RDMA device.
+        ferroccl::transport::rdma::probe()?;
+    }
     if ferroccl::rendezvous::detect_env()?.is_some() {
-        let cfg = config_for(&a, Config::from_env()?);
+        let mut cfg = config_for(&a, Config::from_env()?);
+        if transport == TransportKind::Rdma {
+            cfg.transport = transport;
+        }
         if a.root >= cfg.world_size {
             return Err(ferroccl::Error::InvalidArgument(format!(
                 "-r {} is not a rank of {} ranks",

@@ -1,0 +1,114 @@
+//! Asking for the RDMA transport where it cannot run gives a typed error that says
+//! what is missing — the `rdma` feature, or (with it) an RDMA device — from the
+//! library and from `ferroccl bench`, and never hangs.
+//!
+//! The feature tests assume a machine without RDMA (CI, this project's machines):
+//! there `ibv_get_device_list` fails with ENOSYS or returns an empty list.
+
+use ferroccl::transport::TransportKind;
+use ferroccl::{Communicator, Config, Error};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What the error must say on this build.
+#[cfg(feature = "rdma")]
+const MISSING: &str = "no RDMA device found";
+#[cfg(not(feature = "rdma"))]
+const MISSING: &str = "\"rdma\" feature";
+
+fn rdma_config() -> Config {
+    // A store address nobody serves: the error must come before any rendezvous.
+    let mut c = Config::new(0, 2, "127.0.0.1:9");
+    c.transport = TransportKind::Rdma;
+    c.serve_store = false;
+    c.connect_timeout = Duration::from_secs(3);
+    c
+}
+
+#[test]
+fn parse_rdma_follows_the_feature() {
+    let r = TransportKind::parse("rdma");
+    if cfg!(feature = "rdma") {
+        assert_eq!(r.unwrap(), TransportKind::Rdma);
+    } else {
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, Error::Unavailable { why, .. } if why.contains(MISSING)),
+            "{e}"
+        );
+    }
+    assert_eq!(TransportKind::Rdma.name(), "rdma");
+}
+
+#[test]
+fn init_without_rdma_is_a_typed_error_at_once() {
+    let t0 = Instant::now();
+    let e = Communicator::init(rdma_config()).unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "failed before rendezvous"
+    );
+    match &e {
+        Error::Unavailable { what, why } => {
+            assert_eq!(what, "transport rdma");
+            assert!(why.contains(MISSING), "{why}");
+        }
+        other => panic!("expected Unavailable, got {other}"),
+    }
+    assert!(ferroccl::transport::rdma::probe().is_err());
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+fn both_no_device_outcomes_read_the_same() {
+    use ferroccl::transport::rdma::verbs::classify;
+    let enosys = classify(Err(std::io::Error::from_raw_os_error(libc::ENOSYS))).unwrap_err();
+    let empty = classify(Ok(0)).unwrap_err();
+    for e in [enosys, empty] {
+        assert!(
+            matches!(&e, Error::Unavailable { why, .. } if why.contains("no RDMA device found")),
+            "{e}"
+        );
+    }
+    assert_eq!(classify(Ok(2)).unwrap(), 2);
+}
+
+#[test]
+fn bench_with_rdma_prints_the_error_and_fails() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferroccl"))
+        .args([
+            "bench",
+            "--transport",
+            "rdma",
+            "--ranks",
+            "2",
+            "-b",
+            "64",
+            "-e",
+            "64",
+        ])
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("ferroccl bench --transport rdma did not exit within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!status.success(), "exit status {status}");
+    assert!(
+        stderr.contains("transport rdma") && stderr.contains(MISSING),
+        "{stderr}"
+    );
+}
