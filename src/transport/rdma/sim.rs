@@ -41,7 +41,7 @@
 
 use super::proto::{Completion, Endpoint, Params, WorkRequest};
 use super::{QueuePair, RdmaLink};
-use crate::transport::{Channel, Connector, Link, LinkError, Links, Waiter};
+use crate::transport::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -269,6 +269,8 @@ impl Bell {
 type WireMap = HashMap<(usize, usize, Channel), Arc<Mutex<Wire>>>;
 
 struct Fabric {
+    /// Each rank's current operation, read directly by its peers' status queries.
+    beacons: Vec<Arc<Beacon>>,
     params: SimParams,
     bells: Vec<Arc<Bell>>,
     wires: Mutex<WireMap>,
@@ -511,6 +513,14 @@ impl Connector for SimConnector {
         };
         Ok(Box::new(RdmaLink::new(peer, qp, p)))
     }
+
+    fn peer_status(&mut self, peer: usize, _deadline: Instant) -> crate::Result<Option<(u64, u8)>> {
+        self.fabric
+            .beacons
+            .get(peer)
+            .map(|b| b.get())
+            .ok_or_else(|| crate::Error::InvalidArgument(format!("no rank {peer} in this group")))
+    }
 }
 
 /// Builds the connectors and waiters of `n` ranks in one process linked by simulated
@@ -520,6 +530,7 @@ pub fn group(n: usize, params: SimParams) -> crate::Result<Vec<Links>> {
     let fabric = Arc::new(Fabric {
         params,
         bells: (0..n).map(|_| Arc::new(Bell::default())).collect(),
+        beacons: (0..n).map(|_| Arc::new(Beacon::default())).collect(),
         wires: Mutex::new(HashMap::new()),
         of_rank: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
     });
@@ -534,6 +545,7 @@ pub fn group(n: usize, params: SimParams) -> crate::Result<Vec<Links>> {
                 rank: r,
                 fabric: fabric.clone(),
             }),
+            beacon: fabric.beacons[r].clone(),
         })
         .collect())
 }
