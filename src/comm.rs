@@ -879,23 +879,8 @@ impl Communicator {
     /// same tag, type and length, or both fail with [`Error::Mismatch`]. Returns once the
     /// data is handed to the transport.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
-        self.check_peer(peer)?;
-        let seq = {
-            let mut s = self.p2p_seq.borrow_mut();
-            s.0[peer] += 1;
-            s.0[peer] - 1
-        };
-        let fp = Fingerprint {
-            kind: OpKind::SendRecv,
-            seq,
-            dtype: T::DTYPE,
-            op: None,
-            count: buf.len() as u64,
-            root: Some(tag),
-            algo: Algorithm::Direct,
-        };
+        let (fp, seg) = self.p2p_start::<T>(peer, tag, buf.len(), true)?;
         let bytes: &[u8] = bytemuck::cast_slice(buf);
-        let seg = (self.cfg.segment_bytes / size_of::<T>()).max(1) * size_of::<T>();
         let outs: Vec<Out> = p2p_frames(bytes.len(), seg)
             .map(|(j, off, len)| Out {
                 peer,
@@ -916,23 +901,8 @@ impl Communicator {
     /// Receives into `buf` the next message from rank `peer`, which must carry `tag`
     /// and exactly `buf.len()` elements of this type (see [`Self::send`]).
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
-        self.check_peer(peer)?;
-        let seq = {
-            let mut s = self.p2p_seq.borrow_mut();
-            s.1[peer] += 1;
-            s.1[peer] - 1
-        };
-        let fp = Fingerprint {
-            kind: OpKind::SendRecv,
-            seq,
-            dtype: T::DTYPE,
-            op: None,
-            count: buf.len() as u64,
-            root: Some(tag),
-            algo: Algorithm::Direct,
-        };
+        let (fp, seg) = self.p2p_start::<T>(peer, tag, buf.len(), false)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let seg = (self.cfg.segment_bytes / size_of::<T>()).max(1) * size_of::<T>();
         let ins: Vec<In> = p2p_frames(bytes.len(), seg)
             .map(|(j, off, len)| In {
                 peer,
@@ -948,6 +918,39 @@ impl Communicator {
             // SAFETY: frames land in disjoint parts of `buf`, which outlives the call.
             unsafe { e.stream(Channel::P2p, &fp, base, &[], &ins, &mut |_, _| {}) }
         })
+    }
+
+    /// Checks `peer`, takes the next sequence number of messages sent to it (`sending`)
+    /// or received from it, and returns the message's fingerprint and segment bytes.
+    fn p2p_start<T: Element>(
+        &self,
+        peer: usize,
+        tag: u32,
+        count: usize,
+        sending: bool,
+    ) -> Result<(Fingerprint, usize)> {
+        self.check_peer(peer)?;
+        let seq = {
+            let mut s = self.p2p_seq.borrow_mut();
+            let counter = if sending {
+                &mut s.0[peer]
+            } else {
+                &mut s.1[peer]
+            };
+            *counter += 1;
+            *counter - 1
+        };
+        let fp = Fingerprint {
+            kind: OpKind::SendRecv,
+            seq,
+            dtype: T::DTYPE,
+            op: None,
+            count: count as u64,
+            root: Some(tag),
+            algo: Algorithm::Direct,
+        };
+        let seg = (self.cfg.segment_bytes / size_of::<T>()).max(1) * size_of::<T>();
+        Ok((fp, seg))
     }
 
     fn check_peer(&self, peer: usize) -> Result<()> {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{eps, input, run, run_all, test_config, Net};
+use common::{all_errors, eps, input, run, run_all, test_config, Net};
 use ferroccl::{Config, DataType, Element, Error, ReduceOp};
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -400,21 +400,6 @@ fn many_operations_in_sequence_keep_their_order() {
 
 // ---- bad input: typed errors, never a hang ----
 
-fn expect_all_fail<R: Send + 'static + std::fmt::Debug>(
-    outcomes: Vec<Option<ferroccl::Result<R>>>,
-    what: &str,
-) -> Vec<Error> {
-    outcomes
-        .into_iter()
-        .enumerate()
-        .map(|(r, o)| match o {
-            Some(Err(e)) => e,
-            Some(Ok(v)) => panic!("{what}: rank {r} succeeded with {v:?}"),
-            None => panic!("{what}: rank {r} did not finish before the deadline"),
-        })
-        .collect()
-}
-
 #[test]
 fn lengths_that_differ_across_ranks_are_a_mismatch() {
     for net in [Net::Local, Net::Tcp] {
@@ -423,7 +408,7 @@ fn lengths_that_differ_across_ranks_are_a_mismatch() {
             c.all_reduce(&mut v, ReduceOp::Sum)?;
             Ok(())
         });
-        let errs = expect_all_fail(out, "length mismatch");
+        let errs = all_errors(out, "length mismatch");
         // The neighbours of rank 1 see the mismatch and name both calls; the rest fail
         // fast because the failing ranks shut their links.
         let mismatches: Vec<String> = errs
@@ -465,7 +450,7 @@ fn different_collective_arguments_are_a_mismatch() {
             }
         },
     );
-    let errs = expect_all_fail(out, "op mismatch");
+    let errs = all_errors(out, "op mismatch");
     let text = errs[0].to_string();
     assert!(text.contains("sum") && text.contains("max"), "{text}");
     let dt = run_all(
@@ -481,7 +466,7 @@ fn different_collective_arguments_are_a_mismatch() {
             }
         },
     );
-    let errs = expect_all_fail(dt, "dtype mismatch");
+    let errs = all_errors(dt, "dtype mismatch");
     assert!(
         errs.iter().all(|e| matches!(e, Error::Mismatch { .. })),
         "{errs:?}"

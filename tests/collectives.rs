@@ -6,7 +6,7 @@ mod common;
 use common::checks::{
     check_all_gather, check_broadcast, check_reduce, check_reduce_scatter, DEADLINE,
 };
-use common::{run, run_all, test_config, Net};
+use common::{all_errors, run, run_all, test_config, Net};
 use ferroccl::{DataType, Error, ReduceOp};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
@@ -345,17 +345,6 @@ fn p2p_messages_and_collectives_do_not_mix() {
 }
 
 // ---- misuse: typed errors, never a hang ----
-
-fn all_errors<R: std::fmt::Debug>(out: Vec<Option<ferroccl::Result<R>>>, what: &str) -> Vec<Error> {
-    out.into_iter()
-        .enumerate()
-        .map(|(r, o)| match o {
-            Some(Err(e)) => e,
-            Some(Ok(v)) => panic!("{what}: rank {r} succeeded: {v:?}"),
-            None => panic!("{what}: rank {r} did not finish in time"),
-        })
-        .collect()
-}
 
 /// Ranks that disagree on the root: the rank that receives from a disagreeing peer
 /// fails with a Mismatch naming both roots. A rank that only sent may finish the call

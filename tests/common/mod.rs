@@ -317,3 +317,19 @@ macro_rules! for_dtype {
         }
     };
 }
+
+/// Every rank's error from a [`run_all`], failing the test if a rank succeeded or did
+/// not finish in time (for tests where every rank must fail).
+pub fn all_errors<R: std::fmt::Debug>(
+    out: Vec<Option<ferroccl::Result<R>>>,
+    what: &str,
+) -> Vec<ferroccl::Error> {
+    out.into_iter()
+        .enumerate()
+        .map(|(r, o)| match o {
+            Some(Err(e)) => e,
+            Some(Ok(v)) => panic!("{what}: rank {r} succeeded: {v:?}"),
+            None => panic!("{what}: rank {r} did not finish in time"),
+        })
+        .collect()
+}
