@@ -75,6 +75,11 @@ pub struct Config {
     /// uses the ring. Must be equal on every rank. Default 64 KiB, where the two cross
     /// over on loopback TCP at 2 and 4 ranks.
     pub small_message_bytes: usize,
+    /// The job token (`FERROCCL_TOKEN`; `ferroccl launch` makes one): when set, every
+    /// connection — to the rendezvous store and between ranks — proves it by HMAC
+    /// challenge-response, and anything that cannot is refused. Never sent in clear.
+    /// Must be the same on every rank. Default: none.
+    pub token: Option<Vec<u8>>,
 }
 
 impl Config {
@@ -93,12 +98,13 @@ impl Config {
             socket_buffer: DEFAULT_SOCKET_BUFFER,
             busy_poll: DEFAULT_BUSY_POLL,
             small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
+            token: None,
         }
     }
 
     /// Reads the launcher environment (torchrun, Slurm, Open MPI, PMI; see
     /// [`rendezvous::detect_env`]). `MASTER_ADDR` defaults to `127.0.0.1` and
-    /// `MASTER_PORT` to 29500.
+    /// `MASTER_PORT` to 29500; `FERROCCL_TOKEN`, when set, becomes [`Config::token`].
     pub fn from_env() -> Result<Self> {
         let env = rendezvous::detect_env()?.ok_or_else(|| {
             Error::Env(
@@ -116,6 +122,7 @@ impl Config {
         };
         let mut c = Config::new(env.rank, env.world_size, addr);
         c.local_rank = env.local_rank.unwrap_or(0);
+        c.token = env.token.map(String::into_bytes);
         Ok(c)
     }
 
@@ -295,11 +302,19 @@ impl Communicator {
         }
         let server = if cfg.rank == 0 && cfg.serve_store {
             let addr = resolve(&cfg.master_addr)?;
-            Some(StoreServer::bind(addr, cfg.world_size)?)
+            Some(StoreServer::bind_with_token(
+                addr,
+                cfg.world_size,
+                cfg.token.clone(),
+            )?)
         } else {
             None
         };
-        let mut store = StoreClient::connect(&cfg.master_addr, cfg.connect_timeout)?;
+        let mut store = StoreClient::connect_with_token(
+            &cfg.master_addr,
+            cfg.connect_timeout,
+            cfg.token.as_deref(),
+        )?;
         let comm_id = store.join(cfg.rank, cfg.world_size)?;
         #[cfg(feature = "rdma")]
         if cfg.transport == TransportKind::Rdma {
@@ -322,6 +337,7 @@ impl Communicator {
                 socket_buffer: cfg.socket_buffer,
                 connect_timeout: cfg.connect_timeout,
             },
+            token: cfg.token.clone(),
         })?;
         let c = Self::assemble(cfg, links, server)?;
         tracing::debug!(rank = c.rank, world = c.world_size, "communicator ready");

@@ -72,6 +72,8 @@ pub struct LaunchEnv {
     pub master_port: Option<u16>,
     /// Which launcher the variables came from: `torchrun`, `openmpi`, `pmi`, `slurm`.
     pub source: &'static str,
+    /// `FERROCCL_TOKEN`, the job token, when set (see [`crate::auth`]).
+    pub token: Option<String>,
 }
 
 /// The variables one launcher family sets.
@@ -190,6 +192,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             master_addr: var("MASTER_ADDR"),
             master_port,
             source: fam.source,
+            token: var("FERROCCL_TOKEN"),
         }));
     }
     Ok(None)
@@ -252,10 +255,13 @@ mod kind {
     pub const SET: u8 = 0x02;
     pub const GET: u8 = 0x03;
     pub const ADD: u8 = 0x04;
+    pub const AUTH: u8 = 0x05;
+    pub const PROOF: u8 = 0x06;
     pub const JOINED: u8 = 0x81;
     pub const DONE: u8 = 0x82;
     pub const VALUE: u8 = 0x83;
     pub const COUNT: u8 = 0x84;
+    pub const CHALLENGE: u8 = 0x85;
     pub const ERROR: u8 = 0xFF;
 }
 
@@ -279,6 +285,8 @@ enum ErrorCode {
     NotCounter = 7,
     /// The store is stopping.
     ShuttingDown = 8,
+    /// A request before authentication, or a proof that does not verify.
+    Unauthorized = 9,
 }
 
 impl ErrorCode {
@@ -292,13 +300,17 @@ impl ErrorCode {
             6 => Self::Timeout,
             7 => Self::NotCounter,
             8 => Self::ShuttingDown,
+            9 => Self::Unauthorized,
             _ => return None,
         })
     }
 
     /// Whether the server closes the connection after sending this error.
     fn closes_connection(self) -> bool {
-        matches!(self, Self::Malformed | Self::TooLarge | Self::ShuttingDown)
+        matches!(
+            self,
+            Self::Malformed | Self::TooLarge | Self::ShuttingDown | Self::Unauthorized
+        )
     }
 }
 
@@ -345,10 +357,30 @@ struct Header {
 /// A client's request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Request {
-    Join { rank: u64, world_size: u64 },
-    Set { key: String, value: Vec<u8> },
-    Get { key: String, timeout_ms: u64 },
-    Add { key: String, delta: i64 },
+    Join {
+        rank: u64,
+        world_size: u64,
+    },
+    Set {
+        key: String,
+        value: Vec<u8>,
+    },
+    Get {
+        key: String,
+        timeout_ms: u64,
+    },
+    Add {
+        key: String,
+        delta: i64,
+    },
+    /// Starts authentication with the client's nonce.
+    Auth {
+        nonce: [u8; crate::auth::NONCE_LEN],
+    },
+    /// The client's answer to the challenge.
+    Proof {
+        mac: [u8; crate::auth::MAC_LEN],
+    },
 }
 
 /// The store's reply.
@@ -360,6 +392,11 @@ enum Response {
     Done,
     Value(Vec<u8>),
     Count(i64),
+    /// The store's nonce and its own proof of the token.
+    Challenge {
+        nonce: [u8; crate::auth::NONCE_LEN],
+        mac: [u8; crate::auth::MAC_LEN],
+    },
     /// `code` is kept raw so that codes from a newer store still reach the caller.
     Error {
         code: u8,
@@ -408,6 +445,14 @@ fn encode_request(req: &Request) -> Vec<u8> {
             body.extend_from_slice(&delta.to_le_bytes());
             kind::ADD
         }
+        Request::Auth { nonce } => {
+            body.extend_from_slice(nonce);
+            kind::AUTH
+        }
+        Request::Proof { mac } => {
+            body.extend_from_slice(mac);
+            kind::PROOF
+        }
     };
     encode_frame(kind, &body)
 }
@@ -430,6 +475,11 @@ fn encode_response(resp: &Response) -> Vec<u8> {
         Response::Done => encode_frame(kind::DONE, &[]),
         Response::Value(v) => encode_frame(kind::VALUE, v),
         Response::Count(n) => encode_frame(kind::COUNT, &n.to_le_bytes()),
+        Response::Challenge { nonce, mac } => {
+            let mut body = nonce.to_vec();
+            body.extend_from_slice(mac);
+            encode_frame(kind::CHALLENGE, &body)
+        }
         Response::Error { code, message } => {
             let message = truncate_utf8(message, MAX_MESSAGE_LEN);
             let mut body = Vec::with_capacity(1 + message.len());
@@ -473,6 +523,8 @@ fn request_body_limit(kind: u8) -> Option<usize> {
         kind::JOIN => Some(16),
         kind::SET => Some(4 + MAX_KEY_LEN + MAX_VALUE_LEN),
         kind::GET | kind::ADD => Some(4 + MAX_KEY_LEN + 8),
+        kind::AUTH => Some(crate::auth::NONCE_LEN),
+        kind::PROOF => Some(crate::auth::MAC_LEN),
         _ => None,
     }
 }
@@ -481,6 +533,7 @@ fn request_body_limit(kind: u8) -> Option<usize> {
 fn response_body_limit(kind: u8) -> Option<usize> {
     match kind {
         kind::JOINED | kind::COUNT => Some(8),
+        kind::CHALLENGE => Some(crate::auth::NONCE_LEN + crate::auth::MAC_LEN),
         kind::DONE => Some(0),
         kind::VALUE => Some(MAX_VALUE_LEN),
         kind::ERROR => Some(1 + MAX_MESSAGE_LEN),
@@ -586,6 +639,18 @@ fn decode_request(kind: u8, body: &[u8]) -> Result<Request, WireError> {
             b.finish("ADD")?;
             Request::Add { key, delta }
         }
+        kind::AUTH => {
+            let mut nonce = [0u8; crate::auth::NONCE_LEN];
+            nonce.copy_from_slice(b.take(crate::auth::NONCE_LEN, "nonce")?);
+            b.finish("AUTH")?;
+            Request::Auth { nonce }
+        }
+        kind::PROOF => {
+            let mut mac = [0u8; crate::auth::MAC_LEN];
+            mac.copy_from_slice(b.take(crate::auth::MAC_LEN, "proof")?);
+            b.finish("PROOF")?;
+            Request::Proof { mac }
+        }
         other => {
             return Err(WireError::malformed(format!(
                 "unknown request kind {other:#04x}"
@@ -621,6 +686,14 @@ fn decode_response(kind: u8, body: &[u8]) -> Result<Response, WireError> {
             let n = b.i64("count")?;
             b.finish("COUNT")?;
             Response::Count(n)
+        }
+        kind::CHALLENGE => {
+            let mut nonce = [0u8; crate::auth::NONCE_LEN];
+            nonce.copy_from_slice(b.take(crate::auth::NONCE_LEN, "nonce")?);
+            let mut mac = [0u8; crate::auth::MAC_LEN];
+            mac.copy_from_slice(b.take(crate::auth::MAC_LEN, "proof")?);
+            b.finish("CHALLENGE")?;
+            Response::Challenge { nonce, mac }
         }
         kind::ERROR => {
             let code = b.take(1, "error code")?[0];
@@ -738,6 +811,8 @@ struct Shared {
     addr: SocketAddr,
     world_size: usize,
     comm_id: u64,
+    /// The job token every connection must prove (see [`crate::auth`]), if any.
+    token: Option<Vec<u8>>,
     shutdown: AtomicBool,
     state: Mutex<State>,
     /// Signalled whenever a key changes, and at shutdown.
@@ -762,6 +837,16 @@ impl StoreServer {
     /// An address already in use is [`Error::AddrInUse`]. A fresh random communicator id
     /// is drawn here and handed to every rank that joins.
     pub fn bind(addr: SocketAddr, world_size: usize) -> Result<Self> {
+        Self::bind_with_token(addr, world_size, None)
+    }
+
+    /// [`StoreServer::bind`] for a job with a token: every connection must first prove
+    /// it by HMAC challenge-response (see [`crate::auth`]); anything else is refused.
+    pub fn bind_with_token(
+        addr: SocketAddr,
+        world_size: usize,
+        token: Option<Vec<u8>>,
+    ) -> Result<Self> {
         if world_size == 0 {
             return Err(Error::InvalidArgument(
                 "a rendezvous store needs a world size of at least 1".into(),
@@ -775,6 +860,7 @@ impl StoreServer {
             addr: local,
             world_size,
             comm_id: new_comm_id(local),
+            token,
             shutdown: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
@@ -922,6 +1008,11 @@ fn spawn_connection(
 }
 
 fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
+    let mut auth = if shared.token.is_some() {
+        AuthState::Required
+    } else {
+        AuthState::Open
+    };
     loop {
         // Between requests a client may stay idle for the whole job: no read timeout.
         let request = read_header(&mut stream).and_then(|header| {
@@ -948,7 +1039,10 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
                 return;
             }
         };
-        let response = shared.handle(request);
+        let response = match shared.authenticate(&mut auth, request, peer) {
+            Ok(request) => shared.handle(request),
+            Err(response) => response,
+        };
         let closes = matches!(&response, Response::Error { code, .. }
             if ErrorCode::from_u8(*code).is_some_and(ErrorCode::closes_connection));
         if stream.write_all(&encode_response(&response)).is_err() || closes {
@@ -986,7 +1080,59 @@ fn reject(stream: &mut TcpStream, peer: SocketAddr, err: &WireError) {
     }
 }
 
+/// Where a connection stands with the job token.
+enum AuthState {
+    /// The store has no token.
+    Open,
+    /// Nothing proven yet.
+    Required,
+    /// Challenge sent; waiting for the client's proof.
+    Challenged {
+        client: [u8; crate::auth::NONCE_LEN],
+        server: [u8; crate::auth::NONCE_LEN],
+    },
+    /// The client proved the token.
+    Proven,
+}
+
 impl Shared {
+    /// Runs the authentication exchange; hands back the requests a connection may make
+    /// (all of them once the token is proven, or when the store has none).
+    fn authenticate(
+        &self,
+        st: &mut AuthState,
+        request: Request,
+        peer: SocketAddr,
+    ) -> std::result::Result<Request, Response> {
+        let refuse = |why: &str| {
+            tracing::warn!(%peer, "rendezvous store refused a client: {why}");
+            Self::error(ErrorCode::Unauthorized, why.to_owned())
+        };
+        match (&*st, request, self.token.as_deref()) {
+            (AuthState::Open | AuthState::Proven, Request::Auth { .. } | Request::Proof { .. }, None) => Err(refuse(
+                "this job's store uses no job token but the client sent one: is FERROCCL_TOKEN set on some ranks only?",
+            )),
+            (AuthState::Open | AuthState::Proven, request, _) => Ok(request),
+            (AuthState::Required, Request::Auth { nonce }, Some(token)) => {
+                let server = crate::auth::nonce();
+                let mac = crate::auth::mac(token, "ferroccl store server", &[&nonce, &server]);
+                *st = AuthState::Challenged { client: nonce, server };
+                Err(Response::Challenge { nonce: server, mac })
+            }
+            (AuthState::Challenged { client, server }, Request::Proof { mac }, Some(token)) => {
+                if crate::auth::verify(token, "ferroccl store client", &[client, server], &mac) {
+                    *st = AuthState::Proven;
+                    Err(Response::Done)
+                } else {
+                    Err(refuse("the client's proof of the job token is wrong: another job, or a different FERROCCL_TOKEN"))
+                }
+            }
+            _ => Err(refuse(
+                "this job requires a job token: authenticate first (set the same FERROCCL_TOKEN on every rank)",
+            )),
+        }
+    }
+
     fn error(code: ErrorCode, message: String) -> Response {
         Response::Error {
             code: code as u8,
@@ -1004,6 +1150,10 @@ impl Shared {
             }
             Request::Get { key, timeout_ms } => self.get(&key, timeout_ms),
             Request::Add { key, delta } => self.add(key, delta),
+            // Only reachable once authenticated; a second exchange is not expected.
+            Request::Auth { .. } | Request::Proof { .. } => {
+                Self::error(ErrorCode::Unauthorized, "already authenticated".into())
+            }
         }
     }
 
@@ -1130,6 +1280,16 @@ pub struct StoreClient {
     broken: Option<String>,
 }
 
+impl std::fmt::Debug for StoreClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreClient")
+            .field("addr", &self.addr)
+            .field("local", &self.local)
+            .field("broken", &self.broken)
+            .finish()
+    }
+}
+
 /// Why one connection attempt failed.
 enum Attempt {
     /// Worth retrying (refused, unreachable, name not resolvable yet).
@@ -1166,6 +1326,47 @@ impl StoreClient {
     /// [`Error::StoreUnreachable`] with the last error. A malformed address is
     /// [`Error::InvalidArgument`] at once.
     pub fn connect(addr: &str, deadline: Duration) -> Result<Self> {
+        Self::connect_with_token(addr, deadline, None)
+    }
+
+    /// [`StoreClient::connect`], then proves the job `token` to the store and checks
+    /// that the store knows it too (HMAC challenge-response; the token never travels).
+    pub fn connect_with_token(
+        addr: &str,
+        deadline: Duration,
+        token: Option<&[u8]>,
+    ) -> Result<Self> {
+        let mut c = Self::connect_plain(addr, deadline)?;
+        if let Some(token) = token {
+            c.prove(token)?;
+        }
+        Ok(c)
+    }
+
+    fn prove(&mut self, token: &[u8]) -> Result<()> {
+        let what = "authenticating with the job token";
+        let client = crate::auth::nonce();
+        let (server, mac) =
+            match self.call(what, &Request::Auth { nonce: client }, REPLY_TIMEOUT)? {
+                Response::Challenge { nonce, mac } => (nonce, mac),
+                other => return Err(self.unexpected(what, &other)),
+            };
+        if !crate::auth::verify(token, "ferroccl store server", &[&client, &server], &mac) {
+            let message = format!(
+                "the store at {} could not prove the job token: a store of another job, or a different FERROCCL_TOKEN",
+                self.addr
+            );
+            self.broken = Some(message.clone());
+            return Err(Error::Rendezvous(message));
+        }
+        let proof = crate::auth::mac(token, "ferroccl store client", &[&client, &server]);
+        match self.call(what, &Request::Proof { mac: proof }, REPLY_TIMEOUT)? {
+            Response::Done => Ok(()),
+            other => Err(self.unexpected(what, &other)),
+        }
+    }
+
+    fn connect_plain(addr: &str, deadline: Duration) -> Result<Self> {
         let start = Instant::now();
         let mut backoff = INITIAL_BACKOFF;
         loop {
@@ -1363,6 +1564,7 @@ impl StoreClient {
             Response::Done => "DONE",
             Response::Value(_) => "VALUE",
             Response::Count(_) => "COUNT",
+            Response::Challenge { .. } => "CHALLENGE",
             Response::Error { .. } => "ERROR",
         };
         let message = format!(
@@ -1415,6 +1617,7 @@ mod tests {
             master_addr: None,
             master_port: None,
             source,
+            token: None,
         }
     }
 

@@ -233,6 +233,7 @@ fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
             world_size: 2,
             to_rank: 0,
             channel: h.channel,
+            flags: 0,
         };
         s.write_all(&reply.encode()).unwrap();
         let mut hdr = [0u8; HEADER_LEN];

@@ -90,6 +90,7 @@ fn peer_with_wrong_communicator_id_is_rejected() {
             world_size: 2,
             to_rank: h.rank,
             channel: h.channel,
+            flags: 0,
         };
         s.write_all(&reply.encode()).unwrap();
     });
@@ -113,6 +114,7 @@ fn peer_with_other_protocol_version_is_rejected() {
             world_size: 2,
             to_rank: h.rank,
             channel: h.channel,
+            flags: 0,
         };
         s.write_all(&reply.encode()).unwrap();
     });
@@ -178,6 +180,7 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
         world_size: 2,
         to_rank: 1,
         channel: 0,
+        flags: 0,
     };
     s.write_all(&stranger.encode()).unwrap();
     let reply = read_hello(&mut s);

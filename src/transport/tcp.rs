@@ -54,8 +54,14 @@ pub struct Hello {
     /// The rank the sender wants to reach (request) or answers as (reply).
     pub to_rank: u32,
     /// Which stream this connection is ([`Channel::code`]).
-    pub channel: u32,
+    pub channel: u16,
+    /// [`FLAG_AUTH`]: the sender's job has a token and a proof exchange follows.
+    pub flags: u16,
 }
+
+/// [`Hello::flags`] bit: the sender authenticates with the job token (HMAC
+/// challenge-response after the hello; see [`crate::auth`]).
+pub const FLAG_AUTH: u16 = 1;
 
 /// Refusal codes carried in [`Hello::status`].
 mod refuse {
@@ -63,6 +69,7 @@ mod refuse {
     pub const COMM_ID: u16 = 2;
     pub const RANK: u16 = 3;
     pub const DUPLICATE: u16 = 4;
+    pub const AUTH: u16 = 5;
 
     pub fn text(code: u16) -> &'static str {
         match code {
@@ -70,6 +77,7 @@ mod refuse {
             COMM_ID => "communicator id differs (a process from another job?)",
             RANK => "rank, world size or channel not expected here",
             DUPLICATE => "this rank is already connected",
+            AUTH => "job token missing or different (authentication failed)",
             _ => "unknown refusal",
         }
     }
@@ -86,7 +94,8 @@ impl Hello {
         b[16..20].copy_from_slice(&self.rank.to_le_bytes());
         b[20..24].copy_from_slice(&self.world_size.to_le_bytes());
         b[24..28].copy_from_slice(&self.to_rank.to_le_bytes());
-        b[28..32].copy_from_slice(&self.channel.to_le_bytes());
+        b[28..30].copy_from_slice(&self.channel.to_le_bytes());
+        b[30..32].copy_from_slice(&self.flags.to_le_bytes());
         b
     }
 
@@ -111,7 +120,8 @@ impl Hello {
             rank: u32_at(16),
             world_size: u32_at(20),
             to_rank: u32_at(24),
-            channel: u32_at(28),
+            channel: u16_at(28),
+            flags: u16_at(30),
         })
     }
 }
@@ -198,6 +208,8 @@ pub struct ConnectCtx {
     pub store: StoreClient,
     /// Socket settings.
     pub opts: TcpOptions,
+    /// The job token every data connection proves (HMAC; never sent), if any.
+    pub token: Option<Vec<u8>>,
 }
 
 fn hs_err(peer: impl Into<String>, detail: impl Into<String>) -> Error {
@@ -306,11 +318,12 @@ impl Drop for TcpConnector {
 }
 
 /// Who this rank is, as its handshakes say.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Identity {
     rank: usize,
     world_size: usize,
     comm_id: u64,
+    token: Option<Arc<[u8]>>,
 }
 
 impl Identity {
@@ -319,6 +332,7 @@ impl Identity {
             rank: ctx.rank,
             world_size: ctx.world_size,
             comm_id: ctx.comm_id,
+            token: ctx.token.as_deref().map(Arc::from),
         }
     }
 
@@ -330,9 +344,59 @@ impl Identity {
             rank: self.rank as u32,
             world_size: self.world_size as u32,
             to_rank: to as u32,
-            channel: channel.code(),
+            channel: channel.code() as u16,
+            flags: if self.token.is_some() { FLAG_AUTH } else { 0 },
         }
     }
+}
+
+/// Label of the acceptor's proof, and of the dialer's.
+const ACCEPTOR_PROOF: &str = "ferroccl link acceptor";
+const DIALER_PROOF: &str = "ferroccl link dialer";
+
+/// Acceptor side of a handshake that passed its checks: writes `reply` and, for a job
+/// with a token, proves the token and checks the dialer's proof (then confirms with one
+/// byte). `Err` says why the dialer was refused.
+fn accept_with_proof(
+    s: &mut TcpStream,
+    me: &Identity,
+    request: &[u8; HELLO_LEN],
+    dialer_nonce: &[u8; crate::auth::NONCE_LEN],
+    reply: &[u8; HELLO_LEN],
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let Some(token) = &me.token else {
+        return s
+            .write_all(reply)
+            .map_err(|e| format!("handshake reply failed: {e}"));
+    };
+    let ours = crate::auth::nonce();
+    let transcript: [&[u8]; 4] = [request, reply, dialer_nonce, &ours];
+    let mut out = reply.to_vec();
+    out.extend_from_slice(&ours);
+    out.extend_from_slice(&crate::auth::mac(token, ACCEPTOR_PROOF, &transcript));
+    s.write_all(&out)
+        .map_err(|e| format!("handshake reply failed: {e}"))?;
+    let mut proof = [0u8; crate::auth::MAC_LEN];
+    read_exact_by(s, &mut proof, deadline)
+        .map_err(|e| format!("no proof of the job token ({e})"))?;
+    if !crate::auth::verify(token, DIALER_PROOF, &transcript, &proof) {
+        let _ = s.write_all(&[0]);
+        return Err(
+            "wrong proof of the job token (another job, or a different FERROCCL_TOKEN)".into(),
+        );
+    }
+    s.write_all(&[1])
+        .map_err(|e| format!("handshake confirmation failed: {e}"))
+}
+
+/// Reads exactly `buf.len()` bytes, giving up at `deadline`.
+fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    s.set_read_timeout(Some(left))?;
+    s.read_exact(buf)
 }
 
 /// Connections from lower ranks, accepted and acknowledged by the acceptor thread
@@ -375,10 +439,10 @@ fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>, beacon:
         loop {
             match listener.accept() {
                 Ok((s, from)) => {
-                    let (acc, beacon) = (acc.clone(), beacon.clone());
+                    let (acc, beacon, who) = (acc.clone(), beacon.clone(), me.clone());
                     let spawned = std::thread::Builder::new()
                         .name("ferroccl-handshake".into())
-                        .spawn(move || handshake_incoming(s, from, me, &acc, &beacon));
+                        .spawn(move || handshake_incoming(s, from, who, &acc, &beacon));
                     if let Err(e) = spawned {
                         tracing::warn!("rank {}: cannot start a handshake thread: {e}", me.rank);
                     }
@@ -419,43 +483,42 @@ fn handshake_incoming(
         Ok(h) => h,
         Err(d) => return refuse_with(acc, format!("{from}: {d}")),
     };
-    let ch = Channel::from_code(h.channel);
-    if ch == Some(Channel::Status)
-        && h.version == PROTOCOL_VERSION
-        && h.comm_id == me.comm_id
-        && (h.rank as usize) < me.world_size
-        && h.to_rank as usize == me.rank
-    {
-        // A peer asks what this rank is doing: answer from the beacon, whatever this
-        // rank's own thread is doing, and hang up.
-        let mut reply = me
-            .hello(h.rank as usize, Channel::Status, 0)
-            .encode()
-            .to_vec();
-        reply.extend_from_slice(&beacon.raw().to_le_bytes());
-        let _ = s.write_all(&reply);
-        return;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let wants_auth = h.flags & FLAG_AUTH != 0;
+    let mut dialer_nonce = [0u8; crate::auth::NONCE_LEN];
+    if wants_auth {
+        if let Err(e) = read_exact_by(&mut s, &mut dialer_nonce, deadline) {
+            return refuse_with(
+                acc,
+                format!("{from}: no nonce after an authenticated hello ({e})"),
+            );
+        }
     }
+    let ch = Channel::from_code(h.channel as u32);
     let key = (h.rank as usize, ch.unwrap_or(Channel::Collective));
-    let mut st = lock_state(acc);
+    let status_query = ch == Some(Channel::Status);
     let code = if h.version != PROTOCOL_VERSION {
         refuse::VERSION
     } else if h.comm_id != me.comm_id {
         refuse::COMM_ID
+    } else if wants_auth != me.token.is_some() {
+        refuse::AUTH
     } else if h.world_size as usize != me.world_size
         || h.to_rank as usize != me.rank
-        || h.rank as usize >= me.rank
         || ch.is_none()
-        || ch == Some(Channel::Status)
+        || (!status_query && h.rank as usize >= me.rank)
+        || (status_query && h.rank as usize >= me.world_size)
     {
         refuse::RANK
-    } else if st.taken.contains(&key) || st.ready.contains_key(&key) {
+    } else if !status_query && {
+        let st = lock_state(acc);
+        st.taken.contains(&key) || st.ready.contains_key(&key)
+    } {
         refuse::DUPLICATE
     } else {
         0
     };
     if code != 0 {
-        drop(st);
         let _ = s.write_all(&me.hello(key.0, key.1, code).encode());
         return refuse_with(
             acc,
@@ -470,12 +533,21 @@ fn handshake_incoming(
             ),
         );
     }
-    if let Err(e) = s.write_all(&me.hello(key.0, key.1, 0).encode()) {
+    // No lock is held during the exchange: a slow or hostile dialer delays nobody.
+    let reply = me.hello(key.0, key.1, 0).encode();
+    if let Err(why) = accept_with_proof(&mut s, &me, &raw, &dialer_nonce, &reply, deadline) {
+        return refuse_with(acc, format!("{from} (rank {}): {why}", key.0));
+    }
+    if status_query {
+        // A peer asks what this rank is doing: answer from the beacon, whatever this
+        // rank's own thread is doing, and hang up.
+        let _ = s.write_all(&beacon.raw().to_le_bytes());
+        return;
+    }
+    let mut st = lock_state(acc);
+    if st.taken.contains(&key) || st.ready.contains_key(&key) {
         drop(st);
-        return refuse_with(
-            acc,
-            format!("{from} (rank {}): handshake reply failed: {e}", key.0),
-        );
+        return refuse_with(acc, format!("{from}: rank {} connected twice", key.0));
     }
     st.ready.insert(key, s);
     drop(st);
@@ -513,26 +585,47 @@ impl TcpConnector {
 
     /// Connects to higher rank `p` and completes the handshake.
     fn dial(&mut self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
-        let me = self.ctx.rank;
         let addr = self.peer_addr(p, deadline)?;
         let who = format!("rank {p} at {addr}");
         let mut s = connect_with_retry(&addr, &self.ctx.opts, deadline).map_err(|e| match e {
             Error::Io { source, .. } => hs_err(&who, format!("could not connect: {source}")),
             e => e,
         })?;
-        let io = |e: io::Error| hs_err(&who, format!("handshake I/O failed: {e}"));
-        s.write_all(&self.hello(p, ch, 0).encode()).map_err(io)?;
-        let reply = read_hello(&mut s, deadline).map_err(io)?;
-        let h = Hello::decode(&reply).map_err(|d| hs_err(&who, d))?;
+        self.handshake_out(&mut s, p, ch, deadline, &who)?;
+        Ok(s)
+    }
+
+    /// The dialer's half of the handshake on a fresh connection to rank `p`: hello (and
+    /// nonce), the reply checked field by field, and for a job with a token the proof
+    /// exchange (the acceptor's proof checked, ours sent, the acceptor's verdict read).
+    fn handshake_out(
+        &self,
+        s: &mut TcpStream,
+        p: usize,
+        ch: Channel,
+        deadline: Instant,
+        who: &str,
+    ) -> Result<()> {
+        let me = self.ctx.rank;
+        let io = |e: io::Error| hs_err(who, format!("handshake I/O failed: {e}"));
+        let request = self.hello(p, ch, 0).encode();
+        let ours = crate::auth::nonce();
+        let mut out = request.to_vec();
+        if self.ctx.token.is_some() {
+            out.extend_from_slice(&ours);
+        }
+        s.write_all(&out).map_err(io)?;
+        let reply = read_hello(s, deadline).map_err(io)?;
+        let h = Hello::decode(&reply).map_err(|d| hs_err(who, d))?;
         if h.status != 0 {
             return Err(hs_err(
-                &who,
+                who,
                 format!("refused our connection: {}", refuse::text(h.status)),
             ));
         }
         if h.version != PROTOCOL_VERSION {
             return Err(hs_err(
-                &who,
+                who,
                 format!(
                     "protocol version {} (ours is {PROTOCOL_VERSION})",
                     h.version
@@ -541,7 +634,7 @@ impl TcpConnector {
         }
         if h.comm_id != self.ctx.comm_id {
             return Err(hs_err(
-                &who,
+                who,
                 format!(
                     "communicator id {:#018x} differs from ours {:#018x}",
                     h.comm_id, self.ctx.comm_id
@@ -551,17 +644,44 @@ impl TcpConnector {
         if h.rank as usize != p
             || h.world_size as usize != self.ctx.world_size
             || h.to_rank as usize != me
-            || h.channel != ch.code()
+            || h.channel as u32 != ch.code()
         {
             return Err(hs_err(
-                &who,
+                who,
                 format!(
                     "answered as rank {} of {} (to rank {}, channel {}), expected rank {p} of {}",
                     h.rank, h.world_size, h.to_rank, h.channel, self.ctx.world_size
                 ),
             ));
         }
-        Ok(s)
+        let Some(token) = &self.ctx.token else {
+            return Ok(());
+        };
+        if h.flags & FLAG_AUTH == 0 {
+            return Err(hs_err(who, "answered without the job token's proof"));
+        }
+        let mut theirs = [0u8; crate::auth::NONCE_LEN];
+        let mut proof = [0u8; crate::auth::MAC_LEN];
+        read_exact_by(s, &mut theirs, deadline).map_err(io)?;
+        read_exact_by(s, &mut proof, deadline).map_err(io)?;
+        let transcript: [&[u8]; 4] = [&request, &reply, &ours, &theirs];
+        if !crate::auth::verify(token, ACCEPTOR_PROOF, &transcript, &proof) {
+            return Err(hs_err(
+                who,
+                "could not prove the job token: another job, or a different FERROCCL_TOKEN",
+            ));
+        }
+        s.write_all(&crate::auth::mac(token, DIALER_PROOF, &transcript))
+            .map_err(io)?;
+        let mut verdict = [0u8; 1];
+        read_exact_by(s, &mut verdict, deadline).map_err(io)?;
+        if verdict[0] != 1 {
+            return Err(hs_err(
+                who,
+                "refused our proof of the job token: a different FERROCCL_TOKEN?",
+            ));
+        }
+        Ok(())
     }
 
     /// Waits for lower rank `p`'s connection on `ch`, accepted by the acceptor thread.
@@ -601,16 +721,7 @@ impl TcpConnector {
         let who = format!("rank {p} at {addr}");
         let mut s = connect_with_retry(&addr, &self.ctx.opts, deadline)?;
         let io = |e: io::Error| hs_err(&who, format!("status query failed: {e}"));
-        s.write_all(&self.hello(p, Channel::Status, 0).encode())
-            .map_err(io)?;
-        let reply = read_hello(&mut s, deadline).map_err(io)?;
-        let h = Hello::decode(&reply).map_err(|d| hs_err(&who, d))?;
-        if h.status != 0 || h.comm_id != self.ctx.comm_id || h.rank as usize != p {
-            return Err(hs_err(
-                &who,
-                format!("refused the status query: {}", refuse::text(h.status)),
-            ));
-        }
+        self.handshake_out(&mut s, p, Channel::Status, deadline, &who)?;
         let mut b = [0u8; 8];
         s.read_exact(&mut b).map_err(io)?;
         Ok(Beacon::decode(u64::from_le_bytes(b)))
@@ -703,6 +814,7 @@ mod tests {
             world_size: 8,
             to_rank: 4,
             channel: 1,
+            flags: FLAG_AUTH,
         };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
         let mut b = h.encode();

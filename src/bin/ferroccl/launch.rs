@@ -1,7 +1,8 @@
 //! `ferroccl launch -n N -- CMD ARGS`: N local ranks with the launcher environment.
 //!
 //! Each rank gets torchrun's variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) plus `FERROCCL_LAUNCHED=1`, so
+//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) plus `FERROCCL_LAUNCHED=1` and a
+//! job token `FERROCCL_TOKEN` (generated unless already set), so
 //! `ferroccl::rendezvous::detect_env` finds it exactly as under torchrun. Variables of
 //! other launchers are removed so that a `ferroccl launch` inside an `srun` or `mpirun`
 //! allocation is not mistaken for the outer job.
@@ -231,6 +232,15 @@ fn signal_suffix(sig: i32) -> String {
     format!(" {name}")
 }
 
+/// A fresh random job token: 32 bytes from the OS, as hex.
+fn new_token() -> String {
+    let (a, b) = (ferroccl::auth::nonce(), ferroccl::auth::nonce());
+    a.iter()
+        .chain(b.iter())
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
 /// Variables of other launchers that `detect_env` would otherwise read.
 const FOREIGN_VARS: &[&str] = &[
     "PMI_RANK",
@@ -338,6 +348,12 @@ impl Job {
                 k.starts_with(FOREIGN_PREFIX) || FOREIGN_VARS.contains(&k.as_ref())
             })
             .collect();
+        // One job token for all ranks (kept if the caller set one): every connection
+        // of the job proves it, so a stranger or a process of another job is refused.
+        let token = std::env::var("FERROCCL_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(new_token);
         for rank in 0..nproc {
             let mut cmd = Command::new(program);
             cmd.args(args)
@@ -348,6 +364,7 @@ impl Job {
                 .env("MASTER_ADDR", master_addr)
                 .env("MASTER_PORT", port.to_string())
                 .env("FERROCCL_LAUNCHED", "1")
+                .env("FERROCCL_TOKEN", &token)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

@@ -209,7 +209,7 @@ impl<Q: QueuePair> Link for RdmaLink<Q> {
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl<Q: QueuePair> Drop for RdmaLink<Q> {
-    /// Closes the link and waits (up to [`DRAIN_TIMEOUT`]) until every write posted has
+    /// Closes the link and waits (up to 2 s) until every write posted has
     /// completed: destroying a queue pair with writes in flight may lose them, and the
     /// peer may still be reading the bytes this rank counted as sent.
     fn drop(&mut self) {

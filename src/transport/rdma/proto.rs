@@ -1,6 +1,6 @@
 //! The sans-IO protocol of an RDMA link: slot and credit bookkeeping, which work
 //! requests to post and what each completion means. Nothing here touches verbs, a
-//! clock or a thread; [`super::sim`] drives it in tests and [`super::verbs`] (feature
+//! clock or a thread; [`super::sim`] drives it in tests and `super::verbs` (feature
 //! `rdma`) drives it over a real queue pair.
 //!
 //! # The protocol, one direction
