@@ -91,14 +91,18 @@ pub(crate) fn all_reduce(
             }
         })?;
     }
+    // The partner's frame may arrive before our own send of `buf` has left (a transport
+    // that buffers less than the message, such as an RDMA ring): reducing into `buf`
+    // then would send partly reduced data. So each stage keeps the frame and reduces
+    // once both directions are done, in a buffer the engine keeps between calls (u64
+    // words: the reduction kernels need the element type's alignment).
+    let mut held = std::mem::take(&mut e.spare);
+    if held.len() * 8 < len {
+        held.resize(len.div_ceil(8), 0);
+    }
     for k in 0..stages {
         let partner = r ^ (1 << k);
-        // The partner's frame may arrive before our own send of `buf` has left (a
-        // transport that buffers less than the message, such as an RDMA ring): reducing
-        // into `buf` then would send partly reduced data. Keep the frame and reduce
-        // once both directions are done.
-        // (u64 words: the reduction kernels need the element type's alignment.)
-        let mut got: Option<Vec<u64>> = None;
+        let mut got = false;
         exchange(
             e,
             fp,
@@ -108,14 +112,13 @@ pub(crate) fn all_reduce(
             Some((partner, true)),
             &mut |_, data| {
                 if let Some(d) = data {
-                    let mut v = vec![0u64; d.len().div_ceil(8)];
-                    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..d.len()].copy_from_slice(d);
-                    got = Some(v);
+                    bytemuck::cast_slice_mut::<u64, u8>(&mut held)[..d.len()].copy_from_slice(d);
+                    got = true;
                 }
             },
         )?;
-        if let Some(mut words) = got {
-            let d = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len];
+        if got {
+            let d = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut held)[..len];
             if partner < r {
                 // lower op higher: the partner's value goes on the left.
                 reduce(d, own());
@@ -125,6 +128,7 @@ pub(crate) fn all_reduce(
             }
         }
     }
+    e.spare = held;
     finish(own());
     if r + p < n {
         exchange(e, fp, stages + 1, buf, Some(r + p), None, &mut |_, _| {})?;

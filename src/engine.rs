@@ -72,6 +72,9 @@ pub(crate) struct Engine {
     pub abort: Arc<AtomicBool>,
     /// Receive buffer for frames that are reduced rather than stored.
     pub scratch: Vec<u64>,
+    /// A second buffer, for an algorithm that must hold a received frame past the
+    /// next receive (recursive doubling); kept to avoid allocating per operation.
+    pub spare: Vec<u64>,
     pub poisoned: Option<String>,
 }
 
@@ -98,6 +101,7 @@ impl Engine {
             beacon: links.beacon,
             abort: Arc::new(AtomicBool::new(false)),
             scratch: Vec::new(),
+            spare: Vec::new(),
             poisoned: None,
             cfg,
         }
