@@ -68,6 +68,60 @@ impl std::fmt::Display for RunError {
     }
 }
 
+type Outcomes<R> = mpsc::Receiver<(usize, ferroccl::Result<R>)>;
+
+/// Starts `n` rank threads linked by `net`, each running `body`; every rank reports
+/// `(rank, outcome)` on the returned channel. The store (TCP) must live as long as the
+/// ranks: the caller keeps the returned handle.
+fn spawn_ranks<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    body: F,
+) -> ferroccl::Result<(Outcomes<R>, Option<StoreServer>)>
+where
+    R: Send + 'static,
+    F: Fn(&mut Communicator) -> ferroccl::Result<R> + Send + Sync + 'static,
+{
+    let body = Arc::new(body);
+    let (tx, rx) = mpsc::channel();
+    let mut store = None;
+    match net {
+        Net::Local | Net::RdmaSim(_) => {
+            let comms = match net {
+                Net::RdmaSim(p) => rdma_sim_group(n, base, p),
+                _ => Communicator::local_group(n, base),
+            }?;
+            for mut c in comms {
+                let (tx, body) = (tx.clone(), body.clone());
+                std::thread::spawn(move || {
+                    let r = body(&mut c);
+                    let _ = tx.send((c.rank(), r));
+                });
+            }
+        }
+        Net::Tcp => {
+            let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), n)?;
+            let addr = server.local_addr().to_string();
+            store = Some(server);
+            for r in 0..n {
+                let mut cfg = base.clone();
+                cfg.rank = r;
+                cfg.local_rank = r;
+                cfg.world_size = n;
+                cfg.master_addr = addr.clone();
+                cfg.serve_store = false;
+                let (tx, body) = (tx.clone(), body.clone());
+                std::thread::spawn(move || {
+                    let out = Communicator::init(cfg).and_then(|mut c| body(&mut c));
+                    let _ = tx.send((r, out));
+                });
+            }
+        }
+    }
+    Ok((rx, store))
+}
+
 /// Runs `body` on `n` ranks linked by `net`, each rank in its own thread, and returns
 /// every rank's result in rank order. Fails with the first error (by time) or when the
 /// deadline passes.
@@ -82,54 +136,11 @@ where
     R: Send + 'static,
     F: Fn(&mut Communicator) -> ferroccl::Result<R> + Send + Sync + 'static,
 {
-    let body = Arc::new(body);
-    let (tx, rx) = mpsc::channel::<(usize, ferroccl::Result<R>)>();
-    // Keep the store alive for the whole run.
-    let mut _store: Option<StoreServer> = None;
-    match net {
-        Net::Local | Net::RdmaSim(_) => {
-            let comms = match net {
-                Net::RdmaSim(p) => rdma_sim_group(n, base, p),
-                _ => Communicator::local_group(n, base),
-            }
-            .map_err(|e| RunError {
-                rank: None,
-                message: e.to_string(),
-                error: Some(Box::new(e)),
-            })?;
-            for mut c in comms {
-                let (tx, body) = (tx.clone(), body.clone());
-                std::thread::spawn(move || {
-                    let r = body(&mut c);
-                    let _ = tx.send((c.rank(), r));
-                });
-            }
-        }
-        Net::Tcp => {
-            let store =
-                StoreServer::bind("127.0.0.1:0".parse().unwrap(), n).map_err(|e| RunError {
-                    rank: None,
-                    message: e.to_string(),
-                    error: Some(Box::new(e)),
-                })?;
-            let addr = store.local_addr().to_string();
-            _store = Some(store);
-            for r in 0..n {
-                let mut cfg = base.clone();
-                cfg.rank = r;
-                cfg.local_rank = r;
-                cfg.world_size = n;
-                cfg.master_addr = addr.clone();
-                cfg.serve_store = false;
-                let (tx, body) = (tx.clone(), body.clone());
-                std::thread::spawn(move || {
-                    let r2 = Communicator::init(cfg).and_then(|mut c| body(&mut c));
-                    let _ = tx.send((r, r2));
-                });
-            }
-        }
-    }
-    drop(tx);
+    let (rx, _store) = spawn_ranks(n, net, base, body).map_err(|e| RunError {
+        rank: None,
+        message: e.to_string(),
+        error: Some(Box::new(e)),
+    })?;
     let end = Instant::now() + deadline;
     let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
     let mut done = 0;
@@ -186,42 +197,7 @@ where
     R: Send + 'static,
     F: Fn(&mut Communicator) -> ferroccl::Result<R> + Send + Sync + 'static,
 {
-    let body = Arc::new(body);
-    let (tx, rx) = mpsc::channel::<(usize, ferroccl::Result<R>)>();
-    let mut _store: Option<StoreServer> = None;
-    match net {
-        Net::Local | Net::RdmaSim(_) => {
-            let comms = match net {
-                Net::RdmaSim(p) => rdma_sim_group(n, base, p),
-                _ => Communicator::local_group(n, base),
-            };
-            for mut c in comms.expect("in-process group") {
-                let (tx, body) = (tx.clone(), body.clone());
-                std::thread::spawn(move || {
-                    let r = body(&mut c);
-                    let _ = tx.send((c.rank(), r));
-                });
-            }
-        }
-        Net::Tcp => {
-            let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), n).expect("store");
-            let addr = store.local_addr().to_string();
-            _store = Some(store);
-            for r in 0..n {
-                let mut cfg = base.clone();
-                cfg.rank = r;
-                cfg.world_size = n;
-                cfg.master_addr = addr.clone();
-                cfg.serve_store = false;
-                let (tx, body) = (tx.clone(), body.clone());
-                std::thread::spawn(move || {
-                    let r2 = Communicator::init(cfg).and_then(|mut c| body(&mut c));
-                    let _ = tx.send((r, r2));
-                });
-            }
-        }
-    }
-    drop(tx);
+    let (rx, _store) = spawn_ranks(n, net, base, body).expect("ranks start");
     let end = Instant::now() + deadline;
     let mut out: Vec<Option<ferroccl::Result<R>>> = (0..n).map(|_| None).collect();
     for _ in 0..n {
