@@ -135,7 +135,7 @@ fn a_peer_that_cannot_prove_the_token_is_refused() {
         )
         .unwrap();
     let fake = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
+        let mut s = common::accept_within(&listener, Duration::from_secs(20));
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut hello = [0u8; 32 + 16];
         s.read_exact(&mut hello).unwrap();
@@ -263,7 +263,7 @@ fn the_token_never_crosses_the_wire() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let rec = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
+        let mut s = common::accept_within(&listener, Duration::from_secs(20));
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
@@ -288,7 +288,7 @@ fn the_token_never_crosses_the_wire() {
 fn launch_gives_every_rank_the_same_fresh_token() {
     let exe = env!("CARGO_BIN_EXE_ferroccl");
     let run = || {
-        let out = std::process::Command::new(exe)
+        let mut child = std::process::Command::new(exe)
             .args([
                 "launch",
                 "-n",
@@ -299,8 +299,19 @@ fn launch_gives_every_rank_the_same_fresh_token() {
                 "echo TOKEN=$FERROCCL_TOKEN",
             ])
             .env_remove("FERROCCL_TOKEN")
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        // Watchdog: a hung launcher fails the test in seconds instead of hanging it.
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > end {
+                let _ = child.kill();
+                panic!("ferroccl launch did not finish within 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let tokens: Vec<String> = text

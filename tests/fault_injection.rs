@@ -4,6 +4,8 @@
 //! surviving rank must fail with a typed error within the deadline; none may hang or
 //! panic.
 
+mod common;
+
 use ferroccl::rendezvous::{StoreClient, StoreServer};
 use ferroccl::transport::tcp::{Hello, PROTOCOL_VERSION};
 use ferroccl::wire::HEADER_LEN;
@@ -220,7 +222,7 @@ fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
         )
         .unwrap();
     let fake = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
+        let mut s = common::accept_within(&listener, Duration::from_secs(20));
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut b = [0u8; 32];
         s.read_exact(&mut b).unwrap();

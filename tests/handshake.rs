@@ -39,7 +39,7 @@ fn rank0_against_fake(
         )
         .unwrap();
     let t = std::thread::spawn(move || {
-        let (s, _) = listener.accept().unwrap();
+        let s = common::accept_within(&listener, Duration::from_secs(20));
         fake(s, comm_id);
     });
     let (tx, rx) = mpsc::channel();

@@ -309,3 +309,24 @@ pub fn all_errors<R: std::fmt::Debug>(
         })
         .collect()
 }
+
+/// Accepts one connection on `listener` within `limit`, or panics saying so (a fake
+/// peer must never block a test forever when the real rank never dials).
+pub fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::net::TcpStream {
+    listener
+        .set_nonblocking(true)
+        .expect("non-blocking listener");
+    let end = Instant::now() + limit;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).expect("blocking stream");
+                return s;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("no connection within {limit:?}: {e}"),
+        }
+    }
+}
