@@ -1015,6 +1015,82 @@ impl Communicator {
     }
 }
 
+impl Communicator {
+    /// Starts an all-reduce of an owned buffer and returns at once; the buffer comes
+    /// back from [`Pending::wait`]. Unlike a [`Scope`], nothing is borrowed, so the
+    /// caller can keep computing (a backward pass, say) and start more operations
+    /// before it waits: this is the form gradient buckets use. Operations run in the
+    /// order they were started, after any already queued.
+    ///
+    /// ```
+    /// use ferroccl::{Communicator, Config, ReduceOp};
+    /// let comms = Communicator::local_group(2, &Config::new(0, 1, "")).unwrap();
+    /// std::thread::scope(|t| for c in comms {
+    ///     t.spawn(move || {
+    ///         let p = c.all_reduce_start(vec![1.0f32; 1000], ReduceOp::Sum).unwrap();
+    ///         // ... compute while it runs ...
+    ///         assert_eq!(p.wait().unwrap()[999], 2.0);
+    ///     });
+    /// });
+    /// ```
+    pub fn all_reduce_start<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Pending<T>> {
+        // The job writes through the heap pointer of `buf`, which does not move when
+        // the Vec itself moves into the Pending below.
+        let job = self.job_all_reduce(&mut buf, op)?;
+        let done = self.submit(job);
+        Ok(Pending {
+            done,
+            buf: Some(buf),
+        })
+    }
+}
+
+/// An operation on an owned buffer in flight ([`Communicator::all_reduce_start`]).
+/// Dropping it without waiting blocks until the operation is over (its buffer cannot be
+/// freed while the communicator writes it); the result is then lost.
+#[must_use = "a pending operation's result (and its buffer) come back from wait()"]
+pub struct Pending<T> {
+    done: Arc<Completion>,
+    buf: Option<Vec<T>>,
+}
+
+impl<T> Pending<T> {
+    fn block(&self) -> Result<()> {
+        let mut st = lock(&self.done.state);
+        loop {
+            if let Some(r) = st.take() {
+                // Leave a marker so a second look (Drop) does not wait forever.
+                *st = Some(Ok(()));
+                return r;
+            }
+            st = self.done.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Blocks until the operation is done; returns the buffer, or the error.
+    pub fn wait(mut self) -> Result<Vec<T>> {
+        self.block()?;
+        Ok(self.buf.take().unwrap_or_default())
+    }
+
+    /// True once the operation is done (successfully or not); never blocks.
+    pub fn test(&self) -> bool {
+        lock(&self.done.state).is_some()
+    }
+}
+
+impl<T> Drop for Pending<T> {
+    fn drop(&mut self) {
+        if self.buf.is_some() {
+            let _ = self.block();
+        }
+    }
+}
+
 /// Aborts a [`Communicator`] from any thread — a watchdog, a signal handler's helper
 /// thread, a supervisor that learnt a peer host died. Every operation in flight on the
 /// communicator (blocking or in a [`Scope`]) fails with [`Error::Aborted`] within about

@@ -156,9 +156,28 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// A checkpoint is corrupt, truncated, from another format version, or does not
+    /// fit the model it is loaded into. Nothing was changed: the model, and any other
+    /// checkpoint on disk, are as they were.
+    #[error("checkpoint {}: {why}", path.display())]
+    Checkpoint {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 impl Error {
+    /// A checkpoint file that cannot be used, and why.
+    pub fn checkpoint(path: &std::path::Path, why: impl Into<String>) -> Self {
+        Error::Checkpoint {
+            path: path.to_path_buf(),
+            why: why.into(),
+        }
+    }
+
     /// Wraps an I/O error with a sentence saying what we were doing.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

@@ -50,6 +50,7 @@
 pub mod auth;
 mod broadcast;
 pub mod comm;
+pub mod ddp;
 mod doubling;
 mod engine;
 pub mod error;
@@ -62,7 +63,9 @@ pub mod schedule;
 pub mod transport;
 pub mod wire;
 
-pub use comm::{AbortHandle, Communicator, Config, Handle, Scope};
+#[cfg(feature = "candle")]
+pub mod train;
+pub use comm::{AbortHandle, Communicator, Config, Handle, Pending, Scope};
 pub use error::{Error, Result};
 pub use reduce::{DataType, Element, ReduceOp};
 pub use wire::{Algorithm, WireStats};

@@ -1,9 +1,11 @@
-//! The `ferroccl` command line: `bench`, `launch`, `plan`, `plot`.
+//! The `ferroccl` command line: `bench`, `launch`, `plan`, `plot`, `train`.
 
 mod bench;
 mod launch;
 mod plan;
 mod plot;
+#[cfg(feature = "candle")]
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -32,6 +34,11 @@ enum Command {
     /// SVG plots from bench and compare-peers JSON files: busbw against size, and
     /// measured against ring-law time for `bench --law` files.
     Plot(plot::PlotArgs),
+    /// Data-parallel training of a small CNN on MNIST-format digits: sharded data,
+    /// bucketed all-reduce overlapped with backward, LR scaling and warmup, mixed
+    /// precision, checkpoints and resume; `--scaling 1,2,4` for a scaling report.
+    #[cfg(feature = "candle")]
+    Train(train::TrainArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +49,8 @@ fn main() -> ExitCode {
         Command::Launch(a) => launch::main(a),
         Command::Plan(a) => plan::main(a),
         Command::Plot(a) => plot::main(a),
+        #[cfg(feature = "candle")]
+        Command::Train(a) => train::main(a),
     }
 }
 

@@ -370,6 +370,45 @@ fn draw_law(path: &Path, title: &str, series: &[LawSeries]) -> Result<(), String
     Ok(())
 }
 
+/// A line chart of `pts` (x ascending) with markers, for `ferroccl train --scaling`.
+#[cfg_attr(not(feature = "candle"), allow(dead_code))]
+pub fn draw_xy(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    pts: &[(f64, f64)],
+) -> Result<(), String> {
+    let err = draw_err(path);
+    let xmax = pts.iter().fold(1.0f64, |m, p| m.max(p.0)) + 0.5;
+    let ymax = pts.iter().fold(0.0f64, |m, p| m.max(p.1));
+    let ymax = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
+    let root = SVGBackend::new(path, (800, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(&err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.5..xmax, 0.0..ymax)
+        .map_err(&err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(&err)?;
+    let c = color(0);
+    chart
+        .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+        .map_err(&err)?;
+    chart
+        .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+        .map_err(&err)?;
+    root.present().map_err(&err)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
