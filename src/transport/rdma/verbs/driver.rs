@@ -9,9 +9,10 @@
 //!
 //! None of this has run against RDMA hardware: the machines this was written on have
 //! no RDMA device and no RDMA support in the kernel. The numbers it passes to verbs
-//! come from the pure functions in [`super::post`] and [`super::record`], which are
-//! tested.
+//! come from the pure functions in [`super::post`] and [`super::record`], and the
+//! handshake's store protocol is [`super::handshake`]; those are tested.
 
+use super::handshake::{Handshake, Step};
 use super::post::{self, Post, Regions, SendPost, Wc};
 use super::record::{ConnRecord, LinkId};
 use crate::error::{Error, Result};
@@ -26,20 +27,14 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Completions taken from the completion queue per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
-/// How often a connecting queue pair asks the store whether its peer has moved on.
-const HANDSHAKE_POLL: Duration = Duration::from_millis(1);
 /// Bytes reserved after a ring (or bounce buffer) for its 8-byte credit word; a whole
 /// cache line, so the NIC's credit writes never share a line with slot data.
 const WORD_AREA: usize = 64;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn link_io(kind: io::ErrorKind, msg: String) -> LinkError {
     LinkError::Io(io::Error::new(kind, msg))
@@ -469,39 +464,9 @@ impl Drop for Qp {
     }
 }
 
-/// The rendezvous keys of one link, seen from this end.
-pub struct Keys {
-    /// Where this end publishes its record.
-    pub mine: String,
-    /// This end's progress counter: 1 = record published, 2 = in RTR (may be written).
-    pub my_state: String,
-    /// Where the peer publishes its record.
-    pub theirs: String,
-    /// The peer's progress counter.
-    pub their_state: String,
-}
-
-impl Keys {
-    /// The keys of the link `me`–`peer` on `channel` in job `comm_id`.
-    pub fn new(comm_id: u64, channel: u32, me: usize, peer: usize) -> Self {
-        let k = |a: usize, b: usize| format!("rdma/{comm_id:016x}/ch{channel}/{a}-{b}");
-        Keys {
-            mine: k(me, peer),
-            my_state: format!("{}/state", k(me, peer)),
-            theirs: k(peer, me),
-            their_state: format!("{}/state", k(peer, me)),
-        }
-    }
-}
-
-/// A link that has published its record and waits for the peer's side.
+/// A link whose handshake is under way.
 struct Connecting {
-    store: Arc<Mutex<StoreClient>>,
-    keys: Keys,
-    deadline: Instant,
-    next_poll: Instant,
-    /// The peer's record, once this end is in RTS and said so.
-    peer: Option<ConnRecord>,
+    hs: Handshake,
     /// Writes the protocol asked for before the peer was ready, in order.
     queued: VecDeque<WorkRequest>,
 }
@@ -545,7 +510,6 @@ impl VerbsQp {
         dev: Arc<Device>,
         store: Arc<Mutex<StoreClient>>,
         link: LinkId,
-        keys: Keys,
         params: Params,
         deadline: Instant,
         activity: Arc<AtomicU64>,
@@ -624,11 +588,7 @@ impl VerbsQp {
             credit_rkey: ring_mr.rkey(),
             params,
         };
-        {
-            let mut s = lock(&store);
-            s.set(&keys.mine, &local.encode())?;
-            s.add(&keys.my_state, 1)?;
-        }
+        let hs = Handshake::start(store, local, deadline)?;
         Ok(VerbsQp {
             qp,
             cq,
@@ -642,11 +602,7 @@ impl VerbsQp {
             peer,
             local,
             state: State::Connecting(Box::new(Connecting {
-                store,
-                keys,
-                deadline,
-                next_poll: Instant::now(),
-                peer: None,
+                hs,
                 queued: VecDeque::new(),
             })),
             activity,
@@ -664,56 +620,28 @@ impl VerbsQp {
         )
     }
 
-    /// One step of the handshake, at most every [`HANDSHAKE_POLL`].
+    /// One step of the handshake; once both ends are in RTS, posts what was queued.
     fn advance(&mut self) -> std::result::Result<(), LinkError> {
-        let (me, peer) = (self.me, self.peer);
         let State::Connecting(c) = &mut self.state else {
             return Ok(());
         };
-        let now = Instant::now();
-        if now < c.next_poll {
-            return Ok(());
-        }
-        c.next_poll = now + HANDSHAKE_POLL;
-        let fail = |e: Error| {
-            link_io(
-                io::ErrorKind::Other,
-                format!("rank {me}: RDMA handshake with rank {peer}: {e}"),
-            )
-        };
-        let store = c.store.clone();
-        let mut s = lock(&store);
-        if c.peer.is_none() {
-            if s.add(&c.keys.their_state, 0).map_err(fail)? < 1 {
-                return self.check_deadline(now, "publish its connection record");
+        let (qp, local, gid_index) = (&self.qp, &self.local, self.dev.gid_index);
+        let step = c.hs.advance(Instant::now(), |peer| {
+            qp.modify(post::rtr_attr(local, peer, gid_index))?;
+            qp.modify(post::rts_attr(local))
+        });
+        let rec = match step {
+            Ok(Step::Waiting) => return Ok(()),
+            Ok(Step::Ready(rec)) => rec,
+            Err(e) => {
+                return Err(link_io(
+                    io::ErrorKind::Other,
+                    format!(
+                        "rank {}: RDMA handshake with rank {}: {e}",
+                        self.me, self.peer
+                    ),
+                ))
             }
-            let bytes = s.get(&c.keys.theirs, HANDSHAKE_POLL).map_err(fail)?;
-            let expect = LinkId {
-                from: self.local.link.to,
-                to: self.local.link.from,
-                ..self.local.link
-            };
-            let rec = ConnRecord::decode(&bytes, expect, &self.params, self.local.link_layer)
-                .map_err(fail)?;
-            let step = |what: &str, r: io::Result<()>| {
-                r.map_err(|e| fail(Error::io(format!("moving the queue pair to {what}"), e)))
-            };
-            step(
-                "RTR",
-                self.qp
-                    .modify(post::rtr_attr(&self.local, &rec, self.dev.gid_index)),
-            )?;
-            step("RTS", self.qp.modify(post::rts_attr(&self.local)))?;
-            s.add(&c.keys.my_state, 1).map_err(fail)?;
-            c.peer = Some(rec);
-            self.activity.fetch_add(1, Ordering::Relaxed);
-        }
-        if s.add(&c.keys.their_state, 0).map_err(fail)? < 2 {
-            return self.check_deadline(now, "bring its queue pair to RTR");
-        }
-        drop(s);
-        let Some(rec) = c.peer else {
-            return Ok(());
         };
         let regions = self.regions(&rec);
         if let State::Connecting(c) = std::mem::replace(&mut self.state, State::Up(regions)) {
@@ -723,19 +651,6 @@ impl VerbsQp {
             }
         }
         Ok(())
-    }
-
-    fn check_deadline(&self, now: Instant, what: &str) -> std::result::Result<(), LinkError> {
-        match &self.state {
-            State::Connecting(c) if now >= c.deadline => Err(link_io(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "rank {}: rank {} did not {what} for the RDMA link within the connect timeout",
-                    self.me, self.peer
-                ),
-            )),
-            _ => Ok(()),
-        }
     }
 }
 

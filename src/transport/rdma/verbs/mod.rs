@@ -26,12 +26,12 @@
 //!   key holding the job's communicator id, the channel and both ranks. The peer
 //!   refuses a record for another job or link, of another byte order or link layer, or
 //!   with other ring parameters, with [`Error::Handshake`] naming both ranks.
-//! * The handshake is **lazy**: `connect` creates the queue pair (INIT, receive
-//!   requests posted), publishes its record and a progress counter, and returns at
-//!   once; the link then advances on every poll (at most once a millisecond asks the
-//!   store): fetch the peer's record, go to RTR and RTS, bump the counter, and post
-//!   writes once the peer's counter says its queue pair is in RTR (before that, writes
-//!   are queued). Blocking in `connect` would deadlock: the communicator connects
+//! * The handshake ([`handshake`]) is **lazy**: `connect` creates the queue pair
+//!   (INIT, receive requests posted), publishes its record and a progress counter, and
+//!   returns at once; the link then advances on every poll (at most once a millisecond
+//!   asks the store): fetch the peer's record, go to RTR and RTS, bump the counter, and
+//!   post writes once the peer's counter says its queue pair is in RTR (before that,
+//!   writes are queued). Blocking in `connect` would deadlock: the communicator connects
 //!   higher-ranked neighbours first, so with three ranks each would wait on a record
 //!   its neighbour has not published yet. A handshake failure (a refused record, a
 //!   peer that never comes, the connect timeout passing) surfaces as the link's I/O
@@ -62,7 +62,9 @@
 //! hardware: the protocol and [`RdmaLink`] over the simulated queue pair
 //! (`tests/rdma_sim.rs`, `tests/rdma_proto.rs`), the connection record, the
 //! work-request and completion translations and the queue-pair attributes ([`record`],
-//! [`post`] unit tests), and the no-device errors (`tests/rdma_device.rs`).
+//! [`post`] unit tests), the handshake's store protocol with the transitions stubbed
+//! ([`handshake`] unit tests, against an in-process store), and the no-device errors
+//! (`tests/rdma_device.rs`).
 
 use super::proto::Params;
 use super::RdmaLink;
@@ -74,6 +76,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub mod driver;
+pub mod handshake;
 pub mod post;
 pub mod record;
 
@@ -230,7 +233,6 @@ impl Connector for VerbsConnector {
             self.dev.clone(),
             self.store.clone(),
             link,
-            driver::Keys::new(self.comm_id, channel.code(), me, peer),
             self.params,
             deadline,
             self.activity.clone(),
@@ -302,15 +304,8 @@ mod tests {
     }
 
     #[test]
-    fn keys_name_the_job_channel_and_direction() {
-        let a = driver::Keys::new(0xab, 1, 2, 5);
-        let b = driver::Keys::new(0xab, 1, 5, 2);
-        assert_eq!(a.mine, b.theirs);
-        assert_eq!(a.my_state, b.their_state);
-        assert_ne!(a.mine, a.theirs);
-        assert!(a.mine.contains("00000000000000ab") && a.mine.contains("ch1"));
-        assert_ne!(a.mine, driver::Keys::new(0xab, 0, 2, 5).mine);
-        assert_ne!(a.mine, driver::Keys::new(0xac, 1, 2, 5).mine);
+    fn beacon_keys_differ_per_rank_and_job() {
         assert_ne!(beacon_key(1, 2), beacon_key(1, 3));
+        assert_ne!(beacon_key(1, 2), beacon_key(2, 2));
     }
 }
