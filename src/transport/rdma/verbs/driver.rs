@@ -504,8 +504,9 @@ pub struct VerbsQp {
 }
 
 impl VerbsQp {
-    /// Creates the queue pair to `peer` and publishes its record under `keys`.
-    #[allow(clippy::too_many_arguments)]
+    /// Creates the queue pair of `link` (this end `link.from`, peer `link.to`), brings
+    /// it to INIT with its receive requests posted, and publishes its record; the rest
+    /// of the handshake runs on later polls, and must end by `deadline`.
     pub fn create(
         dev: Arc<Device>,
         store: Arc<Mutex<StoreClient>>,
@@ -636,10 +637,7 @@ impl VerbsQp {
             Err(e) => {
                 return Err(link_io(
                     io::ErrorKind::Other,
-                    format!(
-                        "rank {}: RDMA handshake with rank {}: {e}",
-                        self.me, self.peer
-                    ),
+                    format!("RDMA link of rank {} to rank {}: {e}", self.me, self.peer),
                 ))
             }
         };
