@@ -36,6 +36,23 @@ const POLL_BATCH: usize = 32;
 /// cache line, so the NIC's credit writes never share a line with slot data.
 const WORD_AREA: usize = 64;
 
+/// Logs a failed destroy call from a `Drop` (which must not panic; the object is
+/// leaked, which is all that is left to do).
+fn destroyed(call: &str, rc: std::os::raw::c_int) {
+    if rc != 0 {
+        tracing::warn!("{call} failed: {}", io::Error::from_raw_os_error(rc));
+    }
+}
+
+/// A verbs return code (0 or an errno value) as a result.
+fn errno(rc: std::os::raw::c_int) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
 fn link_io(kind: io::ErrorKind, msg: String) -> LinkError {
     LinkError::Io(io::Error::new(kind, msg))
 }
@@ -118,10 +135,9 @@ impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: the context was opened by us and every object made from it is
         // destroyed first (they hold an Arc<Device>, which holds this).
-        let rc = unsafe { ffi::ibv_close_device(self.ptr()) };
-        if rc != 0 {
-            tracing::warn!("ibv_close_device({}) failed: {}", self.name, rc);
-        }
+        destroyed("ibv_close_device", unsafe {
+            ffi::ibv_close_device(self.ptr())
+        });
     }
 }
 
@@ -163,19 +179,14 @@ impl Device {
         let mut attr = ffi::ibv_port_attr::default();
         // SAFETY: `attr` is a full-size ibv_port_attr, larger than the compat layout
         // the exported symbol writes (the `ibverbs` crate makes the same call).
-        let rc = unsafe {
+        errno(unsafe {
             ffi::ibv_query_port(
                 ctx.ptr(),
                 post::PORT,
                 &mut attr as *mut ffi::ibv_port_attr as *mut _,
             )
-        };
-        if rc != 0 {
-            return Err(Error::io(
-                format!("ibv_query_port({name}, port {})", post::PORT),
-                io::Error::from_raw_os_error(rc),
-            ));
-        }
+        })
+        .map_err(|e| Error::io(format!("ibv_query_port({name}, port {})", post::PORT), e))?;
         if attr.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
             return Err(Error::Unavailable {
                 what: "transport rdma".into(),
@@ -227,10 +238,9 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         // SAFETY: every MR and QP of this PD holds an Arc<Device>, so all are gone.
-        let rc = unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!("ibv_dealloc_pd({}) failed: {}", self.ctx.name, rc);
-        }
+        destroyed("ibv_dealloc_pd", unsafe {
+            ffi::ibv_dealloc_pd(self.pd.as_ptr())
+        });
     }
 }
 
@@ -336,10 +346,9 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: registered by us; the QP that used it is destroyed first.
-        let rc = unsafe { ffi::ibv_dereg_mr(self.0.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!("ibv_dereg_mr failed: {rc}");
-        }
+        destroyed("ibv_dereg_mr", unsafe {
+            ffi::ibv_dereg_mr(self.0.as_ptr())
+        });
     }
 }
 
@@ -352,10 +361,9 @@ unsafe impl Send for Cq {}
 impl Drop for Cq {
     fn drop(&mut self) {
         // SAFETY: created by us; its QP is destroyed first.
-        let rc = unsafe { ffi::ibv_destroy_cq(self.0.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!("ibv_destroy_cq failed: {rc}");
-        }
+        destroyed("ibv_destroy_cq", unsafe {
+            ffi::ibv_destroy_cq(self.0.as_ptr())
+        });
     }
 }
 
@@ -371,12 +379,14 @@ impl Qp {
         (mut attr, mask): (ffi::ibv_qp_attr, ffi::ibv_qp_attr_mask),
     ) -> io::Result<()> {
         // SAFETY: the QP is alive; `attr` is a valid ibv_qp_attr for `mask`.
-        let rc = unsafe { ffi::ibv_modify_qp(self.0.as_ptr(), &mut attr, mask.0 as i32) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::from_raw_os_error(rc))
-        }
+        errno(unsafe { ffi::ibv_modify_qp(self.0.as_ptr(), &mut attr, mask.0 as i32) })
+    }
+
+    /// The device's operations table, through which verbs.h's static inlines
+    /// (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`) call the provider.
+    fn ops(&self) -> &ffi::ibv_context_ops {
+        // SAFETY: a live QP's context is open, and outlives the QP (Arc<Device>).
+        unsafe { &(*self.0.as_ref().context).ops }
     }
 
     fn num(&self) -> u32 {
@@ -415,18 +425,10 @@ impl Qp {
         // SAFETY: the QP and its context are alive; `wr` and `sge` live across the
         // call (verbs copies them into the send queue); the bytes they name are in
         // registered memory (checked by post::plan).
-        let rc = unsafe {
-            let ctx = self.0.as_ref().context;
-            match (*ctx).ops.post_send {
-                Some(f) => f(self.0.as_ptr(), &mut wr, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::from_raw_os_error(rc))
-        }
+        errno(match self.ops().post_send {
+            Some(f) => unsafe { f(self.0.as_ptr(), &mut wr, &mut bad) },
+            None => libc::ENOSYS,
+        })
     }
 
     /// `ibv_post_recv(3)` of one request with no scatter list.
@@ -439,28 +441,19 @@ impl Qp {
         };
         let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
         // SAFETY: the QP and its context are alive; `wr` lives across the call.
-        let rc = unsafe {
-            let ctx = self.0.as_ref().context;
-            match (*ctx).ops.post_recv {
-                Some(f) => f(self.0.as_ptr(), &mut wr, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::from_raw_os_error(rc))
-        }
+        errno(match self.ops().post_recv {
+            Some(f) => unsafe { f(self.0.as_ptr(), &mut wr, &mut bad) },
+            None => libc::ENOSYS,
+        })
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: created by us, destroyed once, before its CQ and MRs.
-        let rc = unsafe { ffi::ibv_destroy_qp(self.0.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!("ibv_destroy_qp failed: {rc}");
-        }
+        destroyed("ibv_destroy_qp", unsafe {
+            ffi::ibv_destroy_qp(self.0.as_ptr())
+        });
     }
 }
 

@@ -70,7 +70,7 @@ use super::proto::Params;
 use super::RdmaLink;
 use crate::error::{Error, Result};
 use crate::rendezvous::StoreClient;
-use crate::transport::{Beacon, Channel, Connector, Link, Links, Waiter};
+use crate::transport::{check_peer, Beacon, Channel, Connector, Link, Links, Waiter};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -217,12 +217,7 @@ impl Connector for VerbsConnector {
         deadline: Instant,
     ) -> Result<Box<dyn Link>> {
         let me = self.rank;
-        if peer >= self.world_size || peer == me {
-            return Err(Error::InvalidArgument(format!(
-                "rank {me} cannot link to rank {peer} in a job of {}",
-                self.world_size
-            )));
-        }
+        check_peer(me, peer, self.world_size)?;
         let link = record::LinkId {
             comm_id: self.comm_id,
             from: me as u32,
@@ -241,11 +236,7 @@ impl Connector for VerbsConnector {
     }
 
     fn peer_status(&mut self, peer: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
-        if peer >= self.world_size || peer == self.rank {
-            return Err(Error::InvalidArgument(format!(
-                "no peer rank {peer} to ask"
-            )));
-        }
+        check_peer(self.rank, peer, self.world_size)?;
         let left = deadline.saturating_duration_since(Instant::now());
         let v = lock(&self.store).get(&beacon_key(self.comm_id, peer), left)?;
         let raw: [u8; 8] = v.as_slice().try_into().map_err(|_| {
