@@ -499,13 +499,12 @@ pub struct VerbsQp {
 impl VerbsQp {
     /// Creates the queue pair of `link` (this end `link.from`, peer `link.to`), brings
     /// it to INIT with its receive requests posted, and publishes its record; the rest
-    /// of the handshake runs on later polls, and must end by `deadline`.
+    /// of the handshake runs on later polls ([`Handshake`]).
     pub fn create(
         dev: Arc<Device>,
         store: Arc<Mutex<StoreClient>>,
         link: LinkId,
         params: Params,
-        deadline: Instant,
         activity: Arc<AtomicU64>,
     ) -> Result<Self> {
         let (me, peer) = (link.from as usize, link.to as usize);
@@ -582,7 +581,7 @@ impl VerbsQp {
             credit_rkey: ring_mr.rkey(),
             params,
         };
-        let hs = Handshake::start(store, local, deadline)?;
+        let hs = Handshake::start(store, local)?;
         Ok(VerbsQp {
             qp,
             cq,

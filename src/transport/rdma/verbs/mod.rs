@@ -33,9 +33,10 @@
 //!   post writes once the peer's counter says its queue pair is in RTR (before that,
 //!   writes are queued). Blocking in `connect` would deadlock: the communicator connects
 //!   higher-ranked neighbours first, so with three ranks each would wait on a record
-//!   its neighbour has not published yet. A handshake failure (a refused record, a
-//!   peer that never comes, the connect timeout passing) surfaces as the link's I/O
-//!   error in the first operation that uses it, with the text of the typed error.
+//!   its neighbour has not published yet. So `connect` ignores its deadline, and a
+//!   refused record or failed transition surfaces as the link's I/O error in the first
+//!   operation that uses it, with the text of the typed error; a peer that never
+//!   connects leaves that operation without progress until the operation timeout.
 //! * The [`Waiter`] **polls with backoff**: it sleeps 20 µs after any completion or
 //!   credit change on this rank's links, doubling up to 1 ms while nothing happens
 //!   (spurious wake-ups are allowed by the contract). A completion channel cannot
@@ -214,7 +215,7 @@ impl Connector for VerbsConnector {
         &mut self,
         peer: usize,
         channel: Channel,
-        deadline: Instant,
+        _deadline: Instant,
     ) -> Result<Box<dyn Link>> {
         let me = self.rank;
         check_peer(me, peer, self.world_size)?;
@@ -229,7 +230,6 @@ impl Connector for VerbsConnector {
             self.store.clone(),
             link,
             self.params,
-            deadline,
             self.activity.clone(),
         )?;
         Ok(Box::new(RdmaLink::new(peer, qp, self.params)))
