@@ -325,6 +325,7 @@ impl Communicator {
                     comm_id,
                     store,
                     params: crate::transport::rdma::proto::Params::default(),
+                    gid_index: 0,
                 })?;
             return Self::assemble(cfg, links, server);
         }

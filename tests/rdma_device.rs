@@ -112,3 +112,41 @@ fn bench_with_rdma_prints_the_error_and_fails() {
         "{stderr}"
     );
 }
+
+/// The verbs driver's own entry point refuses bad ring parameters before touching a
+/// device, and without a device says so in the same words as `probe`.
+#[cfg(feature = "rdma")]
+#[test]
+fn verbs_endpoint_without_a_device_is_the_typed_error() {
+    use ferroccl::rendezvous::{StoreClient, StoreServer};
+    use ferroccl::transport::rdma::{proto::Params, verbs};
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 1).unwrap();
+    let ctx = |params| verbs::VerbsCtx {
+        rank: 0,
+        world_size: 1,
+        comm_id: server.comm_id(),
+        store: StoreClient::connect(&server.local_addr().to_string(), Duration::from_secs(5))
+            .unwrap(),
+        params,
+        gid_index: 0,
+    };
+    let t0 = Instant::now();
+    let bad = Params {
+        slots: 0,
+        ..Params::default()
+    };
+    match verbs::endpoint(ctx(bad)) {
+        Err(Error::Config(why)) => assert!(why.contains("0 slots"), "{why}"),
+        Err(e) => panic!("expected a configuration error, got {e}"),
+        Ok(_) => panic!("a ring of 0 slots was accepted"),
+    }
+    match verbs::endpoint(ctx(Params::default())) {
+        Err(Error::Unavailable { what, why }) => {
+            assert_eq!(what, "transport rdma");
+            assert!(why.contains(MISSING), "{why}");
+        }
+        Err(e) => panic!("expected Unavailable, got {e}"),
+        Ok(_) => panic!("this test assumes a machine without RDMA devices"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}

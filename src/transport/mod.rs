@@ -141,6 +141,17 @@ pub trait Connector: Send {
     fn peer_status(&mut self, peer: usize, deadline: Instant) -> crate::Result<Option<(u64, u8)>>;
 }
 
+/// Refuses a `peer` that is not another rank of a job of `world_size`, for
+/// [`Connector`]s to check what they are asked to link to or ask.
+pub(crate) fn check_peer(rank: usize, peer: usize, world_size: usize) -> crate::Result<()> {
+    if peer >= world_size || peer == rank {
+        return Err(crate::Error::InvalidArgument(format!(
+            "rank {rank} has no peer rank {peer} in a job of {world_size}"
+        )));
+    }
+    Ok(())
+}
+
 /// A rank's way to make links, the waiter that wakes when any of them may move, and
 /// the beacon through which peers can ask what it is doing.
 pub struct Links {

@@ -730,11 +730,7 @@ impl TcpConnector {
 
 impl Connector for TcpConnector {
     fn peer_status(&mut self, peer: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
-        if peer >= self.ctx.world_size || peer == self.ctx.rank {
-            return Err(Error::InvalidArgument(format!(
-                "no peer rank {peer} to ask"
-            )));
-        }
+        super::check_peer(self.ctx.rank, peer, self.ctx.world_size)?;
         self.ask_status(peer, deadline)
     }
 
@@ -745,12 +741,7 @@ impl Connector for TcpConnector {
         deadline: Instant,
     ) -> Result<Box<dyn Link>> {
         let me = self.ctx.rank;
-        if peer >= self.ctx.world_size || peer == me {
-            return Err(Error::InvalidArgument(format!(
-                "rank {me} cannot link to rank {peer} in a job of {}",
-                self.ctx.world_size
-            )));
-        }
+        super::check_peer(me, peer, self.ctx.world_size)?;
         let s = if peer > me {
             self.dial(peer, channel, deadline)?
         } else {

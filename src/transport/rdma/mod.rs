@@ -12,8 +12,11 @@
 //!   and the orderings RC allows, plus a [`Connector`](super::Connector) over it
 //!   ([`sim::group`]). Always compiled, so every collective is tested over the RDMA
 //!   protocol without hardware.
-//! * `verbs` (feature `rdma`): the queue pair over ibverbs, connection data exchanged
-//!   through the rendezvous store.
+//! * `verbs` (feature `rdma`): the queue pair over ibverbs (one RC queue pair and one
+//!   completion queue per link), connection data exchanged through the rendezvous
+//!   store, and the connector, waiter and status queries over them. Its translations
+//!   and connection record are unit-tested; **none of its verbs calls has run against
+//!   RDMA hardware** (see the `verbs` module docs for the list).
 
 use super::{Link, LinkError};
 #[cfg(not(feature = "rdma"))]
