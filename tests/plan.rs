@@ -2,38 +2,17 @@
 //! config, bench files written to a temp directory, and its error paths. No network;
 //! every run has a deadline.
 
+mod common;
+
+use common::proc::Output;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const EXE: &str = env!("CARGO_BIN_EXE_ferroccl");
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Runs `ferroccl ARGS`, killing it and failing if it outlives [`DEADLINE`].
 fn ferroccl(args: &[&str]) -> Output {
-    let mut child = Command::new(EXE)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferroccl");
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "ferroccl {args:?} did not finish within {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::proc::ferroccl(args, DEADLINE)
 }
 
 fn plan(args: &[&str]) -> Output {
@@ -43,11 +22,11 @@ fn plan(args: &[&str]) -> Output {
 }
 
 fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    o.stdout.clone()
 }
 
 fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    o.stderr.clone()
 }
 
 #[track_caller]

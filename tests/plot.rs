@@ -1,37 +1,17 @@
 //! `ferroccl plot`: SVG files from fixture bench (`--law`) and compare-peers JSON, and
 //! its refusals. No network; every run has a deadline.
 
+mod common;
+
+use common::proc::Output;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const EXE: &str = env!("CARGO_BIN_EXE_ferroccl");
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Runs `ferroccl ARGS`, killing it and failing if it outlives [`DEADLINE`].
 fn ferroccl(args: &[&str]) -> Output {
-    let mut child = Command::new(EXE)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferroccl");
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "ferroccl {args:?} did not finish within {DEADLINE:?}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::proc::ferroccl(args, DEADLINE)
 }
 
 /// A fresh directory for one test's files.
@@ -87,8 +67,8 @@ fn plots_bench_law_and_peers_files() {
         "--title",
         "fixture",
     ]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let stderr = String::from_utf8_lossy(&o.stderr);
+    let stdout = o.stdout.as_str();
+    let stderr = o.stderr.as_str();
     assert!(o.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("busbw.svg (4 series)"), "{stdout}");
     assert!(stdout.contains("law.svg (1 series)"), "{stdout}");
@@ -143,7 +123,7 @@ fn refuses_missing_and_foreign_files() {
         (empty, "no rows to plot"),
     ] {
         let o = ferroccl(&["plot", file.to_str().expect("utf-8"), "-o", o_s]);
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = o.stderr.as_str();
         assert_eq!(o.status.code(), Some(2), "{file:?}: {err}");
         assert!(
             err.contains(needle),

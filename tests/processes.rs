@@ -1,56 +1,14 @@
 //! Real processes: `ferroccl bench` as ranks started by `ferroccl launch` (and by
 //! itself), checked end to end through its own verification, plus its error paths.
 
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::proc::{run_cmd as run, Output, EXE};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const EXE: &str = env!("CARGO_BIN_EXE_ferroccl");
-
-/// Runs `cmd` to completion, killing it and failing if it outlives `deadline`.
-fn run(mut cmd: Command, deadline: Duration) -> Output {
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_RANK",
-        "PMI_SIZE",
-    ] {
-        cmd.env_remove(v);
-    }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let end = Instant::now() + deadline;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "command did not finish within {deadline:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    (o.stdout.clone(), o.stderr.clone())
 }
 
 /// Data rows of a bench table: the whitespace-separated columns.

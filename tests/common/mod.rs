@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod checks;
+pub mod proc;
 
 use ferroccl::rendezvous::StoreServer;
 use ferroccl::transport::rdma::sim::{self, SimParams};

@@ -210,7 +210,7 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         base.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
         Communicator::local_group(1, &base)?.remove(0)
     } else {
-        return relaunch(a.ranks, &[]);
+        return relaunch(a.ranks, &[], &[]);
     };
     let out = ferroccl::train::train(&comm, &tc)?;
     if comm.rank() == 0 {
@@ -241,25 +241,24 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     Ok(())
 }
 
-/// Re-runs this command under our own launcher with `n` ranks, with `extra`
-/// arguments appended.
-fn relaunch(n: usize, extra: &[String]) -> ferroccl::Result<()> {
+/// Re-runs this command under our own launcher with `n` ranks, without the options
+/// in `drop` (and their values), with `extra` arguments appended.
+fn relaunch(n: usize, drop: &[&str], extra: &[String]) -> ferroccl::Result<()> {
     let exe = std::env::current_exe()
         .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
     let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
     let mut skip = false;
     for arg in std::env::args_os().skip(1) {
-        // Drop --scaling/--plot (and their values) from a scaling run's children.
         if skip {
             skip = false;
             continue;
         }
         let s = arg.to_string_lossy();
-        if s == "--scaling" || s == "--plot" || s == "--summary" {
+        if drop.iter().any(|d| s == *d) {
             skip = true;
             continue;
         }
-        if s.starts_with("--scaling=") || s.starts_with("--plot=") || s.starts_with("--summary=") {
+        if drop.iter().any(|d| s.starts_with(&format!("{d}="))) {
             continue;
         }
         cmd.push(arg);
@@ -287,6 +286,7 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
         eprintln!("== {n} rank(s)");
         relaunch(
             n,
+            &["--scaling", "--plot", "--summary", "--ranks", "-n"],
             &[
                 "--ranks".into(),
                 n.to_string(),
