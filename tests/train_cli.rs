@@ -148,6 +148,7 @@ fn bad_runs_are_refused_clearly() {
     for (args, needle) in [
         (vec!["train", "-b", "15", "-n", "2"], "multiple of ranks"),
         (vec!["train", "--precision", "f8"], "unknown precision"),
+        (vec!["train", "--precision", "bf16"], "no bf16 matmul"),
         (
             vec!["train", "--wire", "int4"],
             "unknown gradient wire type",

@@ -286,6 +286,14 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             cfg.global_batch, cfg.accum
         )));
     }
+    if cfg.precision == Precision::Bf16 {
+        return Err(Error::Unavailable {
+            what: "bf16 compute".into(),
+            why: "candle's CPU backend has no bf16 matmul; train in f16 or f32, and use \
+                  bf16 for the gradients on the wire (--wire bf16) if you want"
+                .into(),
+        });
+    }
     let micro = cfg.global_batch / (world * cfg.accum);
     let (train_set, test_set) = load_data(cfg)?;
     let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;

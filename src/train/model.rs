@@ -25,7 +25,12 @@ use std::ops::Range;
 
 /// Maps a candle error to ours, naming what we were doing.
 pub(crate) fn ce(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
-    move |e| Error::InvalidArgument(format!("{what}: {e}"))
+    // candle appends a backtrace to some errors' text: keep the message.
+    move |e| {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        Error::InvalidArgument(format!("{what}: {first}"))
+    }
 }
 
 /// Arithmetic precision of forward and backward.
@@ -37,7 +42,9 @@ pub enum Precision {
     /// Forward/backward in f16 with dynamic loss scaling; f32 master weights.
     F16,
     /// Forward/backward in bf16 (loss scaling is not needed for its range, but is
-    /// applied the same way); f32 master weights.
+    /// applied the same way); f32 master weights. candle's CPU backend has no bf16
+    /// matmul, so on the CPU this is refused ([`Error::Unavailable`]); bf16 gradients on
+    /// the wire (`WireDtype::Bf16`) work everywhere.
     Bf16,
 }
 

@@ -52,8 +52,8 @@ pub struct TrainArgs {
     /// Weight decay.
     #[arg(long, default_value_t = 0.0)]
     weight_decay: f32,
-    /// Forward/backward precision: f32, f16 or bf16 (f32 master weights, dynamic loss
-    /// scaling).
+    /// Forward/backward precision: f32 or f16 (f32 master weights, dynamic loss
+    /// scaling); bf16 is refused on the CPU (candle has no bf16 matmul there).
     #[arg(long, default_value = "f32")]
     precision: String,
     /// Initial loss scale for f16/bf16.
