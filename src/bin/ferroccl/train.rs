@@ -181,7 +181,7 @@ fn config(a: &TrainArgs) -> ferroccl::Result<TrainConfig> {
 /// on one machine that oversubscribes it many times over. Unless the user chose,
 /// give each rank its share of the cores.
 fn share_cores() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+    if std::env::var("RAYON_NUM_THREADS").is_ok_and(|v| !v.trim().is_empty()) {
         return;
     }
     let local = [
@@ -194,7 +194,7 @@ fn share_cores() {
     .unwrap_or(1)
     .max(1);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY-free: called before any other thread of this process starts.
+    // Called before this process starts any other thread (edition 2021: safe fn).
     std::env::set_var("RAYON_NUM_THREADS", (cores / local).max(1).to_string());
 }
 
