@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const EXE: &str = env!("CARGO_BIN_EXE_ferroccl");
+use common::proc::EXE;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -33,14 +33,7 @@ fn spawn_ranks(n: usize, args: &[&str]) -> Vec<Child> {
         .map(|r| {
             let mut c = Command::new(EXE);
             c.arg("bench").args(args);
-            for v in [
-                "SLURM_PROCID",
-                "SLURM_NTASKS",
-                "OMPI_COMM_WORLD_RANK",
-                "OMPI_COMM_WORLD_SIZE",
-                "PMI_RANK",
-                "PMI_SIZE",
-            ] {
+            for v in common::proc::LAUNCHER_VARS {
                 c.env_remove(v);
             }
             c.env("RANK", r.to_string())

@@ -18,6 +18,18 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// Runs `ferroccl ARGS`, failing the test (with its output) unless it succeeds.
+fn ok(args: &[&str]) -> common::proc::Output {
+    let o = ferroccl(args, DEADLINE);
+    assert!(
+        o.status.success(),
+        "{args:?}\nstdout:\n{}\nstderr:\n{}",
+        o.stdout,
+        o.stderr
+    );
+    o
+}
+
 const SMALL: [&str; 8] = [
     "train",
     "--synthetic",
@@ -47,13 +59,7 @@ fn two_processes_train_write_metrics_checkpoints_and_resume() {
         "--checkpoint-dir",
         ck.to_str().unwrap(),
     ]);
-    let o = ferroccl(&args, DEADLINE);
-    assert!(
-        o.status.success(),
-        "stdout:\n{}\nstderr:\n{}",
-        o.stdout,
-        o.stderr
-    );
+    let o = ok(&args);
     assert!(o.stdout.contains("ranks 2  steps 10"), "{}", o.stdout);
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
@@ -91,13 +97,7 @@ fn two_processes_train_write_metrics_checkpoints_and_resume() {
         ck.to_str().unwrap(),
         "--resume",
     ]);
-    let o = ferroccl(&args, DEADLINE);
-    assert!(
-        o.status.success(),
-        "stdout:\n{}\nstderr:\n{}",
-        o.stdout,
-        o.stderr
-    );
+    let o = ok(&args);
     assert!(o.stdout.contains("steps 20 (this run 10)"), "{}", o.stdout);
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -116,13 +116,7 @@ fn scaling_reports_each_world_size_and_draws_the_plot() {
         "--plot",
         svg.to_str().unwrap(),
     ]);
-    let o = ferroccl(&args, DEADLINE);
-    assert!(
-        o.status.success(),
-        "stdout:\n{}\nstderr:\n{}",
-        o.stdout,
-        o.stderr
-    );
+    let o = ok(&args);
     let rows: Vec<Vec<&str>> = o
         .stdout
         .lines()

@@ -12,7 +12,7 @@ pub const EXE: &str = env!("CARGO_BIN_EXE_ferroccl");
 
 /// Variables through which launchers hand out ranks; a test's commands must not
 /// inherit them from whatever runs the tests.
-const LAUNCHER_VARS: [&str; 11] = [
+pub const LAUNCHER_VARS: [&str; 11] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
