@@ -50,6 +50,8 @@
 pub mod auth;
 mod broadcast;
 pub mod comm;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod doubling;
 mod engine;
 pub mod error;

@@ -1,0 +1,1 @@
+//! Device-buffer collectives (placeholder).
