@@ -475,20 +475,20 @@ impl Communicator {
     }
 
     /// Runs a job on this thread, after any background ones.
-    fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
+    pub(crate) fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
         self.wait_idle();
         lock(&self.shared.engine).run(job)
     }
 
     /// Fails the call and poisons the communicator: this rank will not take part, so
     /// its peers must not wait for it.
-    fn refuse(&self, e: Error) -> Error {
+    pub(crate) fn refuse(&self, e: Error) -> Error {
         self.wait_idle();
         lock(&self.shared.engine).poison(format!("rank {} refused a call: {e}", self.rank));
         e
     }
 
-    fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+    pub(crate) fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
         if ok {
             Ok(())
         } else {
@@ -496,14 +496,14 @@ impl Communicator {
         }
     }
 
-    fn check_root(&self, root: usize) -> Result<()> {
+    pub(crate) fn check_root(&self, root: usize) -> Result<()> {
         let n = self.world_size;
         self.check(root < n, || {
             format!("root {root} is not a rank of this group of {n}")
         })
     }
 
-    fn check_op<T: Element>(&self, op: ReduceOp) -> Result<()> {
+    pub(crate) fn check_op<T: Element>(&self, op: ReduceOp) -> Result<()> {
         check_op(T::DTYPE, op).map_err(|e| self.refuse(e))
     }
 
@@ -538,7 +538,7 @@ impl Communicator {
         done
     }
 
-    fn fingerprint(
+    pub(crate) fn fingerprint(
         &self,
         kind: OpKind,
         dtype: DataType,

@@ -144,3 +144,78 @@ fn kernel_names_cover_every_float_type() {
         assert!(cuda::nvrtc::scale_name(dt).is_some());
     }
 }
+
+/// Every device collective over the in-process transport (the staged path TCP takes),
+/// against the host collectives on the same data: 3 ranks (odd), uneven sizes.
+#[test]
+fn device_collectives_match_host_ones_on_a_gpu() {
+    let Some(dev) = gpu("device_collectives_match_host_ones_on_a_gpu") else {
+        return;
+    };
+    with_deadline(move || {
+        let n = 3;
+        let comms =
+            ferroccl::Communicator::local_group(n, &ferroccl::Config::new(0, 1, "")).unwrap();
+        std::thread::scope(|s| {
+            for comm in comms {
+                let dev = dev.clone();
+                s.spawn(move || {
+                    let stream = dev.stream().clone();
+                    let r = comm.rank();
+                    for len in [0usize, 1, 5, 1000, 100_003] {
+                        let host: Vec<f32> = (0..len).map(|i| (i % 17) as f32 + r as f32).collect();
+                        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                            let mut want = host.clone();
+                            comm.all_reduce(&mut want, op).unwrap();
+                            let mut d = stream.clone_htod(&host).unwrap();
+                            comm.all_reduce_device(&mut d, op).unwrap();
+                            let got: Vec<f32> = stream.clone_dtoh(&d).unwrap();
+                            assert_eq!(got, want, "all_reduce_device {op:?} len {len}");
+                        }
+                        // bf16 sum: the device kernel rounds like the CPU one.
+                        let hb: Vec<half::bf16> = host
+                            .iter()
+                            .map(|&x| half::bf16::from_f32(x * 0.37))
+                            .collect();
+                        let mut want = hb.clone();
+                        comm.all_reduce(&mut want, ReduceOp::Sum).unwrap();
+                        let mut d = stream.clone_htod(&hb).unwrap();
+                        comm.all_reduce_device(&mut d, ReduceOp::Sum).unwrap();
+                        assert_eq!(stream.clone_dtoh(&d).unwrap(), want);
+                        // reduce-scatter / all-gather
+                        let send: Vec<f32> = (0..len * n)
+                            .map(|i| (i % 7) as f32 * (r + 1) as f32)
+                            .collect();
+                        let mut want = vec![0f32; len];
+                        comm.reduce_scatter(&send, &mut want, ReduceOp::Sum)
+                            .unwrap();
+                        let ds = stream.clone_htod(&send).unwrap();
+                        let mut dr = stream.clone_htod(&vec![0f32; len]).unwrap();
+                        comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)
+                            .unwrap();
+                        assert_eq!(stream.clone_dtoh(&dr).unwrap(), want);
+                        let mut want = vec![0f32; len * n];
+                        comm.all_gather(&host, &mut want).unwrap();
+                        let dh = stream.clone_htod(&host).unwrap();
+                        let mut dg = stream.clone_htod(&vec![0f32; len * n]).unwrap();
+                        comm.all_gather_device(&dh, &mut dg).unwrap();
+                        assert_eq!(stream.clone_dtoh(&dg).unwrap(), want);
+                        // broadcast / reduce from rank 2
+                        let mut want = host.clone();
+                        comm.broadcast(&mut want, 2).unwrap();
+                        let mut db = stream.clone_htod(&host).unwrap();
+                        comm.broadcast_device(&mut db, 2).unwrap();
+                        assert_eq!(stream.clone_dtoh(&db).unwrap(), want);
+                        let mut want = host.clone();
+                        comm.reduce(&mut want, ReduceOp::Prod, 2).unwrap();
+                        let mut dd = stream.clone_htod(&host).unwrap();
+                        comm.reduce_device(&mut dd, ReduceOp::Prod, 2).unwrap();
+                        if r == 2 {
+                            assert_eq!(stream.clone_dtoh(&dd).unwrap(), want);
+                        }
+                    }
+                });
+            }
+        });
+    });
+}

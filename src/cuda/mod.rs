@@ -23,6 +23,7 @@
 //! - [`collectives`] adds device-buffer collectives to [`crate::Communicator`].
 
 pub mod collectives;
+pub mod mem;
 pub mod nvrtc;
 
 use crate::error::{Error, Result};
@@ -149,6 +150,22 @@ impl Device {
             sm_count: sm.max(1) as u32,
             name,
         }))
+    }
+
+    /// Device `ordinal`, opened once per process and shared (the collectives use this
+    /// for the device a buffer lives on).
+    pub fn shared(ordinal: usize) -> Result<Arc<Device>> {
+        static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+        let mut map = DEVICES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = map.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let d = Device::open(ordinal)?;
+        map.insert(ordinal, d.clone());
+        Ok(d)
     }
 
     /// The cudarc context (for allocating buffers to pass to the collectives).
