@@ -219,3 +219,38 @@ fn device_collectives_match_host_ones_on_a_gpu() {
         });
     });
 }
+
+/// `--transport cuda-ipc` parses in this build, and a communicator asked for it on a
+/// machine without CUDA fails at once with the typed error (before reaching the store).
+#[test]
+fn cuda_ipc_without_a_gpu_is_refused_with_the_typed_error() {
+    use ferroccl::transport::TransportKind;
+    assert_eq!(
+        TransportKind::parse("cuda-ipc").unwrap(),
+        TransportKind::CudaIpc
+    );
+    assert_eq!(TransportKind::CudaIpc.name(), "cuda-ipc");
+    if cuda::probe().is_ok() {
+        eprintln!("SKIPPED cuda_ipc_without_a_gpu_is_refused_with_the_typed_error: this machine has a GPU");
+        return;
+    }
+    let mut cfg = ferroccl::Config::new(1, 2, "127.0.0.1:9");
+    cfg.transport = TransportKind::CudaIpc;
+    cfg.connect_timeout = Duration::from_secs(2);
+    let r = with_deadline(move || ferroccl::Communicator::init(cfg).map(|_| ()));
+    match r {
+        Err(Error::Unavailable { what, why }) => {
+            assert_eq!(what, "CUDA");
+            assert!(why.starts_with("no CUDA"), "{why}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[test]
+fn ipc_busbw_limit_formula() {
+    use ferroccl::transport::cuda_ipc::busbw_limit_fraction;
+    assert!((busbw_limit_fraction(2) - 1.0 / 12.0).abs() < 1e-12);
+    assert!((busbw_limit_fraction(4) - 1.0 / 20.0).abs() < 1e-12);
+    assert!((busbw_limit_fraction(8) - 14.0 / 528.0).abs() < 1e-12);
+}

@@ -27,6 +27,7 @@ use crate::comm::Communicator;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
+use crate::transport::cuda_ipc::{IpcRing, IpcState};
 use crate::wire::{Algorithm, OpKind};
 use crate::{broadcast, doubling, ring, schedule, Element};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
@@ -170,6 +171,9 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_op::<T>(op)?;
+        if self.ipc.borrow().is_some() {
+            return self.all_reduce_ipc(buf, op);
+        }
         let red = reducer_for(buf).map_err(|e| self.refuse(e))?;
         let esize = size_of::<T>();
         let bytes = buf.len() * esize;
@@ -201,6 +205,58 @@ impl Communicator {
             unsafe { htod(&stream, d, h)? };
             red.device().synchronize()
         })
+    }
+
+    /// The `cuda-ipc` transport's all-reduce: the neighbours' device memory is read
+    /// directly ([`crate::transport::cuda_ipc`]); nothing is staged.
+    fn all_reduce_ipc<T: Element + DeviceRepr>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        // Counted like any all-reduce, so later operations' fingerprints still agree.
+        let _ = self.fingerprint(
+            OpKind::AllReduce,
+            T::DTYPE,
+            Some(op),
+            buf.len(),
+            None,
+            Algorithm::Ring,
+        );
+        let mut guard = self.ipc.borrow_mut();
+        let Some(st) = guard.as_mut() else {
+            return Err(Error::InvalidArgument("cuda-ipc state missing".into()));
+        };
+        let ordinal = buf.context().ordinal();
+        if st.ring.as_ref().is_some_and(|r| r.ordinal() != ordinal) {
+            return Err(self.refuse(Error::InvalidArgument(format!(
+                "cuda-ipc: this rank's ring runs on device {}, the buffer is on device {ordinal}",
+                st.ring.as_ref().map_or(0, |r| r.ordinal())
+            ))));
+        }
+        if st.ring.is_none() {
+            let dev = Device::shared(ordinal).map_err(|e| self.refuse(e))?;
+            let cfg = self.config();
+            let ring = IpcRing::new(dev, st.comm_id, self.rank(), self.world_size(), cfg.timeout)
+                .map_err(|e| self.refuse(e))?;
+            st.ring = Some(ring);
+        }
+        let IpcState {
+            store,
+            comm_id,
+            ring,
+        } = st;
+        let Some(ring) = ring.as_mut() else {
+            return Err(Error::InvalidArgument("cuda-ipc ring missing".into()));
+        };
+        let stream = Device::shared(ordinal)?.stream().clone();
+        let count = buf.len();
+        let (d, _g) = buf.device_ptr_mut(&stream);
+        // SAFETY: `d` is the slice's allocation of `count` elements, mutably borrowed
+        // (so unused by anything else) until all_reduce returns synchronized.
+        let r = unsafe { ring.all_reduce(store, *comm_id, d, count, T::DTYPE, op) };
+        // On failure the neighbours are out of step with this rank: abort.
+        r.inspect_err(|_| self.abort_handle().abort())
     }
 
     /// [`Communicator::reduce_scatter`] on device memory: `send` holds `world_size`

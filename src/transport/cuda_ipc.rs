@@ -1,0 +1,610 @@
+//! CUDA IPC (feature `cuda`): ranks on one node read each other's device memory.
+//!
+//! # What is exchanged
+//! Each rank owns a device *workspace* (grown to the largest all-reduce seen, the same
+//! size on every rank because every rank sees the same calls), an *interprocess event*
+//! (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`) and a 64-byte *progress counter*
+//! in POSIX shared memory (`/dev/shm/ferroccl-<comm id>-<rank>`). The workspace and
+//! event handles (`cuIpcGetMemHandle`, `cuIpcGetEventHandle`) go through the rendezvous
+//! store under `cuda-ipc/<comm id>/<epoch>/<rank>`; the left neighbour's workspace is
+//! opened with `cuIpcOpenMemHandle(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)` and closed on
+//! drop ([`IpcMapping`]), the neighbours' events with `cuIpcOpenEventHandle`.
+//!
+//! Nothing here refuses two ranks on one GPU: IPC between processes on the same device
+//! is legal CUDA (NCCL's "Duplicate GPU detected" is its own policy), and with one rank
+//! per GPU the same code reads peer memory over NVLink/PCIe.
+//!
+//! # The ring ([`IpcRing::all_reduce`])
+//! Phase 0 copies the user buffer into the workspace. Reduce-scatter step `t`
+//! (`0..n-1`) reduces chunk `c = r-t-1` as `ws[c] = ws[c] op left_ws[c]`, reading the
+//! left neighbour's chunk straight from its memory; the last step runs the fused
+//! receive-reduce-copy kernel, writing the result into the workspace (which the right
+//! neighbour reads next — the "send slot") and into the user buffer. All-gather step
+//! `g` (`0..n-1`) copies chunk `r-g` from the left workspace into both. Nothing is
+//! staged through host memory.
+//!
+//! Ordering across processes: after enqueueing a phase a rank records its event and
+//! then publishes the phase number in its counter. A rank that needs a neighbour's
+//! phase `p` waits (host side, with the communicator's timeout) until the counter shows
+//! at least `p`, then makes its stream wait on the neighbour's event — so it never waits
+//! for an event the peer has not recorded. The event may by then carry a *later*
+//! record; waiting for later work is conservative and cannot deadlock, because every
+//! stream wait names a record enqueued before it. Needs: before step `t`, the left
+//! neighbour's phase `t` (read after write); before all-gather step `g`, also the right
+//! neighbour's reduce-scatter step `g` (it must have read the chunk about to be
+//! overwritten); before phase 0 of a call, the right neighbour's last phase of the
+//! previous call.
+//!
+//! # Bandwidth limit with n ranks on one GPU
+//! Every byte moved is HBM traffic of the same GPU. Per rank and per all-reduce of `S`
+//! bytes: copy-in reads and writes `S` (`2S`); each of the `n-1` reduce-scatter steps
+//! reads two chunks and writes one (`3S/n`), the last one writing a second copy into
+//! the user buffer (`+S/n`); each of the `n-1` all-gather steps copies a chunk from the
+//! left workspace to ours and from ours to the user buffer (`4S/n`). Per rank:
+//! `2S + 7(n-1)S/n + S/n`; all `n` ranks together move `T = S·(9n - 6)` bytes through
+//! one memory of bandwidth `B`, so `t ≥ T/B`. With nccl-tests' busbw = `S/t · 2(n-1)/n`:
+//!
+//! ```text
+//! busbw_max = B · 2(n-1) / (n · (9n - 6))        (n = 2: B/12, n = 4: B/20, n = 8: ≈ B/37.7)
+//! ```
+//!
+//! `ferroccl gpu-check` measures `B` as the device-to-device copy bandwidth in the same
+//! run (a copy reads and writes each byte: `B = 2·bytes/t`) and prints this limit next to
+//! the measured busbw. A fused copy-to-two-places kernel for the all-gather steps would
+//! lower `T` to `S·(8n - 5)`.
+
+use crate::cuda::mem::{dtod, DeviceAlloc};
+use crate::cuda::{drv, Device, DeviceReducer};
+use crate::error::{Error, Result};
+use crate::reduce::{DataType, ReduceOp};
+use crate::rendezvous::StoreClient;
+use crate::schedule;
+use cudarc::driver::{sys, CudaStream};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `busbw_max / B` for an IPC ring all-reduce of `n` ranks on one GPU (module docs).
+pub fn busbw_limit_fraction(n: usize) -> f64 {
+    if n < 2 {
+        return f64::INFINITY;
+    }
+    let n = n as f64;
+    2.0 * (n - 1.0) / (n * (9.0 * n - 6.0))
+}
+
+/// An IPC handle for device memory (`cuIpcGetMemHandle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcMemHandle(pub [u8; 64]);
+
+impl IpcMemHandle {
+    /// The handle of the allocation at `ptr` (the base of a `cuMemAlloc` allocation);
+    /// the device's context must be current.
+    pub fn of(ptr: sys::CUdeviceptr) -> Result<Self> {
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer; `ptr` is checked by the driver.
+        unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) }
+            .result()
+            .map_err(drv("cuIpcGetMemHandle"))?;
+        Ok(IpcMemHandle(h.reserved.map(|c| c as u8)))
+    }
+}
+
+/// Another process's device memory, opened in this context; closed on drop.
+pub struct IpcMapping {
+    ptr: sys::CUdeviceptr,
+}
+
+impl IpcMapping {
+    /// Opens `h` (`cuIpcOpenMemHandle` with lazy peer access, so it also works across
+    /// GPUs). Fails for a handle from this same process (a CUDA rule).
+    pub fn open(h: &IpcMemHandle) -> Result<Self> {
+        let handle = sys::CUipcMemHandle {
+            reserved: h.0.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer; the handle is plain data checked by the driver.
+        unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        }
+        .result()
+        .map_err(drv("cuIpcOpenMemHandle"))?;
+        Ok(IpcMapping { ptr })
+    }
+
+    /// The mapped address in this process.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        // SAFETY: opened by cuIpcOpenMemHandle, closed once.
+        if let Err(e) = unsafe { sys::cuIpcCloseMemHandle(self.ptr) }.result() {
+            tracing::warn!("cuIpcCloseMemHandle failed: {e:?}");
+        }
+    }
+}
+
+/// A CUDA event: either our own interprocess event or one opened from a peer's handle.
+/// Destroyed on drop.
+pub struct IpcEvent {
+    ev: sys::CUevent,
+}
+
+// SAFETY: CUDA events may be used from any thread of the process.
+unsafe impl Send for IpcEvent {}
+
+impl IpcEvent {
+    /// A new interprocess event (timing disabled, as CUDA requires for IPC).
+    pub fn new() -> Result<Self> {
+        let mut ev = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
+            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: valid out-pointer.
+        unsafe { sys::cuEventCreate(&mut ev, flags) }
+            .result()
+            .map_err(drv("cuEventCreate"))?;
+        Ok(IpcEvent { ev })
+    }
+
+    /// Its IPC handle.
+    pub fn handle(&self) -> Result<[u8; 64]> {
+        let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
+        // SAFETY: valid out-pointer and a live interprocess event.
+        unsafe { sys::cuIpcGetEventHandle(&mut h, self.ev) }
+            .result()
+            .map_err(drv("cuIpcGetEventHandle"))?;
+        Ok(h.reserved.map(|c| c as u8))
+    }
+
+    /// Opens a peer's event from its handle.
+    pub fn open(h: &[u8; 64]) -> Result<Self> {
+        let handle = sys::CUipcEventHandle {
+            reserved: h.map(|b| b as std::ffi::c_char),
+        };
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the handle is checked by the driver.
+        unsafe { sys::cuIpcOpenEventHandle(&mut ev, handle) }
+            .result()
+            .map_err(drv("cuIpcOpenEventHandle"))?;
+        Ok(IpcEvent { ev })
+    }
+
+    /// Records the event on `stream`.
+    pub fn record(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: live event and stream.
+        unsafe { sys::cuEventRecord(self.ev, stream.cu_stream()) }
+            .result()
+            .map_err(drv("cuEventRecord"))
+    }
+
+    /// Makes `stream` wait for the event's latest record.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: live event and stream.
+        unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.ev, 0) }
+            .result()
+            .map_err(drv("cuStreamWaitEvent"))
+    }
+}
+
+impl Drop for IpcEvent {
+    fn drop(&mut self) {
+        // SAFETY: created or opened by us, destroyed once.
+        if let Err(e) = unsafe { sys::cuEventDestroy_v2(self.ev) }.result() {
+            tracing::warn!("cuEventDestroy failed: {e:?}");
+        }
+    }
+}
+
+/// A progress counter in POSIX shared memory: written by its owner, read by the
+/// neighbours. The owner unlinks the name on drop; mappings stay valid until unmapped.
+struct ShmCounter {
+    ptr: *mut AtomicU64,
+    name: CString,
+    owner: bool,
+}
+
+// SAFETY: the mapping is process-wide and the counter is atomic.
+unsafe impl Send for ShmCounter {}
+
+const SHM_BYTES: usize = 64;
+
+impl ShmCounter {
+    fn name(comm_id: u64, rank: usize) -> Result<CString> {
+        CString::new(format!("/ferroccl-{comm_id:016x}-{rank}"))
+            .map_err(|_| Error::InvalidArgument("shm name".into()))
+    }
+
+    fn create(comm_id: u64, rank: usize) -> Result<Self> {
+        Self::map(Self::name(comm_id, rank)?, true)
+    }
+
+    fn open(comm_id: u64, rank: usize) -> Result<Self> {
+        Self::map(Self::name(comm_id, rank)?, false)
+    }
+
+    fn map(name: CString, owner: bool) -> Result<Self> {
+        let flags = if owner {
+            libc::O_CREAT | libc::O_RDWR | libc::O_TRUNC
+        } else {
+            libc::O_RDWR
+        };
+        let what = name.to_string_lossy().into_owned();
+        // SAFETY: a NUL-terminated name; the fd is closed below.
+        let fd = unsafe { libc::shm_open(name.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            return Err(Error::io(
+                format!("shm_open {what}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: fd is ours; a 64-byte object holds one counter.
+        let r = if owner {
+            unsafe { libc::ftruncate(fd, SHM_BYTES as libc::off_t) }
+        } else {
+            0
+        };
+        let err = std::io::Error::last_os_error();
+        // SAFETY: mapping a shared object we just opened (or created and sized).
+        let p = if r == 0 {
+            unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    SHM_BYTES,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            }
+        } else {
+            libc::MAP_FAILED
+        };
+        let err = if r == 0 {
+            std::io::Error::last_os_error()
+        } else {
+            err
+        };
+        // SAFETY: fd is ours; the mapping does not need it open.
+        unsafe { libc::close(fd) };
+        if p == libc::MAP_FAILED {
+            return Err(Error::io(format!("mapping {what}"), err));
+        }
+        Ok(ShmCounter {
+            ptr: p.cast(),
+            name,
+            owner,
+        })
+    }
+
+    fn get(&self) -> u64 {
+        // SAFETY: a live, page-aligned shared mapping of at least 8 bytes.
+        unsafe { (*self.ptr).load(Ordering::Acquire) }
+    }
+
+    fn set(&self, v: u64) {
+        // SAFETY: as in get.
+        unsafe { (*self.ptr).store(v, Ordering::Release) }
+    }
+}
+
+impl Drop for ShmCounter {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once; unlinking our own name.
+        unsafe {
+            libc::munmap(self.ptr.cast(), SHM_BYTES);
+            if self.owner {
+                libc::shm_unlink(self.name.as_ptr());
+            }
+        }
+    }
+}
+
+/// What a rank keeps of a neighbour.
+struct Neighbour {
+    rank: usize,
+    event: IpcEvent,
+    counter: ShmCounter,
+    /// The neighbour's workspace (only the left one is read).
+    ws: Option<IpcMapping>,
+}
+
+/// Set up by [`crate::Communicator::init`] for the `cuda-ipc` transport: a store
+/// connection and the communicator id; the device side is built at the first device
+/// collective, on the device of its buffer.
+pub struct IpcState {
+    pub(crate) store: StoreClient,
+    pub(crate) comm_id: u64,
+    pub(crate) ring: Option<IpcRing>,
+}
+
+impl IpcState {
+    /// A state that will exchange handles through `store` under `comm_id`.
+    pub fn new(store: StoreClient, comm_id: u64) -> Self {
+        IpcState {
+            store,
+            comm_id,
+            ring: None,
+        }
+    }
+}
+
+/// One rank's side of the IPC ring.
+pub struct IpcRing {
+    red: DeviceReducer,
+    rank: usize,
+    n: usize,
+    timeout: Duration,
+    ws: DeviceAlloc,
+    epoch: u64,
+    event: IpcEvent,
+    counter: ShmCounter,
+    left: Option<Neighbour>,
+    right: Option<Neighbour>,
+    /// All-reduces completed (phase numbers continue across calls).
+    calls: u64,
+}
+
+impl IpcRing {
+    /// This rank's side on `dev`: its event and counter (the workspace comes with the
+    /// first call).
+    pub fn new(
+        dev: Arc<Device>,
+        comm_id: u64,
+        rank: usize,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let red = DeviceReducer::new(dev)?;
+        red.device().bind()?;
+        Ok(IpcRing {
+            rank,
+            n,
+            timeout,
+            ws: DeviceAlloc::new(0)?,
+            epoch: 0,
+            event: IpcEvent::new()?,
+            counter: ShmCounter::create(comm_id, rank)?,
+            left: None,
+            right: None,
+            calls: 0,
+            red,
+        })
+    }
+
+    /// The device ordinal this ring runs on.
+    pub fn ordinal(&self) -> usize {
+        self.red.device().ordinal
+    }
+
+    fn phases(&self) -> u64 {
+        2 * (self.n as u64 - 1) + 1
+    }
+
+    /// The counter value meaning "phase `p` of call `k` is enqueued and recorded".
+    fn id(&self, k: u64, p: u64) -> u64 {
+        k * self.phases() + p + 1
+    }
+
+    /// Grows the workspace to `bytes` (every rank does so at the same call) and
+    /// exchanges handles for the new epoch.
+    fn ensure(&mut self, store: &mut StoreClient, comm_id: u64, bytes: usize) -> Result<()> {
+        if self.left.is_some() && self.ws.len() >= bytes {
+            return Ok(());
+        }
+        let dev = self.red.device().clone();
+        dev.bind()?;
+        // Before freeing the old workspace: the right neighbour has finished every read
+        // of it (its last phase of the previous call), and so have we of the left one.
+        if self.calls > 0 {
+            let last = self.id(self.calls - 1, self.phases() - 1);
+            self.wait_for(false, last, "to finish the previous all-reduce")?;
+            if let Some(r) = &self.right {
+                r.event.wait_on(dev.stream())?;
+            }
+            dev.synchronize()?;
+        }
+        if let Some(l) = self.left.as_mut() {
+            l.ws = None;
+        }
+        let cap = bytes.next_power_of_two().max(1 << 20);
+        self.ws = DeviceAlloc::new(0)?;
+        self.ws = DeviceAlloc::new(cap)?;
+        self.epoch += 1;
+        let mut value = IpcMemHandle::of(self.ws.ptr())?.0.to_vec();
+        value.extend_from_slice(&self.event.handle()?);
+        store.set(&key(comm_id, self.epoch, self.rank), &value)?;
+        let (l, r) = ((self.rank + self.n - 1) % self.n, (self.rank + 1) % self.n);
+        let lv = get_handles(store, comm_id, self.epoch, l, self.timeout)?;
+        let rv = get_handles(store, comm_id, self.epoch, r, self.timeout)?;
+        let mapping = IpcMapping::open(&lv.0)?;
+        match self.left.as_mut() {
+            Some(left) => left.ws = Some(mapping),
+            None => {
+                self.left = Some(Neighbour {
+                    rank: l,
+                    event: IpcEvent::open(&lv.1)?,
+                    counter: ShmCounter::open(comm_id, l)?,
+                    ws: Some(mapping),
+                })
+            }
+        }
+        if self.right.is_none() {
+            self.right = Some(Neighbour {
+                rank: r,
+                event: IpcEvent::open(&rv.1)?,
+                counter: ShmCounter::open(comm_id, r)?,
+                ws: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits (host side) until the left (`left == true`) or right neighbour's counter
+    /// reaches `at_least`, then makes our stream wait on its event.
+    fn wait_for(&self, left: bool, at_least: u64, what: &str) -> Result<()> {
+        let Some(nb) = (if left { &self.left } else { &self.right }) else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while nb.counter.get() < at_least {
+            if start.elapsed() >= self.timeout {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    op: format!("cuda-ipc all_reduce #{}", self.calls),
+                    after: start.elapsed(),
+                    waiting_for: format!("rank {} {what} (phase {at_least})", nb.rank),
+                    peers: format!("rank {} is at phase {}", nb.rank, nb.counter.get()),
+                });
+            }
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        nb.event.wait_on(self.red.device().stream())
+    }
+
+    fn publish(&self, k: u64, p: u64) -> Result<()> {
+        self.event.record(self.red.device().stream())?;
+        self.counter.set(self.id(k, p));
+        Ok(())
+    }
+
+    /// All-reduce of `count` elements of `dt` at device address `buf` (in this ring's
+    /// context), through the neighbours' mapped workspaces. Returns when the result is
+    /// in `buf`.
+    ///
+    /// # Safety
+    /// `buf` must be device memory of this context valid for `count` elements, not used
+    /// by anything else until this returns.
+    pub unsafe fn all_reduce(
+        &mut self,
+        st_store: &mut StoreClient,
+        comm_id: u64,
+        buf: sys::CUdeviceptr,
+        count: usize,
+        dt: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        crate::reduce::check_op(dt, op)?;
+        let n = self.n;
+        if n == 1 {
+            return Ok(());
+        }
+        let esize = dt.size();
+        let bytes = count * esize;
+        self.ensure(st_store, comm_id, bytes)?;
+        let dev = self.red.device().clone();
+        dev.bind()?;
+        let stream = dev.stream().clone();
+        let k = self.calls;
+        let ws = self.ws.ptr();
+        let lws = self
+            .left
+            .as_ref()
+            .and_then(|l| l.ws.as_ref())
+            .map(|m| m.ptr())
+            .ok_or_else(|| Error::InvalidArgument("cuda-ipc: left workspace not mapped".into()))?;
+        let chunks = schedule::balanced_chunks(count, n);
+        let at = |c: usize| (chunks[c].start * esize) as u64;
+        let r = self.rank;
+        // Phase 0: copy in, once the right neighbour is done reading our workspace.
+        if k > 0 {
+            self.wait_for(
+                false,
+                self.id(k - 1, self.phases() - 1),
+                "to finish the previous all-reduce",
+            )?;
+        }
+        // SAFETY: ws holds at least `bytes`; buf is the caller's.
+        unsafe { dtod(&stream, ws, buf, bytes)? };
+        self.publish(k, 0)?;
+        for t in 0..n - 1 {
+            let c = (r + 2 * n - t - 1) % n;
+            self.wait_for(
+                true,
+                self.id(k, t as u64),
+                "to reach this reduce-scatter step",
+            )?;
+            let len = chunks[c].len();
+            let (mine, theirs, user) = (ws + at(c), lws + at(c), buf + at(c));
+            // SAFETY: all three ranges lie in live allocations of `bytes` (the left
+            // workspace is as large as ours); ordering is given by the waits above.
+            unsafe {
+                if t == n - 2 && op != ReduceOp::Avg {
+                    // Fused receive-reduce-copy: the result goes to the send slot (our
+                    // workspace, read next by the right neighbour) and to the user buffer.
+                    self.red
+                        .reduce_raw(&stream, dt, op, mine, user, mine, theirs, len)?;
+                } else {
+                    self.red
+                        .reduce_raw(&stream, dt, op, mine, 0, mine, theirs, len)?;
+                    if t == n - 2 {
+                        self.red.scale_raw(&stream, dt, mine, len, n as f64)?;
+                        dtod(&stream, user, mine, len * esize)?;
+                    }
+                }
+            }
+            self.publish(k, 1 + t as u64)?;
+        }
+        for g in 0..n - 1 {
+            let c = (r + n - g) % n;
+            self.wait_for(
+                true,
+                self.id(k, (n - 1 + g) as u64),
+                "to reach this all-gather step",
+            )?;
+            self.wait_for(
+                false,
+                self.id(k, 1 + g as u64),
+                "to read the chunk about to be overwritten",
+            )?;
+            let bytes_c = chunks[c].len() * esize;
+            // SAFETY: as above.
+            unsafe {
+                dtod(&stream, ws + at(c), lws + at(c), bytes_c)?;
+                dtod(&stream, buf + at(c), ws + at(c), bytes_c)?;
+            }
+            self.publish(k, (n + g) as u64)?;
+        }
+        dev.synchronize()?;
+        self.calls += 1;
+        Ok(())
+    }
+}
+
+fn key(comm_id: u64, epoch: u64, rank: usize) -> String {
+    format!("cuda-ipc/{comm_id:016x}/{epoch}/{rank}")
+}
+
+fn get_handles(
+    store: &mut StoreClient,
+    comm_id: u64,
+    epoch: u64,
+    rank: usize,
+    timeout: Duration,
+) -> Result<(IpcMemHandle, [u8; 64])> {
+    let v = store.get(&key(comm_id, epoch, rank), timeout)?;
+    if v.len() != 128 {
+        return Err(Error::Rendezvous(format!(
+            "cuda-ipc handles of rank {rank}: expected 128 bytes, got {}",
+            v.len()
+        )));
+    }
+    let mut m = [0u8; 64];
+    let mut e = [0u8; 64];
+    m.copy_from_slice(&v[..64]);
+    e.copy_from_slice(&v[64..]);
+    Ok((IpcMemHandle(m), e))
+}
