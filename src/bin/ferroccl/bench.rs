@@ -9,6 +9,9 @@
 //! rank and rank 0 prints. Started bare, it runs `--ranks N` local ranks itself: as
 //! processes through `ferroccl launch` for `--transport tcp`, as threads for `local`.
 
+#[cfg(feature = "cuda")]
+mod device;
+
 use clap::Args;
 use ferroccl::law::{Fit, RingLaw};
 use ferroccl::transport::TransportKind;
@@ -54,9 +57,14 @@ pub struct BenchArgs {
     /// Ranks to start when not run under a launcher.
     #[arg(long = "ranks", default_value_t = 4)]
     pub ranks: usize,
-    /// Transport: tcp, local (threads in one process), or rdma (feature `rdma`).
+    /// Transport: tcp, local (threads in one process), rdma (feature `rdma`), or
+    /// cuda-ipc (feature `cuda`; needs --device cuda).
     #[arg(long = "transport", default_value = "tcp")]
     pub transport: String,
+    /// Where the buffers live: cpu, or cuda (device buffers; feature `cuda`; rank r
+    /// uses GPU local_rank % device count). Without a GPU, `cuda` fails with the typed error.
+    #[arg(long = "device", default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
     /// Ring segment size in bytes (pipelining granularity).
     #[arg(long = "segment-bytes", value_parser = parse_size)]
     pub segment_bytes: Option<usize>,
@@ -269,9 +277,14 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         // Say at once, once, when this machine has no RDMA device.
         ferroccl::transport::rdma::probe()?;
     }
+    check_device(&a, transport)?;
     if ferroccl::rendezvous::detect_env()?.is_some() {
         let mut cfg = config_for(&a, Config::from_env()?);
         if transport == TransportKind::Rdma {
+            cfg.transport = transport;
+        }
+        #[cfg(feature = "cuda")]
+        if transport == TransportKind::CudaIpc {
             cfg.transport = transport;
         }
         if a.root >= cfg.world_size {
@@ -343,6 +356,33 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
     }
 }
 
+/// `--device cuda` and `--transport cuda-ipc` need the `cuda` feature and a GPU: say
+/// which is missing, at once, with the typed error.
+fn check_device(a: &BenchArgs, transport: TransportKind) -> ferroccl::Result<()> {
+    let _ = transport;
+    if a.device != "cuda" {
+        #[cfg(feature = "cuda")]
+        if transport == TransportKind::CudaIpc {
+            ferroccl::cuda::probe()?;
+            return Err(ferroccl::Error::InvalidArgument(
+                "--transport cuda-ipc moves device buffers: add --device cuda".into(),
+            ));
+        }
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        ferroccl::cuda::probe().map(|_| ())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(ferroccl::Error::Unavailable {
+            what: "--device cuda".into(),
+            why: "this build has no CUDA support (build with --features cuda)".into(),
+        })
+    }
+}
+
 /// Message sizes in bytes: from -b to -e by -f, each rounded down to whole elements
 /// (and, for the blocked collectives, to whole blocks of one element per rank at least).
 fn sizes(a: &BenchArgs, unit: usize) -> Vec<usize> {
@@ -367,6 +407,10 @@ fn rank_main(
     c: &Communicator,
     tname: &str,
 ) -> ferroccl::Result<bool> {
+    #[cfg(feature = "cuda")]
+    if a.device == "cuda" {
+        return device::rank_main(a, coll, dtype, op, c, tname);
+    }
     match dtype {
         DataType::F32 => bench_typed::<f32>(a, coll, op, c, tname),
         DataType::F64 => bench_typed::<f64>(a, coll, op, c, tname),
