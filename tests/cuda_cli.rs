@@ -123,3 +123,25 @@ fn bench_on_cuda_without_a_gpu_exits_non_zero_with_the_typed_error() {
         assert!(out.is_empty(), "no table without a GPU: {out:?}");
     }
 }
+
+#[test]
+fn gpu_check_without_a_gpu_exits_non_zero_with_the_typed_error() {
+    if has_gpu() {
+        eprintln!("SKIPPED gpu_check_without_a_gpu_exits_non_zero_with_the_typed_error: this machine has a GPU");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroccl-gpu-check-test-{}", std::process::id()));
+    let json = dir.with_extension("json");
+    let (code, out, err) = ferroccl(&["gpu-check", "--json", json.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "stdout {out:?} stderr {err:?}");
+    let want = if cfg!(feature = "cuda") {
+        "ferroccl gpu-check: CUDA is not available: no CUDA"
+    } else {
+        "ferroccl gpu-check: gpu-check is not available: this build has no CUDA support"
+    };
+    assert!(
+        err.lines().any(|l| l.starts_with(want)),
+        "want {want:?}; stderr {err:?}"
+    );
+    assert!(!json.exists(), "no JSON without a GPU");
+}

@@ -100,7 +100,7 @@ fn parse_law_rate(s: &str) -> Result<f64, String> {
     ferroccl::plan::parse_rate("--law", s).map_err(|e| e.to_string())
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let (num, mul) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1usize << 10),

@@ -1,6 +1,7 @@
 //! The `ferroccl` command line: `bench`, `launch`, `plan`, `plot`.
 
 mod bench;
+mod gpu_check;
 mod launch;
 mod plan;
 mod plot;
@@ -32,6 +33,10 @@ enum Command {
     /// SVG plots from bench and compare-peers JSON files: busbw against size, and
     /// measured against ring-law time for `bench --law` files.
     Plot(plot::PlotArgs),
+    /// GPU validation (feature `cuda`; run through tools/gpu-check on a GPU host):
+    /// kernels against the CPU f64 reference, kernel vs copy bandwidth, CUDA-IPC
+    /// all-reduce with 2, 4 and 8 ranks on one GPU. One table, plus JSON.
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
         Command::Launch(a) => launch::main(a),
         Command::Plan(a) => plan::main(a),
         Command::Plot(a) => plot::main(a),
+        Command::GpuCheck(a) => gpu_check::main(a),
     }
 }
 
