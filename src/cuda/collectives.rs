@@ -41,13 +41,15 @@ thread_local! {
     static PINNED: RefCell<Option<PinnedBuf>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` on at least `bytes` of this thread's pinned staging buffer.
-fn with_pinned<R>(bytes: usize, f: impl FnOnce(&mut [u8]) -> Result<R>) -> Result<R> {
+/// Runs `f` on at least `bytes` of this thread's pinned staging buffer, with `dev`'s
+/// context current.
+fn with_pinned<R>(dev: &Device, bytes: usize, f: impl FnOnce(&mut [u8]) -> Result<R>) -> Result<R> {
+    dev.bind()?;
     PINNED.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.as_ref().is_none_or(|p| p.len() < bytes) {
             *slot = None;
-            *slot = Some(PinnedBuf::new(bytes)?);
+            *slot = Some(PinnedBuf::new(dev.context(), bytes)?);
         }
         let Some(buf) = slot.as_mut() else {
             return Err(Error::InvalidArgument(
@@ -80,8 +82,8 @@ impl<'a> DeviceCombine<'a> {
             dt,
             op,
             world: e.world_size,
-            a: RefCell::new(DeviceAlloc::new(0)?),
-            b: RefCell::new(DeviceAlloc::new(0)?),
+            a: RefCell::new(DeviceAlloc::new(red.device().context(), 0)?),
+            b: RefCell::new(DeviceAlloc::new(red.device().context(), 0)?),
             err: RefCell::new(None),
             abort: e.abort.clone(),
         })
@@ -182,8 +184,7 @@ impl Communicator {
         let n = self.world_size();
         let stream = red.device().stream().clone();
         let (d, _guard) = buf.device_ptr_mut(&stream);
-        with_pinned(bytes, |h| {
-            red.device().bind()?;
+        with_pinned(red.device(), bytes, |h| {
             // SAFETY: `d` is the slice's allocation of `bytes`; synchronized before use.
             unsafe { dtoh(&stream, h, d)? };
             red.device().synchronize()?;
@@ -295,8 +296,7 @@ impl Communicator {
         let stream = red.device().stream().clone();
         let (s, _gs) = send.device_ptr(&stream);
         let (r, _gr) = recv.device_ptr_mut(&stream);
-        with_pinned(send.len() * esize, |h| {
-            red.device().bind()?;
+        with_pinned(red.device(), send.len() * esize, |h| {
             // SAFETY: `s` holds h.len() bytes; synchronized before use.
             unsafe { dtoh(&stream, h, s)? };
             red.device().synchronize()?;
@@ -346,8 +346,7 @@ impl Communicator {
         let (s, _gs) = send.device_ptr(&stream);
         let recv_bytes = recv.len() * esize;
         let (r, _gr) = recv.device_ptr_mut(&stream);
-        with_pinned(recv_bytes, |h| {
-            dev.bind()?;
+        with_pinned(&dev, recv_bytes, |h| {
             let mine = chunks[rank].start * esize..chunks[rank].end * esize;
             // SAFETY: `s` holds exactly this chunk's bytes; synchronized before use.
             unsafe { dtoh(&stream, &mut h[mine], s)? };
@@ -383,8 +382,7 @@ impl Communicator {
         let stream = dev.stream().clone();
         let bytes = buf.len() * esize;
         let (d, _g) = buf.device_ptr_mut(&stream);
-        with_pinned(bytes, |h| {
-            dev.bind()?;
+        with_pinned(&dev, bytes, |h| {
             if is_root {
                 // SAFETY: `d` holds h.len() bytes; synchronized before use.
                 unsafe { dtoh(&stream, h, d)? };
@@ -423,8 +421,7 @@ impl Communicator {
         let stream = red.device().stream().clone();
         let bytes = buf.len() * esize;
         let (d, _g) = buf.device_ptr_mut(&stream);
-        with_pinned(bytes, |h| {
-            red.device().bind()?;
+        with_pinned(red.device(), bytes, |h| {
             // SAFETY: `d` holds h.len() bytes; synchronized before use.
             unsafe { dtoh(&stream, h, d)? };
             red.device().synchronize()?;

@@ -4,24 +4,33 @@
 
 use super::drv;
 use crate::error::Result;
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::sync::Arc;
 
-/// A device allocation (`cuMemAlloc`), freed on drop. The context it was made in must
-/// be current on the thread that drops it (it is, for the collectives' scratch).
+/// Makes `ctx` current on this thread, for a raw driver call.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
+}
+
+/// A device allocation (`cuMemAlloc`, so it can be exported through CUDA IPC), freed on
+/// drop — on whichever thread, with its context made current first.
 pub struct DeviceAlloc {
+    ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
     bytes: usize,
 }
 
 impl DeviceAlloc {
-    /// `bytes` of uninitialised device memory in the current context (nothing for 0).
-    pub fn new(bytes: usize) -> Result<Self> {
+    /// `bytes` of uninitialised device memory in `ctx` (nothing for 0).
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        let ctx = ctx.clone();
         if bytes == 0 {
-            return Ok(DeviceAlloc { ptr: 0, bytes });
+            return Ok(DeviceAlloc { ctx, ptr: 0, bytes });
         }
-        // SAFETY: plain allocation; the caller made the context current.
+        bind(&ctx)?;
+        // SAFETY: plain allocation in the context just made current.
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(drv("cuMemAlloc"))?;
-        Ok(DeviceAlloc { ptr, bytes })
+        Ok(DeviceAlloc { ctx, ptr, bytes })
     }
 
     /// The device address.
@@ -42,8 +51,9 @@ impl DeviceAlloc {
     /// Makes sure at least `bytes` are allocated (contents are not kept).
     pub fn reserve(&mut self, bytes: usize) -> Result<()> {
         if self.bytes < bytes {
-            *self = DeviceAlloc::new(0)?;
-            *self = DeviceAlloc::new(bytes)?;
+            let ctx = self.ctx.clone();
+            *self = DeviceAlloc::new(&ctx, 0)?;
+            *self = DeviceAlloc::new(&ctx, bytes)?;
         }
         Ok(())
     }
@@ -52,7 +62,11 @@ impl DeviceAlloc {
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
         if self.ptr != 0 {
-            // SAFETY: allocated by cuMemAlloc and freed once.
+            if let Err(e) = bind(&self.ctx) {
+                tracing::warn!("leaking {} B of device memory: {e}", self.bytes);
+                return;
+            }
+            // SAFETY: allocated by cuMemAlloc in this context and freed once.
             if let Err(e) = unsafe { result::free_sync(self.ptr) } {
                 tracing::warn!("cuMemFree failed: {e:?}");
             }
@@ -62,6 +76,7 @@ impl Drop for DeviceAlloc {
 
 /// Page-locked host memory (`cuMemHostAlloc`, portable to every context), freed on drop.
 pub struct PinnedBuf {
+    ctx: Arc<CudaContext>,
     ptr: *mut u8,
     bytes: usize,
 }
@@ -70,21 +85,24 @@ pub struct PinnedBuf {
 unsafe impl Send for PinnedBuf {}
 
 impl PinnedBuf {
-    /// `bytes` of zeroed pinned memory (nothing for 0).
-    pub fn new(bytes: usize) -> Result<Self> {
+    /// `bytes` of zeroed pinned memory, allocated in `ctx` (nothing for 0).
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        let ctx = ctx.clone();
         if bytes == 0 {
             return Ok(PinnedBuf {
+                ctx,
                 ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
                 bytes,
             });
         }
+        bind(&ctx)?;
         // SAFETY: plain allocation; PORTABLE makes it pinned for every context.
         let p = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
             .map_err(drv("cuMemHostAlloc"))?;
         let ptr = p.cast::<u8>();
         // SAFETY: `bytes` writable bytes were just allocated at `ptr`.
         unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
-        Ok(PinnedBuf { ptr, bytes })
+        Ok(PinnedBuf { ctx, ptr, bytes })
     }
 
     /// The bytes.
@@ -108,6 +126,10 @@ impl PinnedBuf {
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
         if self.bytes != 0 {
+            if let Err(e) = bind(&self.ctx) {
+                tracing::warn!("leaking {} B of pinned memory: {e}", self.bytes);
+                return;
+            }
             // SAFETY: allocated by cuMemHostAlloc and freed once.
             if let Err(e) = unsafe { result::free_host(self.ptr.cast()) } {
                 tracing::warn!("cuMemFreeHost failed: {e:?}");

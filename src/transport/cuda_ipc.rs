@@ -53,13 +53,13 @@
 //! the measured busbw. A fused copy-to-two-places kernel for the all-gather steps would
 //! lower `T` to `S·(8n - 5)`.
 
-use crate::cuda::mem::{dtod, DeviceAlloc};
+use crate::cuda::mem::{bind, dtod, DeviceAlloc};
 use crate::cuda::{drv, Device, DeviceReducer};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
 use crate::rendezvous::StoreClient;
 use crate::schedule;
-use cudarc::driver::{sys, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -93,13 +93,15 @@ impl IpcMemHandle {
 
 /// Another process's device memory, opened in this context; closed on drop.
 pub struct IpcMapping {
+    ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
 }
 
 impl IpcMapping {
     /// Opens `h` (`cuIpcOpenMemHandle` with lazy peer access, so it also works across
     /// GPUs). Fails for a handle from this same process (a CUDA rule).
-    pub fn open(h: &IpcMemHandle) -> Result<Self> {
+    pub fn open(ctx: &Arc<CudaContext>, h: &IpcMemHandle) -> Result<Self> {
+        bind(ctx)?;
         let handle = sys::CUipcMemHandle {
             reserved: h.0.map(|b| b as std::ffi::c_char),
         };
@@ -114,7 +116,10 @@ impl IpcMapping {
         }
         .result()
         .map_err(drv("cuIpcOpenMemHandle"))?;
-        Ok(IpcMapping { ptr })
+        Ok(IpcMapping {
+            ctx: ctx.clone(),
+            ptr,
+        })
     }
 
     /// The mapped address in this process.
@@ -125,6 +130,10 @@ impl IpcMapping {
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
+        if let Err(e) = bind(&self.ctx) {
+            tracing::warn!("not closing an IPC mapping: {e}");
+            return;
+        }
         // SAFETY: opened by cuIpcOpenMemHandle, closed once.
         if let Err(e) = unsafe { sys::cuIpcCloseMemHandle(self.ptr) }.result() {
             tracing::warn!("cuIpcCloseMemHandle failed: {e:?}");
@@ -135,6 +144,7 @@ impl Drop for IpcMapping {
 /// A CUDA event: either our own interprocess event or one opened from a peer's handle.
 /// Destroyed on drop.
 pub struct IpcEvent {
+    ctx: Arc<CudaContext>,
     ev: sys::CUevent,
 }
 
@@ -143,7 +153,8 @@ unsafe impl Send for IpcEvent {}
 
 impl IpcEvent {
     /// A new interprocess event (timing disabled, as CUDA requires for IPC).
-    pub fn new() -> Result<Self> {
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        bind(ctx)?;
         let mut ev = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
             | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
@@ -151,7 +162,10 @@ impl IpcEvent {
         unsafe { sys::cuEventCreate(&mut ev, flags) }
             .result()
             .map_err(drv("cuEventCreate"))?;
-        Ok(IpcEvent { ev })
+        Ok(IpcEvent {
+            ctx: ctx.clone(),
+            ev,
+        })
     }
 
     /// Its IPC handle.
@@ -165,7 +179,8 @@ impl IpcEvent {
     }
 
     /// Opens a peer's event from its handle.
-    pub fn open(h: &[u8; 64]) -> Result<Self> {
+    pub fn open(ctx: &Arc<CudaContext>, h: &[u8; 64]) -> Result<Self> {
+        bind(ctx)?;
         let handle = sys::CUipcEventHandle {
             reserved: h.map(|b| b as std::ffi::c_char),
         };
@@ -174,7 +189,10 @@ impl IpcEvent {
         unsafe { sys::cuIpcOpenEventHandle(&mut ev, handle) }
             .result()
             .map_err(drv("cuIpcOpenEventHandle"))?;
-        Ok(IpcEvent { ev })
+        Ok(IpcEvent {
+            ctx: ctx.clone(),
+            ev,
+        })
     }
 
     /// Records the event on `stream`.
@@ -196,6 +214,10 @@ impl IpcEvent {
 
 impl Drop for IpcEvent {
     fn drop(&mut self) {
+        if let Err(e) = bind(&self.ctx) {
+            tracing::warn!("not destroying a CUDA event: {e}");
+            return;
+        }
         // SAFETY: created or opened by us, destroyed once.
         if let Err(e) = unsafe { sys::cuEventDestroy_v2(self.ev) }.result() {
             tracing::warn!("cuEventDestroy failed: {e:?}");
@@ -368,9 +390,9 @@ impl IpcRing {
             rank,
             n,
             timeout,
-            ws: DeviceAlloc::new(0)?,
+            ws: DeviceAlloc::new(red.device().context(), 0)?,
             epoch: 0,
-            event: IpcEvent::new()?,
+            event: IpcEvent::new(red.device().context())?,
             counter: ShmCounter::create(comm_id, rank)?,
             left: None,
             right: None,
@@ -415,8 +437,8 @@ impl IpcRing {
             l.ws = None;
         }
         let cap = bytes.next_power_of_two().max(1 << 20);
-        self.ws = DeviceAlloc::new(0)?;
-        self.ws = DeviceAlloc::new(cap)?;
+        self.ws = DeviceAlloc::new(dev.context(), 0)?;
+        self.ws = DeviceAlloc::new(dev.context(), cap)?;
         self.epoch += 1;
         let mut value = IpcMemHandle::of(self.ws.ptr())?.0.to_vec();
         value.extend_from_slice(&self.event.handle()?);
@@ -424,13 +446,13 @@ impl IpcRing {
         let (l, r) = ((self.rank + self.n - 1) % self.n, (self.rank + 1) % self.n);
         let lv = get_handles(store, comm_id, self.epoch, l, self.timeout)?;
         let rv = get_handles(store, comm_id, self.epoch, r, self.timeout)?;
-        let mapping = IpcMapping::open(&lv.0)?;
+        let mapping = IpcMapping::open(dev.context(), &lv.0)?;
         match self.left.as_mut() {
             Some(left) => left.ws = Some(mapping),
             None => {
                 self.left = Some(Neighbour {
                     rank: l,
-                    event: IpcEvent::open(&lv.1)?,
+                    event: IpcEvent::open(dev.context(), &lv.1)?,
                     counter: ShmCounter::open(comm_id, l)?,
                     ws: Some(mapping),
                 })
@@ -439,7 +461,7 @@ impl IpcRing {
         if self.right.is_none() {
             self.right = Some(Neighbour {
                 rank: r,
-                event: IpcEvent::open(&rv.1)?,
+                event: IpcEvent::open(dev.context(), &rv.1)?,
                 counter: ShmCounter::open(comm_id, r)?,
                 ws: None,
             });
@@ -581,6 +603,24 @@ impl IpcRing {
         dev.synchronize()?;
         self.calls += 1;
         Ok(())
+    }
+}
+
+impl Drop for IpcRing {
+    /// Before the workspace is freed, the right neighbour must have finished reading
+    /// it: wait (bounded by the timeout) for its last phase, on the GPU too. Failures
+    /// are logged, never raised.
+    fn drop(&mut self) {
+        if self.calls == 0 || self.right.is_none() {
+            return;
+        }
+        let last = self.id(self.calls - 1, self.phases() - 1);
+        let r = self
+            .wait_for(false, last, "to finish reading this rank's workspace")
+            .and_then(|()| self.red.device().synchronize());
+        if let Err(e) = r {
+            tracing::warn!("cuda-ipc: freeing the workspace without the neighbour's go-ahead: {e}");
+        }
     }
 }
 

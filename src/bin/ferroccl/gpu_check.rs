@@ -338,7 +338,7 @@ mod imp {
                         200.0 * u - 100.0
                     })
                 } else {
-                    *bytemuck::from_bytes::<T>(&r.to_le_bytes()[..std::mem::size_of::<T>()])
+                    bytemuck::pod_read_unaligned::<T>(&r.to_le_bytes()[..std::mem::size_of::<T>()])
                 }
             })
             .collect()
@@ -404,7 +404,7 @@ mod imp {
             }
         }
         let got: Vec<T> = stream.clone_dtoh(&dout).map_err(drv("cuMemcpyDtoH"))?;
-        let poison = *bytemuck::from_bytes::<T>(&[0xffu8; 8][..std::mem::size_of::<T>()]);
+        let poison = bytemuck::pod_read_unaligned::<T>(&[0xffu8; 8][..std::mem::size_of::<T>()]);
         let mut wrong = got[n + off..]
             .iter()
             .filter(|x| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&poison))
@@ -450,8 +450,8 @@ mod imp {
 
     fn copy_bandwidth(dev: &Arc<Device>, bytes: usize, iters: usize) -> Result<f64> {
         dev.bind()?;
-        let src = mem::DeviceAlloc::new(bytes)?;
-        let dst = mem::DeviceAlloc::new(bytes)?;
+        let src = mem::DeviceAlloc::new(dev.context(), bytes)?;
+        let dst = mem::DeviceAlloc::new(dev.context(), bytes)?;
         let stream = dev.stream().clone();
         // SAFETY: both allocations hold `bytes`; ordered on one stream.
         time_gbs(dev, 2.0 * bytes as f64, iters, || unsafe {
@@ -467,9 +467,9 @@ mod imp {
     ) -> Result<f64> {
         let dev = red.device().clone();
         dev.bind()?;
-        let a = mem::DeviceAlloc::new(bytes)?;
-        let b = mem::DeviceAlloc::new(bytes)?;
-        let d = mem::DeviceAlloc::new(bytes)?;
+        let a = mem::DeviceAlloc::new(dev.context(), bytes)?;
+        let b = mem::DeviceAlloc::new(dev.context(), bytes)?;
+        let d = mem::DeviceAlloc::new(dev.context(), bytes)?;
         let stream = dev.stream().clone();
         for x in [&a, &b] {
             // SAFETY: zeroing whole allocations (finite inputs).
