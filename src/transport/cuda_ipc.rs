@@ -32,8 +32,10 @@
 //! stream wait names a record enqueued before it. Needs: before step `t`, the left
 //! neighbour's phase `t` (read after write); before all-gather step `g`, also the right
 //! neighbour's reduce-scatter step `g` (it must have read the chunk about to be
-//! overwritten); before phase 0 of a call, the right neighbour's last phase of the
-//! previous call.
+//! overwritten — already implied by the chain of left waits around the ring, kept as
+//! cheap insurance); before phase 0 of a call, the right neighbour's last phase of the
+//! previous call (not implied). The schedule is a pure function ([`plan::ring`]), run
+//! on threads with random delays and checked read by read in `tests/cuda_ipc_plan.rs`.
 //!
 //! # Bandwidth limit with n ranks on one GPU
 //! Every byte moved is HBM traffic of the same GPU. Per rank and per all-reduce of `S`
@@ -64,6 +66,77 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The IPC ring's schedule, without I/O: what each phase does and which neighbour
+/// phases it waits for. [`IpcRing::all_reduce`] runs it on the GPU; the tests run it on
+/// threads over host memory with random delays and check every read against what the
+/// neighbour had written (`tests/cuda_ipc_plan.rs`).
+pub mod plan {
+    /// What one phase of a rank does.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Action {
+        /// Copy the user buffer into the workspace.
+        CopyIn,
+        /// `ws[chunk] = ws[chunk] op left_ws[chunk]`; `last`: the chunk is complete
+        /// (Avg's division, and the fused copy into the user buffer).
+        Reduce {
+            /// Chunk index.
+            chunk: usize,
+            /// Last reduce-scatter step.
+            last: bool,
+        },
+        /// `ws[chunk] = left_ws[chunk]`, and into the user buffer.
+        Gather {
+            /// Chunk index.
+            chunk: usize,
+        },
+    }
+
+    /// One phase: wait, act, then publish its number.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Phase {
+        /// What it does.
+        pub action: Action,
+        /// The left neighbour's phase of this call that must be published first (it
+        /// wrote what this phase reads).
+        pub wait_left: Option<i64>,
+        /// The right neighbour's phase that must be published first (it read what this
+        /// phase overwrites); `-1` is its last phase of the previous call.
+        pub wait_right: Option<i64>,
+    }
+
+    /// The `2(n-1) + 1` phases of rank `r` in an `n`-rank ring all-reduce.
+    pub fn ring(r: usize, n: usize) -> Vec<Phase> {
+        let mut v = vec![Phase {
+            action: Action::CopyIn,
+            wait_left: None,
+            wait_right: Some(-1),
+        }];
+        if n < 2 {
+            return v;
+        }
+        for t in 0..n - 1 {
+            v.push(Phase {
+                action: Action::Reduce {
+                    chunk: (r + 2 * n - t - 1) % n,
+                    last: t == n - 2,
+                },
+                wait_left: Some(t as i64),
+                wait_right: None,
+            });
+        }
+        for g in 0..n - 1 {
+            v.push(Phase {
+                action: Action::Gather {
+                    chunk: (r + n - g) % n,
+                },
+                wait_left: Some((n - 1 + g) as i64),
+                wait_right: Some(1 + g as i64),
+            });
+        }
+        v
+    }
+}
 
 /// `busbw_max / B` for an IPC ring all-reduce of `n` ranks on one GPU (module docs).
 pub fn busbw_limit_fraction(n: usize) -> f64 {
@@ -540,65 +613,54 @@ impl IpcRing {
             .ok_or_else(|| Error::InvalidArgument("cuda-ipc: left workspace not mapped".into()))?;
         let chunks = schedule::balanced_chunks(count, n);
         let at = |c: usize| (chunks[c].start * esize) as u64;
-        let r = self.rank;
-        // Phase 0: copy in, once the right neighbour is done reading our workspace.
-        if k > 0 {
-            self.wait_for(
-                false,
-                self.id(k - 1, self.phases() - 1),
-                "to finish the previous all-reduce",
-            )?;
-        }
-        // SAFETY: ws holds at least `bytes`; buf is the caller's.
-        unsafe { dtod(&stream, ws, buf, bytes)? };
-        self.publish(k, 0)?;
-        for t in 0..n - 1 {
-            let c = (r + 2 * n - t - 1) % n;
-            self.wait_for(
-                true,
-                self.id(k, t as u64),
-                "to reach this reduce-scatter step",
-            )?;
-            let len = chunks[c].len();
-            let (mine, theirs, user) = (ws + at(c), lws + at(c), buf + at(c));
-            // SAFETY: all three ranges lie in live allocations of `bytes` (the left
-            // workspace is as large as ours); ordering is given by the waits above.
-            unsafe {
-                if t == n - 2 && op != ReduceOp::Avg {
-                    // Fused receive-reduce-copy: the result goes to the send slot (our
-                    // workspace, read next by the right neighbour) and to the user buffer.
-                    self.red
-                        .reduce_raw(&stream, dt, op, mine, user, mine, theirs, len)?;
-                } else {
-                    self.red
-                        .reduce_raw(&stream, dt, op, mine, 0, mine, theirs, len)?;
-                    if t == n - 2 {
-                        self.red.scale_raw(&stream, dt, mine, len, n as f64)?;
-                        dtod(&stream, user, mine, len * esize)?;
+        for (p, ph) in plan::ring(self.rank, n).into_iter().enumerate() {
+            // Waits are phase numbers of this call; -1 is the previous call's last.
+            if let Some(w) = ph.wait_right {
+                let id = (k * self.phases() + 1) as i64 + w;
+                self.wait_for(false, id as u64, "to finish reading this rank's chunk")?;
+            }
+            if let Some(w) = ph.wait_left {
+                let id = (k * self.phases() + 1) as i64 + w;
+                self.wait_for(true, id as u64, "to finish the chunk this rank reads")?;
+            }
+            // SAFETY (all three arms): every range lies in a live allocation of at least
+            // `bytes` (the left workspace is as large as ours, the user buffer is the
+            // caller's); cross-rank ordering is given by the waits above, and this
+            // rank's own phases are ordered by its stream.
+            match ph.action {
+                // SAFETY: see above.
+                plan::Action::CopyIn => unsafe { dtod(&stream, ws, buf, bytes)? },
+                plan::Action::Reduce { chunk: c, last } => {
+                    let len = chunks[c].len();
+                    let (mine, theirs, user) = (ws + at(c), lws + at(c), buf + at(c));
+                    // SAFETY: see above.
+                    unsafe {
+                        if last && op != ReduceOp::Avg {
+                            // Fused receive-reduce-copy: the result goes to the send slot
+                            // (our workspace, read next by the right neighbour) and to
+                            // the user buffer.
+                            self.red
+                                .reduce_raw(&stream, dt, op, mine, user, mine, theirs, len)?;
+                        } else {
+                            self.red
+                                .reduce_raw(&stream, dt, op, mine, 0, mine, theirs, len)?;
+                            if last {
+                                self.red.scale_raw(&stream, dt, mine, len, n as f64)?;
+                                dtod(&stream, user, mine, len * esize)?;
+                            }
+                        }
+                    }
+                }
+                plan::Action::Gather { chunk: c } => {
+                    let bytes_c = chunks[c].len() * esize;
+                    // SAFETY: see above.
+                    unsafe {
+                        dtod(&stream, ws + at(c), lws + at(c), bytes_c)?;
+                        dtod(&stream, buf + at(c), ws + at(c), bytes_c)?;
                     }
                 }
             }
-            self.publish(k, 1 + t as u64)?;
-        }
-        for g in 0..n - 1 {
-            let c = (r + n - g) % n;
-            self.wait_for(
-                true,
-                self.id(k, (n - 1 + g) as u64),
-                "to reach this all-gather step",
-            )?;
-            self.wait_for(
-                false,
-                self.id(k, 1 + g as u64),
-                "to read the chunk about to be overwritten",
-            )?;
-            let bytes_c = chunks[c].len() * esize;
-            // SAFETY: as above.
-            unsafe {
-                dtod(&stream, ws + at(c), lws + at(c), bytes_c)?;
-                dtod(&stream, buf + at(c), ws + at(c), bytes_c)?;
-            }
-            self.publish(k, (n + g) as u64)?;
+            self.publish(k, p as u64)?;
         }
         dev.synchronize()?;
         self.calls += 1;
