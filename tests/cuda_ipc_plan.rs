@@ -27,12 +27,56 @@ fn input(call: usize, r: usize, i: usize) -> u64 {
     ((i * 7 + r * 13 + call * 5) % 17) as u64
 }
 
-/// Runs `calls` all-reduces (integer sums) of `n` ranks with schedule `plan_of`,
-/// sleeping `delay(rank, call, phase)` before each phase. Err: what went wrong first.
+/// Which collective a simulated call runs (the plans `IpcRing` runs for each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Kind {
+    fn plan(self, r: usize, n: usize) -> Vec<Phase> {
+        match self {
+            Kind::AllReduce => plan::ring(r, n),
+            Kind::ReduceScatter => plan::reduce_scatter(r, n),
+            Kind::AllGather => plan::all_gather(r, n),
+        }
+    }
+    /// Where workspace chunk `c` is in rank `r`'s input / output (element offsets).
+    fn input_at(self, r: usize, c: usize) -> Option<usize> {
+        match self {
+            Kind::AllGather => (c == r).then_some(0),
+            _ => Some(c * E),
+        }
+    }
+    fn output_at(self, r: usize, c: usize) -> Option<usize> {
+        match self {
+            Kind::ReduceScatter => (c == r).then_some(0),
+            _ => Some(c * E),
+        }
+    }
+    fn input(self, k: usize, r: usize, n: usize) -> Vec<u64> {
+        let len = if self == Kind::AllGather { E } else { n * E };
+        (0..len).map(|i| input(k, r, i)).collect()
+    }
+    fn expected(self, k: usize, r: usize, n: usize) -> Vec<u64> {
+        let sum = |i: usize| (0..n).map(|q| input(k, q, i)).sum::<u64>();
+        match self {
+            Kind::AllReduce => (0..n * E).map(sum).collect(),
+            Kind::ReduceScatter => (0..E).map(|e| sum(r * E + e)).collect(),
+            Kind::AllGather => (0..n * E).map(|i| input(k, i / E, i % E)).collect(),
+        }
+    }
+}
+
+/// Runs one call of each of `kinds` in turn (integer sums) over `n` ranks with
+/// `plan_of(kind, rank, n)` as the schedule, sleeping `delay(rank, call, phase)`
+/// before each phase. Err: what went wrong first.
 fn simulate(
     n: usize,
-    calls: usize,
-    plan_of: impl Fn(usize, usize) -> Vec<Phase> + Sync,
+    kinds: &[Kind],
+    plan_of: impl Fn(Kind, usize, usize) -> Vec<Phase> + Sync,
     delay: impl Fn(usize, usize, usize) -> Duration + Sync,
 ) -> Result<(), String> {
     let ranks: Vec<Rank> = (0..n)
@@ -43,7 +87,6 @@ fn simulate(
         })
         .collect();
     let failed = AtomicBool::new(false);
-    let phases = plan_of(0, n).len() as i64;
     let results: Vec<Result<(), String>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
@@ -69,12 +112,21 @@ fn simulate(
                         failed.store(true, Ordering::Relaxed);
                         Err(m)
                     };
-                    for k in 0..calls {
-                        let user: Vec<u64> = (0..n * E).map(|i| input(k, r, i)).collect();
-                        // In place: what the plan does not write keeps the input (n = 1).
-                        let mut out = user.clone();
-                        let base = k as i64 * phases + 1;
-                        for (p, ph) in plan_of(r, n).into_iter().enumerate() {
+                    // Phases published so far, over all calls.
+                    let mut done = 0i64;
+                    for (k, &kind) in kinds.iter().enumerate() {
+                        let user = kind.input(k, r, n);
+                        let want = kind.expected(k, r, n);
+                        let mut out = vec![u64::MAX; want.len()];
+                        if n == 1 {
+                            // IpcRing::run copies input to output and exchanges nothing.
+                            if let (Some(i), Some(o)) = (kind.input_at(0, 0), kind.output_at(0, 0)) {
+                                out[o..o + E].copy_from_slice(&user[i..i + E]);
+                            }
+                        }
+                        let plan = plan_of(kind, r, n);
+                        let base = done + 1;
+                        for (p, ph) in plan.iter().enumerate() {
                             std::thread::sleep(delay(r, k, p));
                             if let Some(w) = ph.wait_right {
                                 wait(right, base + w)?;
@@ -95,7 +147,7 @@ fn simulate(
                                 let after = left.tag[c].load(Ordering::Acquire);
                                 if before != want || after != want {
                                     return Err(format!(
-                                        "rank {r} call {k} phase {p} ({:?}): left's chunk {c} tagged {before}/{after}, expected {want}",
+                                        "rank {r} call {k} ({kind:?}) phase {p} ({:?}): left's chunk {c} tagged {before}/{after}, expected {want}",
                                         ph.action
                                     ));
                                 }
@@ -112,10 +164,19 @@ fn simulate(
                             let mine = |c: usize| -> Vec<u64> {
                                 (0..E).map(|e| me.ws[c * E + e].load(Ordering::Relaxed)).collect()
                             };
+                            let mut output = |c: usize, v: &[u64]| {
+                                if let Some(o) = kind.output_at(r, c) {
+                                    out[o..o + E].copy_from_slice(v);
+                                }
+                            };
                             match ph.action {
-                                Action::CopyIn => {
-                                    for c in 0..n {
-                                        write(c, &user[c * E..(c + 1) * E]);
+                                Action::CopyIn { chunk } => {
+                                    for c in (0..n).filter(|&c| chunk.is_none_or(|only| only == c)) {
+                                        let Some(i) = kind.input_at(r, c) else { continue };
+                                        write(c, &user[i..i + E]);
+                                        if chunk.is_some() {
+                                            output(c, &user[i..i + E]);
+                                        }
                                     }
                                 }
                                 Action::Reduce { chunk: c, last } => {
@@ -127,7 +188,7 @@ fn simulate(
                                         mine(c).iter().zip(&theirs).map(|(a, b)| a + b).collect();
                                     write(c, &sum);
                                     if last {
-                                        out[c * E..(c + 1) * E].copy_from_slice(&sum);
+                                        output(c, &sum);
                                     }
                                 }
                                 Action::Gather { chunk: c } => {
@@ -136,16 +197,14 @@ fn simulate(
                                         Err(m) => return fail(m),
                                     };
                                     write(c, &theirs);
-                                    out[c * E..(c + 1) * E].copy_from_slice(&theirs);
+                                    output(c, &theirs);
                                 }
                             }
                             me.counter.store(id, Ordering::Release);
                         }
-                        for (i, &x) in out.iter().enumerate() {
-                            let want: u64 = (0..n).map(|q| input(k, q, i)).sum();
-                            if x != want {
-                                return fail(format!("rank {r} call {k}: element {i} is {x}, expected {want}"));
-                            }
+                        done += plan.len() as i64;
+                        if out != want {
+                            return fail(format!("rank {r} call {k} ({kind:?}): got {out:?}, expected {want:?}"));
                         }
                     }
                     Ok(())
@@ -174,11 +233,28 @@ fn jitter(seed: u64) -> impl Fn(usize, usize, usize) -> Duration + Sync {
 }
 
 #[test]
-fn the_ring_plan_is_correct_under_random_interleavings() {
+fn the_plans_are_correct_under_random_interleavings() {
+    use Kind::*;
+    // Each kind repeated, and the kinds mixed (phase numbers run on across calls).
+    let seqs: [&[Kind]; 4] = [
+        &[AllReduce, AllReduce, AllReduce],
+        &[ReduceScatter, ReduceScatter],
+        &[AllGather, AllGather],
+        &[
+            AllReduce,
+            ReduceScatter,
+            AllGather,
+            AllReduce,
+            AllGather,
+            ReduceScatter,
+        ],
+    ];
     for n in [1usize, 2, 3, 4, 5, 7, 8] {
-        for seed in 0..4 {
-            simulate(n, 3, plan::ring, jitter(seed))
-                .unwrap_or_else(|e| panic!("n = {n}, seed {seed}: {e}"));
+        for (i, seq) in seqs.iter().enumerate() {
+            for seed in 0..3 {
+                simulate(n, seq, Kind::plan, jitter(seed + 10 * i as u64))
+                    .unwrap_or_else(|e| panic!("n = {n}, {seq:?}, seed {seed}: {e}"));
+            }
         }
     }
 }
@@ -189,7 +265,7 @@ fn the_plan_has_the_documented_shape() {
         for r in 0..n {
             let p = plan::ring(r, n);
             assert_eq!(p.len(), 2 * (n - 1) + 1);
-            assert_eq!(p[0].action, Action::CopyIn);
+            assert_eq!(p[0].action, Action::CopyIn { chunk: None });
             // Every chunk is completed by exactly one last reduce, and gathered n-1 times
             // in all: each rank ends with every chunk.
             let last: Vec<usize> = p
@@ -219,8 +295,8 @@ fn the_plan_has_the_documented_shape() {
 /// still to gather from it, and the simulation says so.
 #[test]
 fn a_missing_cross_call_wait_is_caught() {
-    let without = |r: usize, n: usize| {
-        let mut p = plan::ring(r, n);
+    let without = |kind: Kind, r: usize, n: usize| {
+        let mut p = kind.plan(r, n);
         p[0].wait_right = None;
         p
     };
@@ -232,18 +308,20 @@ fn a_missing_cross_call_wait_is_caught() {
             Duration::ZERO
         }
     };
-    let e = simulate(2, 3, without, slow).expect_err("a write-after-read hazard must be caught");
+    let calls = [Kind::AllReduce; 3];
+    let e =
+        simulate(2, &calls, without, slow).expect_err("a write-after-read hazard must be caught");
     assert!(e.contains("tagged"), "{e}");
     // With the wait, the same timing is fine.
-    simulate(2, 3, plan::ring, slow).unwrap();
+    simulate(2, &calls, Kind::plan, slow).unwrap();
 }
 
 /// Likewise without a reduce's wait for the left neighbour: a read before the left
 /// neighbour has written is caught.
 #[test]
 fn a_missing_read_after_write_wait_is_caught() {
-    let without = |r: usize, n: usize| {
-        let mut p = plan::ring(r, n);
+    let without = |kind: Kind, r: usize, n: usize| {
+        let mut p = kind.plan(r, n);
         p[1].wait_left = None;
         p
     };
@@ -254,7 +332,10 @@ fn a_missing_read_after_write_wait_is_caught() {
             Duration::ZERO
         }
     };
-    let e = simulate(2, 1, without, slow).expect_err("a read-after-write hazard must be caught");
-    assert!(e.contains("tagged"), "{e}");
-    simulate(2, 1, plan::ring, slow).unwrap();
+    for kind in [Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather] {
+        let e = simulate(2, &[kind], without, slow)
+            .expect_err("a read-after-write hazard must be caught");
+        assert!(e.contains("tagged"), "{kind:?}: {e}");
+        simulate(2, &[kind], Kind::plan, slow).unwrap();
+    }
 }

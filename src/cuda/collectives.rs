@@ -15,7 +15,10 @@
 //! working copy on the device between segments, would save copies — see the issue
 //! note. Collectives without a reduction (all-gather, broadcast) only stage.
 //!
-//! Over CUDA IPC ([`crate::transport::cuda_ipc`]) nothing is staged.
+//! Over CUDA IPC ([`crate::transport::cuda_ipc`]) all-reduce, reduce-scatter and
+//! all-gather read the neighbours' device memory directly and nothing is staged;
+//! broadcast and reduce still take the staged path over that transport's TCP links
+//! (a chain schedule over IPC is not written yet).
 //!
 //! **Failures.** A CUDA error inside a collective aborts this communicator (its links
 //! close) and is returned as [`Error::Cuda`]; as for any mid-operation failure, the
@@ -208,32 +211,24 @@ impl Communicator {
         })
     }
 
-    /// The `cuda-ipc` transport's all-reduce: the neighbours' device memory is read
-    /// directly ([`crate::transport::cuda_ipc`]); nothing is staged.
-    fn all_reduce_ipc<T: Element + DeviceRepr>(
+    /// Runs `f` on this rank's CUDA-IPC ring (built on first use, on `ordinal`), with
+    /// the store connection and communicator id it exchanges handles through. A
+    /// failure aborts the communicator: the neighbours are out of step with it.
+    fn with_ipc_ring(
         &self,
-        buf: &mut CudaSlice<T>,
-        op: ReduceOp,
+        ordinal: usize,
+        f: impl FnOnce(&mut IpcRing, &mut crate::rendezvous::StoreClient, u64) -> Result<()>,
     ) -> Result<()> {
-        // Counted like any all-reduce, so later operations' fingerprints still agree.
-        let _ = self.fingerprint(
-            OpKind::AllReduce,
-            T::DTYPE,
-            Some(op),
-            buf.len(),
-            None,
-            Algorithm::Ring,
-        );
         let mut guard = self.ipc.borrow_mut();
         let Some(st) = guard.as_mut() else {
             return Err(Error::InvalidArgument("cuda-ipc state missing".into()));
         };
-        let ordinal = buf.context().ordinal();
-        if st.ring.as_ref().is_some_and(|r| r.ordinal() != ordinal) {
-            return Err(self.refuse(Error::InvalidArgument(format!(
+        if let Some(r) = st.ring.as_ref().filter(|r| r.ordinal() != ordinal) {
+            let why = format!(
                 "cuda-ipc: this rank's ring runs on device {}, the buffer is on device {ordinal}",
-                st.ring.as_ref().map_or(0, |r| r.ordinal())
-            ))));
+                r.ordinal()
+            );
+            return Err(self.refuse(Error::InvalidArgument(why)));
         }
         if st.ring.is_none() {
             let dev = Device::shared(ordinal).map_err(|e| self.refuse(e))?;
@@ -250,14 +245,34 @@ impl Communicator {
         let Some(ring) = ring.as_mut() else {
             return Err(Error::InvalidArgument("cuda-ipc ring missing".into()));
         };
+        f(ring, store, *comm_id).inspect_err(|_| self.abort_handle().abort())
+    }
+
+    /// The `cuda-ipc` transport's all-reduce: the neighbours' device memory is read
+    /// directly ([`crate::transport::cuda_ipc`]); nothing is staged.
+    fn all_reduce_ipc<T: Element + DeviceRepr>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        // Counted like any all-reduce, so later operations' fingerprints still agree.
+        let _ = self.fingerprint(
+            OpKind::AllReduce,
+            T::DTYPE,
+            Some(op),
+            buf.len(),
+            None,
+            Algorithm::Ring,
+        );
+        let ordinal = buf.context().ordinal();
         let stream = Device::shared(ordinal)?.stream().clone();
         let count = buf.len();
         let (d, _g) = buf.device_ptr_mut(&stream);
-        // SAFETY: `d` is the slice's allocation of `count` elements, mutably borrowed
-        // (so unused by anything else) until all_reduce returns synchronized.
-        let r = unsafe { ring.all_reduce(store, *comm_id, d, count, T::DTYPE, op) };
-        // On failure the neighbours are out of step with this rank: abort.
-        r.inspect_err(|_| self.abort_handle().abort())
+        self.with_ipc_ring(ordinal, |ring, store, id| {
+            // SAFETY: `d` is the slice's allocation of `count` elements, mutably
+            // borrowed (so unused by anything else) until this returns synchronized.
+            unsafe { ring.all_reduce(store, id, d, count, T::DTYPE, op) }
+        })
     }
 
     /// [`Communicator::reduce_scatter`] on device memory: `send` holds `world_size`
@@ -281,6 +296,26 @@ impl Communicator {
             },
         )?;
         self.check_op::<T>(op)?;
+        if self.ipc.borrow().is_some() {
+            let _ = self.fingerprint(
+                OpKind::ReduceScatter,
+                T::DTYPE,
+                Some(op),
+                send.len(),
+                None,
+                Algorithm::Ring,
+            );
+            let ordinal = send.context().ordinal();
+            let stream = Device::shared(ordinal)?.stream().clone();
+            let count = recv.len();
+            let (s, _gs) = send.device_ptr(&stream);
+            let (r, _gr) = recv.device_ptr_mut(&stream);
+            return self.with_ipc_ring(ordinal, |ring, store, id| {
+                // SAFETY: `s` holds n × count elements and `r` count, both borrowed
+                // until this returns synchronized.
+                unsafe { ring.reduce_scatter(store, id, s, r, count, T::DTYPE, op) }
+            });
+        }
         let red = reducer_for(send).map_err(|e| self.refuse(e))?;
         let esize = size_of::<T>();
         let fp = self.fingerprint(
@@ -330,6 +365,26 @@ impl Communicator {
                 send.len()
             )
         })?;
+        if self.ipc.borrow().is_some() {
+            let _ = self.fingerprint(
+                OpKind::AllGather,
+                T::DTYPE,
+                None,
+                recv.len(),
+                None,
+                Algorithm::Ring,
+            );
+            let ordinal = send.context().ordinal();
+            let stream = Device::shared(ordinal)?.stream().clone();
+            let count = send.len();
+            let (s, _gs) = send.device_ptr(&stream);
+            let (r, _gr) = recv.device_ptr_mut(&stream);
+            return self.with_ipc_ring(ordinal, |ring, store, id| {
+                // SAFETY: `s` holds count elements and `r` n × count, both borrowed
+                // until this returns synchronized.
+                unsafe { ring.all_gather(store, id, s, r, count, T::DTYPE) }
+            });
+        }
         let dev = Device::shared(send.context().ordinal()).map_err(|e| self.refuse(e))?;
         let esize = size_of::<T>();
         let fp = self.fingerprint(

@@ -14,14 +14,18 @@
 //! is legal CUDA (NCCL's "Duplicate GPU detected" is its own policy), and with one rank
 //! per GPU the same code reads peer memory over NVLink/PCIe.
 //!
-//! # The ring ([`IpcRing::all_reduce`])
+//! # The ring ([`IpcRing::all_reduce`], and its halves)
 //! Phase 0 copies the user buffer into the workspace. Reduce-scatter step `t`
 //! (`0..n-1`) reduces chunk `c = r-t-1` as `ws[c] = ws[c] op left_ws[c]`, reading the
 //! left neighbour's chunk straight from its memory; the last step runs the fused
 //! receive-reduce-copy kernel, writing the result into the workspace (which the right
 //! neighbour reads next — the "send slot") and into the user buffer. All-gather step
 //! `g` (`0..n-1`) copies chunk `r-g` from the left workspace into both. Nothing is
-//! staged through host memory.
+//! staged through host memory. Reduce-scatter ([`IpcRing::reduce_scatter`]) runs the
+//! first half with chunks shifted so that rank `r` completes block `r`; all-gather
+//! ([`IpcRing::all_gather`]) copies its block in and runs `n-1` gather steps. Phase
+//! numbers run on across calls of any kind. Broadcast and reduce are not written for
+//! IPC: over this transport they are staged over its TCP links.
 //!
 //! Ordering across processes: after enqueueing a phase a rank records its event and
 //! then publishes the phase number in its counter. A rank that needs a neighbour's
@@ -75,8 +79,12 @@ pub mod plan {
     /// What one phase of a rank does.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum Action {
-        /// Copy the user buffer into the workspace.
-        CopyIn,
+        /// Copy the user input into the workspace: every chunk (`None`), or only this
+        /// rank's own chunk (all-gather; it is copied to the output too).
+        CopyIn {
+            /// `Some(c)`: only chunk `c`.
+            chunk: Option<usize>,
+        },
         /// `ws[chunk] = ws[chunk] op left_ws[chunk]`; `last`: the chunk is complete
         /// (Avg's division, and the fused copy into the user buffer).
         Reduce {
@@ -105,25 +113,12 @@ pub mod plan {
         pub wait_right: Option<i64>,
     }
 
-    /// The `2(n-1) + 1` phases of rank `r` in an `n`-rank ring all-reduce.
+    /// The `2(n-1) + 1` phases of rank `r` in an `n`-rank ring all-reduce: copy in,
+    /// reduce-scatter finishing chunk `r+1`, all-gather.
     pub fn ring(r: usize, n: usize) -> Vec<Phase> {
-        let mut v = vec![Phase {
-            action: Action::CopyIn,
-            wait_left: None,
-            wait_right: Some(-1),
-        }];
+        let mut v = reduce_steps(r, n, 1);
         if n < 2 {
             return v;
-        }
-        for t in 0..n - 1 {
-            v.push(Phase {
-                action: Action::Reduce {
-                    chunk: (r + 2 * n - t - 1) % n,
-                    last: t == n - 2,
-                },
-                wait_left: Some(t as i64),
-                wait_right: None,
-            });
         }
         for g in 0..n - 1 {
             v.push(Phase {
@@ -132,6 +127,52 @@ pub mod plan {
                 },
                 wait_left: Some((n - 1 + g) as i64),
                 wait_right: Some(1 + g as i64),
+            });
+        }
+        v
+    }
+
+    /// Reduce-scatter: copy in, then `n-1` reduce steps finishing chunk `r` (the block
+    /// rank `r` receives).
+    pub fn reduce_scatter(r: usize, n: usize) -> Vec<Phase> {
+        reduce_steps(r, n, 2)
+    }
+
+    /// All-gather: copy this rank's block into chunk `r`, then `n-1` steps each copying
+    /// the chunk the left neighbour got at its previous step.
+    pub fn all_gather(r: usize, n: usize) -> Vec<Phase> {
+        let mut v = vec![Phase {
+            action: Action::CopyIn { chunk: Some(r) },
+            wait_left: None,
+            wait_right: Some(-1),
+        }];
+        for g in 0..n.saturating_sub(1) {
+            v.push(Phase {
+                action: Action::Gather {
+                    chunk: (r + 2 * n - 1 - g) % n,
+                },
+                wait_left: Some(g as i64),
+                wait_right: None,
+            });
+        }
+        v
+    }
+
+    /// Copy in, then reduce step `t` on chunk `r - t - shift`.
+    fn reduce_steps(r: usize, n: usize, shift: usize) -> Vec<Phase> {
+        let mut v = vec![Phase {
+            action: Action::CopyIn { chunk: None },
+            wait_left: None,
+            wait_right: Some(-1),
+        }];
+        for t in 0..n.saturating_sub(1) {
+            v.push(Phase {
+                action: Action::Reduce {
+                    chunk: (r + 2 * n - t - shift) % n,
+                    last: t == n - 2,
+                },
+                wait_left: Some(t as i64),
+                wait_right: None,
             });
         }
         v
@@ -443,7 +484,10 @@ pub struct IpcRing {
     counter: ShmCounter,
     left: Option<Neighbour>,
     right: Option<Neighbour>,
-    /// All-reduces completed (phase numbers continue across calls).
+    /// Phases published so far, over all calls (each call's phases are numbered on
+    /// from here, so calls of different kinds may follow each other).
+    done: u64,
+    /// Collectives run, for error messages.
     calls: u64,
 }
 
@@ -469,6 +513,7 @@ impl IpcRing {
             counter: ShmCounter::create(comm_id, rank)?,
             left: None,
             right: None,
+            done: 0,
             calls: 0,
             red,
         })
@@ -479,13 +524,10 @@ impl IpcRing {
         self.red.device().ordinal
     }
 
-    fn phases(&self) -> u64 {
-        2 * (self.n as u64 - 1) + 1
-    }
-
-    /// The counter value meaning "phase `p` of call `k` is enqueued and recorded".
-    fn id(&self, k: u64, p: u64) -> u64 {
-        k * self.phases() + p + 1
+    /// The counter value meaning "phase `p` of the current call is enqueued and
+    /// recorded" (`p = -1`: the previous call's last phase).
+    fn id(&self, p: i64) -> u64 {
+        (self.done as i64 + 1 + p).max(0) as u64
     }
 
     /// Grows the workspace to `bytes` (every rank does so at the same call) and
@@ -498,9 +540,8 @@ impl IpcRing {
         dev.bind()?;
         // Before freeing the old workspace: the right neighbour has finished every read
         // of it (its last phase of the previous call), and so have we of the left one.
-        if self.calls > 0 {
-            let last = self.id(self.calls - 1, self.phases() - 1);
-            self.wait_for(false, last, "to finish the previous all-reduce")?;
+        if self.done > 0 {
+            self.wait_for(false, self.done, "to finish the previous collective")?;
             if let Some(r) = &self.right {
                 r.event.wait_on(dev.stream())?;
             }
@@ -554,7 +595,7 @@ impl IpcRing {
             if start.elapsed() >= self.timeout {
                 return Err(Error::Timeout {
                     rank: self.rank,
-                    op: format!("cuda-ipc all_reduce #{}", self.calls),
+                    op: format!("cuda-ipc collective #{}", self.calls),
                     after: start.elapsed(),
                     waiting_for: format!("rank {} {what} (phase {at_least})", nb.rank),
                     peers: format!("rank {} is at phase {}", nb.rank, nb.counter.get()),
@@ -570,9 +611,9 @@ impl IpcRing {
         nb.event.wait_on(self.red.device().stream())
     }
 
-    fn publish(&self, k: u64, p: u64) -> Result<()> {
+    fn publish(&self, p: i64) -> Result<()> {
         self.event.record(self.red.device().stream())?;
-        self.counter.set(self.id(k, p));
+        self.counter.set(self.id(p));
         Ok(())
     }
 
@@ -585,7 +626,7 @@ impl IpcRing {
     /// by anything else until this returns.
     pub unsafe fn all_reduce(
         &mut self,
-        st_store: &mut StoreClient,
+        store: &mut StoreClient,
         comm_id: u64,
         buf: sys::CUdeviceptr,
         count: usize,
@@ -594,16 +635,123 @@ impl IpcRing {
     ) -> Result<()> {
         crate::reduce::check_op(dt, op)?;
         let n = self.n;
+        let chunks = schedule::balanced_chunks(count, n);
+        let es = dt.size() as u64;
+        let at: Vec<Option<u64>> = chunks.iter().map(|c| Some(c.start as u64 * es)).collect();
+        let io = Io {
+            input: buf,
+            input_at: at.clone(),
+            output: buf,
+            output_at: at,
+        };
+        let plan = plan::ring(self.rank, n);
+        // SAFETY: the caller's contract; `io` addresses `buf` within `count` elements.
+        unsafe { self.run(store, comm_id, &plan, &chunks, &io, dt, Some(op)) }
+    }
+
+    /// Reduce-scatter: `send` holds `n` blocks of `count` elements; `recv` (`count`
+    /// elements) receives the reduction of block `rank`.
+    ///
+    /// # Safety
+    /// Both must be device memory of this context valid for their sizes, not used by
+    /// anything else until this returns.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter(
+        &mut self,
+        store: &mut StoreClient,
+        comm_id: u64,
+        send: sys::CUdeviceptr,
+        recv: sys::CUdeviceptr,
+        count: usize,
+        dt: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        crate::reduce::check_op(dt, op)?;
+        let n = self.n;
+        let chunks = schedule::chunks_from_counts(&vec![count; n]);
+        let es = dt.size() as u64;
+        let io = Io {
+            input: send,
+            input_at: chunks.iter().map(|c| Some(c.start as u64 * es)).collect(),
+            output: recv,
+            output_at: (0..n).map(|c| (c == self.rank).then_some(0)).collect(),
+        };
+        let plan = plan::reduce_scatter(self.rank, n);
+        // SAFETY: the caller's contract; `io` stays within `send` and `recv`.
+        unsafe { self.run(store, comm_id, &plan, &chunks, &io, dt, Some(op)) }
+    }
+
+    /// All-gather: `recv` (`n × count` elements) receives every rank's `send` (`count`
+    /// elements) in rank order.
+    ///
+    /// # Safety
+    /// As [`IpcRing::reduce_scatter`].
+    pub unsafe fn all_gather(
+        &mut self,
+        store: &mut StoreClient,
+        comm_id: u64,
+        send: sys::CUdeviceptr,
+        recv: sys::CUdeviceptr,
+        count: usize,
+        dt: DataType,
+    ) -> Result<()> {
+        let n = self.n;
+        let chunks = schedule::chunks_from_counts(&vec![count; n]);
+        let es = dt.size() as u64;
+        let io = Io {
+            input: send,
+            input_at: (0..n).map(|c| (c == self.rank).then_some(0)).collect(),
+            output: recv,
+            output_at: chunks.iter().map(|c| Some(c.start as u64 * es)).collect(),
+        };
+        let plan = plan::all_gather(self.rank, n);
+        // SAFETY: the caller's contract; `io` stays within `send` and `recv`.
+        unsafe { self.run(store, comm_id, &plan, &chunks, &io, dt, None) }
+    }
+
+    /// Runs `plan` over workspace chunks `chunks` (element ranges), reading the user's
+    /// input and writing the output as `io` maps chunks to addresses.
+    ///
+    /// # Safety
+    /// Every address `io` yields must be device memory of this context valid for its
+    /// chunk, untouched by anything else until this returns.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        &mut self,
+        store: &mut StoreClient,
+        comm_id: u64,
+        plan: &[plan::Phase],
+        chunks: &[std::ops::Range<usize>],
+        io: &Io,
+        dt: DataType,
+        op: Option<ReduceOp>,
+    ) -> Result<()> {
+        let n = self.n;
+        let es = dt.size();
+        let bytes = chunks.last().map_or(0, |c| c.end) * es;
         if n == 1 {
-            return Ok(());
+            // Nothing to exchange: the output is the input where they differ.
+            let dev = self.red.device().clone();
+            dev.bind()?;
+            if let (Some(i), Some(o)) = (io.input_at[0], io.output_at[0]) {
+                if io.input + i != io.output + o {
+                    // SAFETY: the caller's contract.
+                    unsafe {
+                        dtod(
+                            dev.stream(),
+                            io.output + o,
+                            io.input + i,
+                            chunks[0].len() * es,
+                        )?
+                    };
+                }
+            }
+            return dev.synchronize();
         }
-        let esize = dt.size();
-        let bytes = count * esize;
-        self.ensure(st_store, comm_id, bytes)?;
+        self.ensure(store, comm_id, bytes)?;
         let dev = self.red.device().clone();
         dev.bind()?;
         let stream = dev.stream().clone();
-        let k = self.calls;
         let ws = self.ws.ptr();
         let lws = self
             .left
@@ -611,61 +759,92 @@ impl IpcRing {
             .and_then(|l| l.ws.as_ref())
             .map(|m| m.ptr())
             .ok_or_else(|| Error::InvalidArgument("cuda-ipc: left workspace not mapped".into()))?;
-        let chunks = schedule::balanced_chunks(count, n);
-        let at = |c: usize| (chunks[c].start * esize) as u64;
-        for (p, ph) in plan::ring(self.rank, n).into_iter().enumerate() {
+        let at = |c: usize| (chunks[c].start * es) as u64;
+        let op = op.unwrap_or(ReduceOp::Sum);
+        for (p, ph) in plan.iter().enumerate() {
             // Waits are phase numbers of this call; -1 is the previous call's last.
             if let Some(w) = ph.wait_right {
-                let id = (k * self.phases() + 1) as i64 + w;
-                self.wait_for(false, id as u64, "to finish reading this rank's chunk")?;
+                self.wait_for(false, self.id(w), "to finish reading this rank's chunk")?;
             }
             if let Some(w) = ph.wait_left {
-                let id = (k * self.phases() + 1) as i64 + w;
-                self.wait_for(true, id as u64, "to finish the chunk this rank reads")?;
+                self.wait_for(true, self.id(w), "to finish the chunk this rank reads")?;
             }
-            // SAFETY (all three arms): every range lies in a live allocation of at least
-            // `bytes` (the left workspace is as large as ours, the user buffer is the
-            // caller's); cross-rank ordering is given by the waits above, and this
-            // rank's own phases are ordered by its stream.
+            // SAFETY (every unsafe block below): each range lies in a live allocation —
+            // our workspace and the left one hold at least `bytes`, the user buffers are
+            // the caller's (`io`); cross-rank ordering is given by the waits above, and
+            // this rank's own phases are ordered by its stream.
             match ph.action {
-                // SAFETY: see above.
-                plan::Action::CopyIn => unsafe { dtod(&stream, ws, buf, bytes)? },
+                plan::Action::CopyIn { chunk } => {
+                    for c in (0..n).filter(|&c| chunk.is_none_or(|only| only == c)) {
+                        let len = chunks[c].len() * es;
+                        let Some(i) = io.input_at[c] else { continue };
+                        // SAFETY: see above.
+                        unsafe { dtod(&stream, ws + at(c), io.input + i, len)? };
+                        if chunk.is_some() {
+                            if let Some(o) = io.output_at[c] {
+                                // SAFETY: see above.
+                                unsafe { dtod(&stream, io.output + o, io.input + i, len)? };
+                            }
+                        }
+                    }
+                }
                 plan::Action::Reduce { chunk: c, last } => {
                     let len = chunks[c].len();
-                    let (mine, theirs, user) = (ws + at(c), lws + at(c), buf + at(c));
+                    let (mine, theirs) = (ws + at(c), lws + at(c));
+                    let out = if last {
+                        io.output_at[c].map(|o| io.output + o)
+                    } else {
+                        None
+                    };
                     // SAFETY: see above.
                     unsafe {
-                        if last && op != ReduceOp::Avg {
+                        match out {
                             // Fused receive-reduce-copy: the result goes to the send slot
-                            // (our workspace, read next by the right neighbour) and to
-                            // the user buffer.
-                            self.red
-                                .reduce_raw(&stream, dt, op, mine, user, mine, theirs, len)?;
-                        } else {
-                            self.red
-                                .reduce_raw(&stream, dt, op, mine, 0, mine, theirs, len)?;
-                            if last {
-                                self.red.scale_raw(&stream, dt, mine, len, n as f64)?;
-                                dtod(&stream, user, mine, len * esize)?;
+                            // (our workspace, read next by the right neighbour) and to the
+                            // user's output.
+                            Some(o) if op != ReduceOp::Avg => self
+                                .red
+                                .reduce_raw(&stream, dt, op, mine, o, mine, theirs, len)?,
+                            _ => {
+                                self.red
+                                    .reduce_raw(&stream, dt, op, mine, 0, mine, theirs, len)?;
+                                if last && op == ReduceOp::Avg {
+                                    self.red.scale_raw(&stream, dt, mine, len, n as f64)?;
+                                }
+                                if let Some(o) = out {
+                                    dtod(&stream, o, mine, len * es)?;
+                                }
                             }
                         }
                     }
                 }
                 plan::Action::Gather { chunk: c } => {
-                    let bytes_c = chunks[c].len() * esize;
+                    let len = chunks[c].len() * es;
                     // SAFETY: see above.
                     unsafe {
-                        dtod(&stream, ws + at(c), lws + at(c), bytes_c)?;
-                        dtod(&stream, buf + at(c), ws + at(c), bytes_c)?;
+                        dtod(&stream, ws + at(c), lws + at(c), len)?;
+                        if let Some(o) = io.output_at[c] {
+                            dtod(&stream, io.output + o, ws + at(c), len)?;
+                        }
                     }
                 }
             }
-            self.publish(k, p as u64)?;
+            self.publish(p as i64)?;
         }
         dev.synchronize()?;
+        self.done += plan.len() as u64;
         self.calls += 1;
         Ok(())
     }
+}
+
+/// Where a collective's user buffers are, per workspace chunk (byte offsets; `None`:
+/// this chunk has no input / output on this rank).
+struct Io {
+    input: sys::CUdeviceptr,
+    input_at: Vec<Option<u64>>,
+    output: sys::CUdeviceptr,
+    output_at: Vec<Option<u64>>,
 }
 
 impl Drop for IpcRing {
@@ -673,12 +852,11 @@ impl Drop for IpcRing {
     /// it: wait (bounded by the timeout) for its last phase, on the GPU too. Failures
     /// are logged, never raised.
     fn drop(&mut self) {
-        if self.calls == 0 || self.right.is_none() {
+        if self.done == 0 || self.right.is_none() {
             return;
         }
-        let last = self.id(self.calls - 1, self.phases() - 1);
         let r = self
-            .wait_for(false, last, "to finish reading this rank's workspace")
+            .wait_for(false, self.done, "to finish reading this rank's workspace")
             .and_then(|()| self.red.device().synchronize());
         if let Err(e) = r {
             tracing::warn!("cuda-ipc: freeing the workspace without the neighbour's go-ahead: {e}");

@@ -13,7 +13,8 @@
 //! 3. **CUDA-IPC all-reduce** with 2, 4 and 8 ranks as processes on one GPU: exact
 //!    results (small integers in f32), busbw, and the limit the GPU's memory bandwidth
 //!    implies: `busbw_max = B·2(n-1)/(n·(9n-6))` with `B` the copy bandwidth measured in
-//!    step 2 (derivation: [`ferroccl::transport::cuda_ipc`]).
+//!    step 2 (derivation: [`ferroccl::transport::cuda_ipc`]). Reduce-scatter and
+//!    all-gather over the same IPC ring are checked and timed too (no limit derived).
 //!
 //! Prints one table and writes the same rows as JSON (`--json`). Exit status 0 only if
 //! nothing was wrong (bandwidth targets are reported, not enforced).
@@ -206,8 +207,16 @@ mod imp {
                 "#    limit = B * 2(n-1)/(n(9n-6)), B = copy bandwidth above = {copy_gbs:.1} GB/s"
             );
             println!(
-                "#{:>3} {:>12} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7}",
-                "n", "size (B)", "time (us)", "algbw", "busbw", "limit", "of lim", "#wrong"
+                "#{:>3} {:>15} {:>12} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7}",
+                "n",
+                "collective",
+                "size (B)",
+                "time (us)",
+                "algbw",
+                "busbw",
+                "limit",
+                "of lim",
+                "#wrong"
             );
         }
         for n in ranks {
@@ -244,20 +253,28 @@ mod imp {
             for mut r in worker_rows {
                 let busbw = r["busbw_gbs"].as_f64().unwrap_or(0.0);
                 let wrong = r["wrong"].as_u64().unwrap_or(u64::MAX);
+                let coll = r["coll"].as_str().unwrap_or("?").to_string();
                 ok &= wrong == 0;
+                // The limit is derived for the all-reduce ring only.
+                let (lim, of) = if coll == "all_reduce" {
+                    r["limit_gbs"] = json!(limit);
+                    (format!("{limit:.2}"), format!("{:.2}", busbw / limit))
+                } else {
+                    ("-".to_string(), "-".to_string())
+                };
                 println!(
-                    "{:>4} {:>12} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7.2} {:>7}",
+                    "{:>4} {:>15} {:>12} {:>10.1} {:>9.2} {:>9.2} {:>9} {:>7} {:>7}",
                     n,
+                    coll,
                     r["bytes"].as_u64().unwrap_or(0),
                     r["time_us"].as_f64().unwrap_or(0.0),
                     r["algbw_gbs"].as_f64().unwrap_or(0.0),
                     busbw,
-                    limit,
-                    busbw / limit,
+                    lim,
+                    of,
                     wrong
                 );
-                r["limit_gbs"] = json!(limit);
-                r["check"] = json!("ipc_all_reduce");
+                r["check"] = json!(format!("ipc_{coll}"));
                 rows.push(r);
             }
         }
@@ -483,6 +500,26 @@ mod imp {
         })
     }
 
+    /// A result row for a ring collective with bus factor (n-1)/n; `wrong` summed over
+    /// ranks.
+    fn row(
+        comm: &Communicator,
+        coll: &str,
+        bytes: usize,
+        secs: f64,
+        wrong: usize,
+    ) -> Result<serde_json::Value> {
+        let n = comm.world_size();
+        let mut w = [wrong as f64];
+        comm.all_reduce(&mut w, ReduceOp::Sum)?;
+        let algbw = bytes as f64 / secs / 1e9;
+        Ok(
+            json!({"coll": coll, "ranks": n, "bytes": bytes, "dtype": "float", "op": "sum",
+            "time_us": secs * 1e6, "algbw_gbs": algbw,
+            "busbw_gbs": algbw * (n as f64 - 1.0) / n as f64, "wrong": w[0] as u64}),
+        )
+    }
+
     /// One rank of the IPC all-reduce check: f32 sums of small integers (exact), sizes
     /// 4 KiB .. max, plus an uneven count; rank 0 writes the rows to `out`.
     fn ipc_worker(a: &GpuCheckArgs, out: &std::path::Path) -> Result<bool> {
@@ -534,10 +571,68 @@ mod imp {
             ok &= w[0] == 0.0;
             let algbw = bytes as f64 / t[0] / 1e9;
             rows.push(
-                json!({"ranks": n, "bytes": bytes, "dtype": "float", "op": "sum",
+                json!({"coll": "all_reduce", "ranks": n, "bytes": bytes, "dtype": "float", "op": "sum",
                 "time_us": t[0] * 1e6, "algbw_gbs": algbw,
                 "busbw_gbs": algbw * 2.0 * (n as f64 - 1.0) / n as f64, "wrong": w[0] as u64}),
             );
+        }
+        // Reduce-scatter and all-gather over the same IPC ring: exact results and
+        // busbw (factor (n-1)/n, S the full gathered size), at 1 MiB-ish per rank
+        // (uneven) and at the largest size.
+        let mut per_rank: Vec<usize> = vec![(1 << 18) + 3];
+        if a.max_bytes / 4 / n > per_rank[0] {
+            per_rank.push(a.max_bytes / 4 / n);
+        }
+        for count in per_rank {
+            let total = count * n;
+            let send: Vec<f32> = (0..total).map(|i| ((i * 7 + r * 13) % 17) as f32).collect();
+            let ds = stream.clone_htod(&send).map_err(drv("cuMemcpyHtoD"))?;
+            let mut dr = stream
+                .clone_htod(&vec![0f32; count])
+                .map_err(drv("cuMemcpyHtoD"))?;
+            let iters = a.iters.clamp(1, 5);
+            comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)?;
+            comm.barrier()?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)?;
+            }
+            let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
+            comm.all_reduce(&mut t, ReduceOp::Max)?;
+            let got: Vec<f32> = stream.clone_dtoh(&dr).map_err(drv("cuMemcpyDtoH"))?;
+            let wrong = got
+                .iter()
+                .enumerate()
+                .filter(|&(k, &g)| {
+                    let i = r * count + k;
+                    let want: usize = (0..n).map(|q| (i * 7 + q * 13) % 17).sum();
+                    g != want as f32
+                })
+                .count();
+            rows.push(row(&comm, "reduce_scatter", total * 4, t[0], wrong)?);
+            ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
+
+            let mine: Vec<f32> = (0..count).map(|k| ((k * 3 + r * 5) % 11) as f32).collect();
+            let dm = stream.clone_htod(&mine).map_err(drv("cuMemcpyHtoD"))?;
+            let mut dg = stream
+                .clone_htod(&vec![0f32; total])
+                .map_err(drv("cuMemcpyHtoD"))?;
+            comm.all_gather_device(&dm, &mut dg)?;
+            comm.barrier()?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                comm.all_gather_device(&dm, &mut dg)?;
+            }
+            let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
+            comm.all_reduce(&mut t, ReduceOp::Max)?;
+            let got: Vec<f32> = stream.clone_dtoh(&dg).map_err(drv("cuMemcpyDtoH"))?;
+            let wrong = got
+                .iter()
+                .enumerate()
+                .filter(|&(i, &g)| g != ((i % count * 3 + i / count * 5) % 11) as f32)
+                .count();
+            rows.push(row(&comm, "all_gather", total * 4, t[0], wrong)?);
+            ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
         }
         if r == 0 {
             std::fs::write(out, serde_json::to_vec(&rows).unwrap_or_default())
