@@ -248,6 +248,21 @@ impl Communicator {
         f(ring, store, *comm_id).inspect_err(|_| self.abort_handle().abort())
     }
 
+    /// Runs `f` on the IPC ring with the device addresses of `send` and `recv` (both
+    /// borrowed, and ordered against their other uses, until it returns).
+    fn ipc_send_recv<T: DeviceRepr>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        f: impl FnOnce(&mut IpcRing, &mut crate::rendezvous::StoreClient, u64, u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let ordinal = send.context().ordinal();
+        let stream = Device::shared(ordinal)?.stream().clone();
+        let (s, _gs) = send.device_ptr(&stream);
+        let (r, _gr) = recv.device_ptr_mut(&stream);
+        self.with_ipc_ring(ordinal, |ring, store, id| f(ring, store, id, s, r))
+    }
+
     /// The `cuda-ipc` transport's all-reduce: the neighbours' device memory is read
     /// directly ([`crate::transport::cuda_ipc`]); nothing is staged.
     fn all_reduce_ipc<T: Element + DeviceRepr>(
@@ -296,28 +311,6 @@ impl Communicator {
             },
         )?;
         self.check_op::<T>(op)?;
-        if self.ipc.borrow().is_some() {
-            let _ = self.fingerprint(
-                OpKind::ReduceScatter,
-                T::DTYPE,
-                Some(op),
-                send.len(),
-                None,
-                Algorithm::Ring,
-            );
-            let ordinal = send.context().ordinal();
-            let stream = Device::shared(ordinal)?.stream().clone();
-            let count = recv.len();
-            let (s, _gs) = send.device_ptr(&stream);
-            let (r, _gr) = recv.device_ptr_mut(&stream);
-            return self.with_ipc_ring(ordinal, |ring, store, id| {
-                // SAFETY: `s` holds n × count elements and `r` count, both borrowed
-                // until this returns synchronized.
-                unsafe { ring.reduce_scatter(store, id, s, r, count, T::DTYPE, op) }
-            });
-        }
-        let red = reducer_for(send).map_err(|e| self.refuse(e))?;
-        let esize = size_of::<T>();
         let fp = self.fingerprint(
             OpKind::ReduceScatter,
             T::DTYPE,
@@ -326,6 +319,16 @@ impl Communicator {
             None,
             Algorithm::Ring,
         );
+        if self.ipc.borrow().is_some() {
+            let count = recv.len();
+            return self.ipc_send_recv(send, recv, |ring, store, id, s, r| {
+                // SAFETY: `s` holds n × count elements and `r` count, both borrowed
+                // until this returns synchronized.
+                unsafe { ring.reduce_scatter(store, id, s, r, count, T::DTYPE, op) }
+            });
+        }
+        let red = reducer_for(send).map_err(|e| self.refuse(e))?;
+        let esize = size_of::<T>();
         let chunks = schedule::chunks_from_counts(&vec![recv.len(); n]);
         let rank = self.rank();
         let stream = red.device().stream().clone();
@@ -365,28 +368,6 @@ impl Communicator {
                 send.len()
             )
         })?;
-        if self.ipc.borrow().is_some() {
-            let _ = self.fingerprint(
-                OpKind::AllGather,
-                T::DTYPE,
-                None,
-                recv.len(),
-                None,
-                Algorithm::Ring,
-            );
-            let ordinal = send.context().ordinal();
-            let stream = Device::shared(ordinal)?.stream().clone();
-            let count = send.len();
-            let (s, _gs) = send.device_ptr(&stream);
-            let (r, _gr) = recv.device_ptr_mut(&stream);
-            return self.with_ipc_ring(ordinal, |ring, store, id| {
-                // SAFETY: `s` holds count elements and `r` n × count, both borrowed
-                // until this returns synchronized.
-                unsafe { ring.all_gather(store, id, s, r, count, T::DTYPE) }
-            });
-        }
-        let dev = Device::shared(send.context().ordinal()).map_err(|e| self.refuse(e))?;
-        let esize = size_of::<T>();
         let fp = self.fingerprint(
             OpKind::AllGather,
             T::DTYPE,
@@ -395,6 +376,16 @@ impl Communicator {
             None,
             Algorithm::Ring,
         );
+        if self.ipc.borrow().is_some() {
+            let count = send.len();
+            return self.ipc_send_recv(send, recv, |ring, store, id, s, r| {
+                // SAFETY: `s` holds count elements and `r` n × count, both borrowed
+                // until this returns synchronized.
+                unsafe { ring.all_gather(store, id, s, r, count, T::DTYPE) }
+            });
+        }
+        let dev = Device::shared(send.context().ordinal()).map_err(|e| self.refuse(e))?;
+        let esize = size_of::<T>();
         let chunks = schedule::chunks_from_counts(&vec![send.len(); n]);
         let rank = self.rank();
         let stream = dev.stream().clone();

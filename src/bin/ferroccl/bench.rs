@@ -16,7 +16,6 @@ use clap::Args;
 use ferroccl::law::{Fit, RingLaw};
 use ferroccl::transport::TransportKind;
 use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
-use half::{bf16, f16};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -411,18 +410,7 @@ fn rank_main(
     if a.device == "cuda" {
         return device::rank_main(a, coll, dtype, op, c, tname);
     }
-    match dtype {
-        DataType::F32 => bench_typed::<f32>(a, coll, op, c, tname),
-        DataType::F64 => bench_typed::<f64>(a, coll, op, c, tname),
-        DataType::F16 => bench_typed::<f16>(a, coll, op, c, tname),
-        DataType::BF16 => bench_typed::<bf16>(a, coll, op, c, tname),
-        DataType::I32 => bench_typed::<i32>(a, coll, op, c, tname),
-        DataType::I64 => bench_typed::<i64>(a, coll, op, c, tname),
-        DataType::U8 => bench_typed::<u8>(a, coll, op, c, tname),
-        _ => Err(ferroccl::Error::InvalidArgument(format!(
-            "unsupported dtype {dtype}"
-        ))),
-    }
+    with_dtype!(dtype, bench_typed(a, coll, op, c, tname))
 }
 
 /// Rank `r`'s input element `i`: small integers, so every reduction order gives the

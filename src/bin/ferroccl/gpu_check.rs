@@ -77,7 +77,6 @@ mod imp {
     use ferroccl::transport::cuda_ipc::busbw_limit_fraction;
     use ferroccl::transport::TransportKind;
     use ferroccl::{Communicator, Config, DataType, Element, Error, ReduceOp, Result};
-    use half::{bf16, f16};
     use serde_json::json;
     use std::sync::Arc;
     use std::time::Instant;
@@ -321,16 +320,7 @@ mod imp {
         op: ReduceOp,
         seed: u64,
     ) -> Result<u64> {
-        match dt {
-            DataType::F32 => check_kernel::<f32>(red, n, off, op, seed),
-            DataType::F64 => check_kernel::<f64>(red, n, off, op, seed),
-            DataType::F16 => check_kernel::<f16>(red, n, off, op, seed),
-            DataType::BF16 => check_kernel::<bf16>(red, n, off, op, seed),
-            DataType::I32 => check_kernel::<i32>(red, n, off, op, seed),
-            DataType::I64 => check_kernel::<i64>(red, n, off, op, seed),
-            DataType::U8 => check_kernel::<u8>(red, n, off, op, seed),
-            _ => Err(Error::InvalidArgument(format!("no device kernel for {dt}"))),
-        }
+        with_dtype!(dt, check_kernel(red, n, off, op, seed))
     }
 
     fn splitmix(mut x: u64) -> u64 {

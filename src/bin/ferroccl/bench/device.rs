@@ -12,7 +12,6 @@
 use super::{count_wrong, fill, max_over_ranks, sizes, BenchArgs, Coll};
 use ferroccl::cuda::{self, cudarc::driver::DeviceRepr, Device};
 use ferroccl::{Communicator, DataType, Element, ReduceOp};
-use half::{bf16, f16};
 use std::time::Instant;
 
 /// Runs the device bench on this rank.
@@ -24,18 +23,7 @@ pub(super) fn rank_main(
     c: &Communicator,
     tname: &str,
 ) -> ferroccl::Result<bool> {
-    match dtype {
-        DataType::F32 => typed::<f32>(a, coll, op, c, tname),
-        DataType::F64 => typed::<f64>(a, coll, op, c, tname),
-        DataType::F16 => typed::<f16>(a, coll, op, c, tname),
-        DataType::BF16 => typed::<bf16>(a, coll, op, c, tname),
-        DataType::I32 => typed::<i32>(a, coll, op, c, tname),
-        DataType::I64 => typed::<i64>(a, coll, op, c, tname),
-        DataType::U8 => typed::<u8>(a, coll, op, c, tname),
-        _ => Err(ferroccl::Error::InvalidArgument(format!(
-            "unsupported dtype {dtype}"
-        ))),
-    }
+    with_dtype!(dtype, typed(a, coll, op, c, tname))
 }
 
 fn typed<T: Element + DeviceRepr>(
