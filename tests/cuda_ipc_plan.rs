@@ -33,6 +33,10 @@ enum Kind {
     AllReduce,
     ReduceScatter,
     AllGather,
+    /// From this root.
+    Broadcast(usize),
+    /// To this root.
+    Reduce(usize),
 }
 
 impl Kind {
@@ -41,18 +45,39 @@ impl Kind {
             Kind::AllReduce => plan::ring(r, n),
             Kind::ReduceScatter => plan::reduce_scatter(r, n),
             Kind::AllGather => plan::all_gather(r, n),
+            Kind::Broadcast(root) => plan::broadcast(r, n, root),
+            Kind::Reduce(root) => plan::reduce(r, n, root),
         }
+    }
+    /// The same call with its root taken modulo `n` (so one list serves every n).
+    fn for_ranks(self, n: usize) -> Self {
+        match self {
+            Kind::Broadcast(root) => Kind::Broadcast(root % n),
+            Kind::Reduce(root) => Kind::Reduce(root % n),
+            k => k,
+        }
+    }
+    /// Phases every rank counts for one call (the longest plan).
+    fn span(self, n: usize) -> usize {
+        plan::span(|q| self.plan(q, n), n)
+    }
+    /// In place: the output starts as the input.
+    fn in_place(self) -> bool {
+        !matches!(self, Kind::ReduceScatter | Kind::AllGather)
     }
     /// Where workspace chunk `c` is in rank `r`'s input / output (element offsets).
     fn input_at(self, r: usize, c: usize) -> Option<usize> {
         match self {
             Kind::AllGather => (c == r).then_some(0),
+            Kind::Broadcast(root) if r != root => None,
             _ => Some(c * E),
         }
     }
     fn output_at(self, r: usize, c: usize) -> Option<usize> {
         match self {
             Kind::ReduceScatter => (c == r).then_some(0),
+            Kind::Broadcast(root) if r == root => None,
+            Kind::Reduce(root) if r != root => None,
             _ => Some(c * E),
         }
     }
@@ -66,6 +91,9 @@ impl Kind {
             Kind::AllReduce => (0..n * E).map(sum).collect(),
             Kind::ReduceScatter => (0..E).map(|e| sum(r * E + e)).collect(),
             Kind::AllGather => (0..n * E).map(|i| input(k, i / E, i % E)).collect(),
+            Kind::Broadcast(root) => (0..n * E).map(|i| input(k, root, i)).collect(),
+            Kind::Reduce(root) if r == root => (0..n * E).map(sum).collect(),
+            Kind::Reduce(_) => (0..n * E).map(|i| input(k, r, i)).collect(),
         }
     }
 }
@@ -115,9 +143,14 @@ fn simulate(
                     // Phases published so far, over all calls.
                     let mut done = 0i64;
                     for (k, &kind) in kinds.iter().enumerate() {
+                        let kind = kind.for_ranks(n);
                         let user = kind.input(k, r, n);
                         let want = kind.expected(k, r, n);
-                        let mut out = vec![u64::MAX; want.len()];
+                        let mut out = if kind.in_place() {
+                            user.clone()
+                        } else {
+                            vec![u64::MAX; want.len()]
+                        };
                         if n == 1 {
                             // IpcRing::run copies input to output and exchanges nothing.
                             if let (Some(i), Some(o)) = (kind.input_at(0, 0), kind.output_at(0, 0)) {
@@ -202,7 +235,10 @@ fn simulate(
                             }
                             me.counter.store(id, Ordering::Release);
                         }
-                        done += plan.len() as i64;
+                        // As IpcRing::run: a shorter plan still publishes the call's end.
+                        let span = kind.span(n) as i64;
+                        me.counter.store((base + span - 1) as u64, Ordering::Release);
+                        done += span;
                         if out != want {
                             return fail(format!("rank {r} call {k} ({kind:?}): got {out:?}, expected {want:?}"));
                         }
@@ -322,7 +358,9 @@ fn a_missing_cross_call_wait_is_caught() {
 fn a_missing_read_after_write_wait_is_caught() {
     let without = |kind: Kind, r: usize, n: usize| {
         let mut p = kind.plan(r, n);
-        p[1].wait_left = None;
+        if let Some(ph) = p.get_mut(1) {
+            ph.wait_left = None;
+        }
         p
     };
     let slow = |r: usize, _k: usize, p: usize| {
@@ -332,7 +370,13 @@ fn a_missing_read_after_write_wait_is_caught() {
             Duration::ZERO
         }
     };
-    for kind in [Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather] {
+    for kind in [
+        Kind::AllReduce,
+        Kind::ReduceScatter,
+        Kind::AllGather,
+        Kind::Broadcast(0),
+        Kind::Reduce(1),
+    ] {
         let e = simulate(2, &[kind], without, slow)
             .expect_err("a read-after-write hazard must be caught");
         assert!(e.contains("tagged"), "{kind:?}: {e}");

@@ -15,10 +15,8 @@
 //! working copy on the device between segments, would save copies — see the issue
 //! note. Collectives without a reduction (all-gather, broadcast) only stage.
 //!
-//! Over CUDA IPC ([`crate::transport::cuda_ipc`]) all-reduce, reduce-scatter and
-//! all-gather read the neighbours' device memory directly and nothing is staged;
-//! broadcast and reduce still take the staged path over that transport's TCP links
-//! (a chain schedule over IPC is not written yet).
+//! Over CUDA IPC ([`crate::transport::cuda_ipc`]) every one of these reads the
+//! neighbours' device memory directly and nothing is staged.
 //!
 //! **Failures.** A CUDA error inside a collective aborts this communicator (its links
 //! close) and is returned as [`Error::Cuda`]; as for any mid-operation failure, the
@@ -279,15 +277,25 @@ impl Communicator {
             None,
             Algorithm::Ring,
         );
-        let ordinal = buf.context().ordinal();
-        let stream = Device::shared(ordinal)?.stream().clone();
         let count = buf.len();
-        let (d, _g) = buf.device_ptr_mut(&stream);
-        self.with_ipc_ring(ordinal, |ring, store, id| {
+        self.ipc_in_place(buf, |ring, store, id, d| {
             // SAFETY: `d` is the slice's allocation of `count` elements, mutably
             // borrowed (so unused by anything else) until this returns synchronized.
             unsafe { ring.all_reduce(store, id, d, count, T::DTYPE, op) }
         })
+    }
+
+    /// Runs `f` on the IPC ring with the device address of `buf` (borrowed, and
+    /// ordered against its other uses, until it returns).
+    fn ipc_in_place<T: DeviceRepr>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        f: impl FnOnce(&mut IpcRing, &mut crate::rendezvous::StoreClient, u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let ordinal = buf.context().ordinal();
+        let stream = Device::shared(ordinal)?.stream().clone();
+        let (d, _g) = buf.device_ptr_mut(&stream);
+        self.with_ipc_ring(ordinal, |ring, store, id| f(ring, store, id, d))
     }
 
     /// [`Communicator::reduce_scatter`] on device memory: `send` holds `world_size`
@@ -414,8 +422,6 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.check_root(root)?;
-        let dev = Device::shared(buf.context().ordinal()).map_err(|e| self.refuse(e))?;
-        let esize = size_of::<T>();
         let fp = self.fingerprint(
             OpKind::Broadcast,
             T::DTYPE,
@@ -424,6 +430,16 @@ impl Communicator {
             Some(root),
             Algorithm::Chain,
         );
+        if self.ipc.borrow().is_some() {
+            let count = buf.len();
+            return self.ipc_in_place(buf, |ring, store, id, d| {
+                // SAFETY: `d` holds `count` elements, borrowed until this returns
+                // synchronized.
+                unsafe { ring.broadcast(store, id, d, count, T::DTYPE, root) }
+            });
+        }
+        let dev = Device::shared(buf.context().ordinal()).map_err(|e| self.refuse(e))?;
+        let esize = size_of::<T>();
         let is_root = self.rank() == root;
         let stream = dev.stream().clone();
         let bytes = buf.len() * esize;
@@ -454,8 +470,6 @@ impl Communicator {
     ) -> Result<()> {
         self.check_op::<T>(op)?;
         self.check_root(root)?;
-        let red = reducer_for(buf).map_err(|e| self.refuse(e))?;
-        let esize = size_of::<T>();
         let fp = self.fingerprint(
             OpKind::Reduce,
             T::DTYPE,
@@ -464,6 +478,16 @@ impl Communicator {
             Some(root),
             Algorithm::Chain,
         );
+        if self.ipc.borrow().is_some() {
+            let count = buf.len();
+            return self.ipc_in_place(buf, |ring, store, id, d| {
+                // SAFETY: `d` holds `count` elements, borrowed until this returns
+                // synchronized.
+                unsafe { ring.reduce(store, id, d, count, T::DTYPE, op, root) }
+            });
+        }
+        let red = reducer_for(buf).map_err(|e| self.refuse(e))?;
+        let esize = size_of::<T>();
         let stream = red.device().stream().clone();
         let bytes = buf.len() * esize;
         let (d, _g) = buf.device_ptr_mut(&stream);

@@ -24,8 +24,9 @@
 //! staged through host memory. Reduce-scatter ([`IpcRing::reduce_scatter`]) runs the
 //! first half with chunks shifted so that rank `r` completes block `r`; all-gather
 //! ([`IpcRing::all_gather`]) copies its block in and runs `n-1` gather steps. Phase
-//! numbers run on across calls of any kind. Broadcast and reduce are not written for
-//! IPC: over this transport they are staged over its TCP links.
+//! numbers run on across calls of any kind. Broadcast and reduce
+//! ([`plan::broadcast`], [`plan::reduce`]) are pipelined chains along the same ring
+//! direction, `n` chunks deep.
 //!
 //! Ordering across processes: after enqueueing a phase a rank records its event and
 //! then publishes the phase number in its counter. A rank that needs a neighbour's
@@ -154,6 +155,50 @@ pub mod plan {
                 wait_left: Some(g as i64),
                 wait_right: None,
             });
+        }
+        v
+    }
+
+    /// Broadcast from `root` as a pipelined chain along the ring: each rank copies chunk
+    /// `j` from its left neighbour once that neighbour has it. The root only copies in.
+    pub fn broadcast(r: usize, n: usize, root: usize) -> Vec<Phase> {
+        let d = (r + n - root) % n;
+        chain(n, d, |j| Action::Gather { chunk: j })
+    }
+
+    /// Reduce to `root` as a pipelined chain along the ring, starting at `root + 1`:
+    /// each rank adds chunk `j` of its left neighbour's partial result to its own; the
+    /// root's sums are complete (`last`).
+    pub fn reduce(r: usize, n: usize, root: usize) -> Vec<Phase> {
+        let d = (r + 2 * n - root - 1) % n;
+        chain(n, d, |j| Action::Reduce {
+            chunk: j,
+            last: d == n - 1,
+        })
+    }
+
+    /// The most phases any rank has in a call of `plan` over `n` ranks: every rank
+    /// numbers the next call's phases from there.
+    pub fn span(plan: impl Fn(usize) -> Vec<Phase>, n: usize) -> usize {
+        (0..n).map(|r| plan(r).len()).max().unwrap_or(1)
+    }
+
+    /// Copy in (what this rank has), then, except at the head of the chain (`d == 0`),
+    /// one phase per chunk acting on the left neighbour's chunk `j` once it is there.
+    fn chain(n: usize, d: usize, act: impl Fn(usize) -> Action) -> Vec<Phase> {
+        let mut v = vec![Phase {
+            action: Action::CopyIn { chunk: None },
+            wait_left: None,
+            wait_right: Some(-1),
+        }];
+        if d > 0 {
+            for j in 0..n {
+                v.push(Phase {
+                    action: act(j),
+                    wait_left: Some(if d == 1 { 0 } else { 1 + j as i64 }),
+                    wait_right: None,
+                });
+            }
         }
         v
     }
@@ -645,8 +690,9 @@ impl IpcRing {
             output_at: at,
         };
         let plan = plan::ring(self.rank, n);
+        let span = plan.len();
         // SAFETY: the caller's contract; `io` addresses `buf` within `count` elements.
-        unsafe { self.run(store, comm_id, &plan, &chunks, &io, dt, Some(op)) }
+        unsafe { self.run(store, comm_id, &plan, span, &chunks, &io, dt, Some(op)) }
     }
 
     /// Reduce-scatter: `send` holds `n` blocks of `count` elements; `recv` (`count`
@@ -677,8 +723,9 @@ impl IpcRing {
             output_at: (0..n).map(|c| (c == self.rank).then_some(0)).collect(),
         };
         let plan = plan::reduce_scatter(self.rank, n);
+        let span = plan.len();
         // SAFETY: the caller's contract; `io` stays within `send` and `recv`.
-        unsafe { self.run(store, comm_id, &plan, &chunks, &io, dt, Some(op)) }
+        unsafe { self.run(store, comm_id, &plan, span, &chunks, &io, dt, Some(op)) }
     }
 
     /// All-gather: `recv` (`n × count` elements) receives every rank's `send` (`count`
@@ -705,8 +752,73 @@ impl IpcRing {
             output_at: chunks.iter().map(|c| Some(c.start as u64 * es)).collect(),
         };
         let plan = plan::all_gather(self.rank, n);
+        let span = plan.len();
         // SAFETY: the caller's contract; `io` stays within `send` and `recv`.
-        unsafe { self.run(store, comm_id, &plan, &chunks, &io, dt, None) }
+        unsafe { self.run(store, comm_id, &plan, span, &chunks, &io, dt, None) }
+    }
+
+    /// Broadcast of `count` elements at `buf` from `root`, in place.
+    ///
+    /// # Safety
+    /// As [`IpcRing::all_reduce`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn broadcast(
+        &mut self,
+        store: &mut StoreClient,
+        comm_id: u64,
+        buf: sys::CUdeviceptr,
+        count: usize,
+        dt: DataType,
+        root: usize,
+    ) -> Result<()> {
+        let n = self.n;
+        let chunks = schedule::balanced_chunks(count, n);
+        let es = dt.size() as u64;
+        let at: Vec<Option<u64>> = chunks.iter().map(|c| Some(c.start as u64 * es)).collect();
+        let is_root = self.rank == root;
+        let io = Io {
+            input: buf,
+            input_at: if is_root { at.clone() } else { vec![None; n] },
+            output: buf,
+            output_at: if is_root { vec![None; n] } else { at },
+        };
+        let plan = plan::broadcast(self.rank, n, root);
+        let span = plan::span(|q| plan::broadcast(q, n, root), n);
+        // SAFETY: the caller's contract; `io` addresses `buf` within `count` elements.
+        unsafe { self.run(store, comm_id, &plan, span, &chunks, &io, dt, None) }
+    }
+
+    /// Reduce of `count` elements at `buf` into `root`'s `buf`, in place; elsewhere
+    /// `buf` is left as it was.
+    ///
+    /// # Safety
+    /// As [`IpcRing::all_reduce`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce(
+        &mut self,
+        store: &mut StoreClient,
+        comm_id: u64,
+        buf: sys::CUdeviceptr,
+        count: usize,
+        dt: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        crate::reduce::check_op(dt, op)?;
+        let n = self.n;
+        let chunks = schedule::balanced_chunks(count, n);
+        let es = dt.size() as u64;
+        let at: Vec<Option<u64>> = chunks.iter().map(|c| Some(c.start as u64 * es)).collect();
+        let io = Io {
+            input: buf,
+            input_at: at.clone(),
+            output: buf,
+            output_at: if self.rank == root { at } else { vec![None; n] },
+        };
+        let plan = plan::reduce(self.rank, n, root);
+        let span = plan::span(|q| plan::reduce(q, n, root), n);
+        // SAFETY: the caller's contract; `io` addresses `buf` within `count` elements.
+        unsafe { self.run(store, comm_id, &plan, span, &chunks, &io, dt, Some(op)) }
     }
 
     /// Runs `plan` over workspace chunks `chunks` (element ranges), reading the user's
@@ -721,6 +833,7 @@ impl IpcRing {
         store: &mut StoreClient,
         comm_id: u64,
         plan: &[plan::Phase],
+        span: usize,
         chunks: &[std::ops::Range<usize>],
         io: &Io,
         dt: DataType,
@@ -831,8 +944,13 @@ impl IpcRing {
             }
             self.publish(p as i64)?;
         }
+        // A rank with fewer phases than the longest (the head of a chain) still
+        // publishes the call's last number, which the next call waits for.
+        if plan.len() < span {
+            self.publish(span as i64 - 1)?;
+        }
         dev.synchronize()?;
-        self.done += plan.len() as u64;
+        self.done += span as u64;
         self.calls += 1;
         Ok(())
     }

@@ -167,10 +167,9 @@ pub enum TransportKind {
     /// RDMA verbs ([`rdma`]): needs the `rdma` feature and an RDMA device; without
     /// either, [`crate::Communicator::init`] says which is missing.
     Rdma,
-    /// CUDA IPC ([`cuda_ipc`], feature `cuda`): device all-reduce, reduce-scatter and
-    /// all-gather read the neighbours' GPU memory directly; everything else runs over
-    /// TCP links, which this transport also makes. Ranks must share one node (one GPU
-    /// or several).
+    /// CUDA IPC ([`cuda_ipc`], feature `cuda`): the device-buffer collectives read the
+    /// neighbours' GPU memory directly; host-buffer ones run over TCP links, which this
+    /// transport also makes. Ranks must share one node (one GPU or several).
     #[cfg(feature = "cuda")]
     CudaIpc,
 }

@@ -13,8 +13,9 @@
 //! 3. **CUDA-IPC all-reduce** with 2, 4 and 8 ranks as processes on one GPU: exact
 //!    results (small integers in f32), busbw, and the limit the GPU's memory bandwidth
 //!    implies: `busbw_max = B·2(n-1)/(n·(9n-6))` with `B` the copy bandwidth measured in
-//!    step 2 (derivation: [`ferroccl::transport::cuda_ipc`]). Reduce-scatter and
-//!    all-gather over the same IPC ring are checked and timed too (no limit derived).
+//!    step 2 (derivation: [`ferroccl::transport::cuda_ipc`]). Reduce-scatter,
+//!    all-gather, broadcast and reduce over the same IPC ring are checked and timed too
+//!    (no limit derived for them).
 //!
 //! Prints one table and writes the same rows as JSON (`--json`). Exit status 0 only if
 //! nothing was wrong (bandwidth targets are reported, not enforced).
@@ -623,6 +624,46 @@ mod imp {
                 .count();
             rows.push(row(&comm, "all_gather", total * 4, t[0], wrong)?);
             ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
+
+            // Broadcast and reduce (chains), root n-1, of the whole `total` elements.
+            let root = n - 1;
+            for coll in ["broadcast", "reduce"] {
+                let mut db = stream.clone_htod(&send).map_err(drv("cuMemcpyHtoD"))?;
+                let run = |db: &mut cuda::cudarc::driver::CudaSlice<f32>| match coll {
+                    "broadcast" => comm.broadcast_device(db, root),
+                    _ => comm.reduce_device(db, ReduceOp::Sum, root),
+                };
+                comm.barrier()?;
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    run(&mut db)?;
+                }
+                let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
+                comm.all_reduce(&mut t, ReduceOp::Max)?;
+                stream
+                    .memcpy_htod(&send, &mut db)
+                    .map_err(drv("cuMemcpyHtoD"))?;
+                run(&mut db)?;
+                let got: Vec<f32> = stream.clone_dtoh(&db).map_err(drv("cuMemcpyDtoH"))?;
+                let wrong = if coll == "broadcast" {
+                    got.iter()
+                        .enumerate()
+                        .filter(|&(i, &g)| g != ((i * 7 + root * 13) % 17) as f32)
+                        .count()
+                } else if r == root {
+                    got.iter()
+                        .enumerate()
+                        .filter(|&(i, &g)| {
+                            let want: usize = (0..n).map(|q| (i * 7 + q * 13) % 17).sum();
+                            g != want as f32
+                        })
+                        .count()
+                } else {
+                    0
+                };
+                rows.push(row(&comm, coll, total * 4, t[0], wrong)?);
+                ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
+            }
         }
         if r == 0 {
             std::fs::write(out, serde_json::to_vec(&rows).unwrap_or_default())

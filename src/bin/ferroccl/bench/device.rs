@@ -1,8 +1,7 @@
 //! `ferroccl bench --device cuda`: the same collectives on device buffers (cudarc
 //! `CudaSlice`), over the chosen transport — staged through pinned host memory for tcp
-//! and local, read directly from the neighbours' memory for `--transport cuda-ipc`
-//! (all-reduce, reduce-scatter, all-gather; broadcast and reduce are staged over its
-//! TCP links). Each rank uses
+//! and local, read directly from the neighbours' memory for `--transport cuda-ipc`.
+//! Each rank uses
 //! GPU `local_rank % device_count`, so several ranks may share one GPU.
 //!
 //! One table: in-place time, algbw, busbw and #wrong (result copied back and checked
