@@ -681,8 +681,7 @@ impl IpcRing {
         crate::reduce::check_op(dt, op)?;
         let n = self.n;
         let chunks = schedule::balanced_chunks(count, n);
-        let es = dt.size() as u64;
-        let at: Vec<Option<u64>> = chunks.iter().map(|c| Some(c.start as u64 * es)).collect();
+        let at = offsets(&chunks, dt);
         let io = Io {
             input: buf,
             input_at: at.clone(),
@@ -715,10 +714,9 @@ impl IpcRing {
         crate::reduce::check_op(dt, op)?;
         let n = self.n;
         let chunks = schedule::chunks_from_counts(&vec![count; n]);
-        let es = dt.size() as u64;
         let io = Io {
             input: send,
-            input_at: chunks.iter().map(|c| Some(c.start as u64 * es)).collect(),
+            input_at: offsets(&chunks, dt),
             output: recv,
             output_at: (0..n).map(|c| (c == self.rank).then_some(0)).collect(),
         };
@@ -744,12 +742,11 @@ impl IpcRing {
     ) -> Result<()> {
         let n = self.n;
         let chunks = schedule::chunks_from_counts(&vec![count; n]);
-        let es = dt.size() as u64;
         let io = Io {
             input: send,
             input_at: (0..n).map(|c| (c == self.rank).then_some(0)).collect(),
             output: recv,
-            output_at: chunks.iter().map(|c| Some(c.start as u64 * es)).collect(),
+            output_at: offsets(&chunks, dt),
         };
         let plan = plan::all_gather(self.rank, n);
         let span = plan.len();
@@ -773,8 +770,7 @@ impl IpcRing {
     ) -> Result<()> {
         let n = self.n;
         let chunks = schedule::balanced_chunks(count, n);
-        let es = dt.size() as u64;
-        let at: Vec<Option<u64>> = chunks.iter().map(|c| Some(c.start as u64 * es)).collect();
+        let at = offsets(&chunks, dt);
         let is_root = self.rank == root;
         let io = Io {
             input: buf,
@@ -807,8 +803,7 @@ impl IpcRing {
         crate::reduce::check_op(dt, op)?;
         let n = self.n;
         let chunks = schedule::balanced_chunks(count, n);
-        let es = dt.size() as u64;
-        let at: Vec<Option<u64>> = chunks.iter().map(|c| Some(c.start as u64 * es)).collect();
+        let at = offsets(&chunks, dt);
         let io = Io {
             input: buf,
             input_at: at.clone(),
@@ -954,6 +949,14 @@ impl IpcRing {
         self.calls += 1;
         Ok(())
     }
+}
+
+/// Byte offsets of `chunks` (element ranges of `dt`), every chunk present.
+fn offsets(chunks: &[std::ops::Range<usize>], dt: DataType) -> Vec<Option<u64>> {
+    chunks
+        .iter()
+        .map(|c| Some((c.start * dt.size()) as u64))
+        .collect()
 }
 
 /// Where a collective's user buffers are, per workspace chunk (byte offsets; `None`:
