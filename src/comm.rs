@@ -185,6 +185,9 @@ pub struct Communicator {
     abort: Arc<AtomicBool>,
     /// Working copy for out-of-place forms that reduce in place (8-byte aligned).
     work: RefCell<Vec<u64>>,
+    /// The CUDA-IPC side of the `cuda-ipc` transport (device all-reduces).
+    #[cfg(feature = "cuda")]
+    pub(crate) ipc: RefCell<Option<crate::transport::cuda_ipc::IpcState>>,
     // Kept alive for the communicator's lifetime: ranks may still be reading it.
     _store_server: Option<StoreServer>,
 }
@@ -298,6 +301,11 @@ impl Communicator {
             TransportKind::Rdma => {
                 crate::transport::rdma::probe()?;
             }
+            // Likewise a machine without a GPU.
+            #[cfg(feature = "cuda")]
+            TransportKind::CudaIpc => {
+                crate::cuda::probe()?;
+            }
             _ => {}
         }
         let server = if cfg.rank == 0 && cfg.serve_store {
@@ -316,6 +324,19 @@ impl Communicator {
             cfg.token.as_deref(),
         )?;
         let comm_id = store.join(cfg.rank, cfg.world_size)?;
+        // CUDA IPC exchanges its handles through the store later (at the first device
+        // all-reduce), on a connection of its own.
+        #[cfg(feature = "cuda")]
+        let ipc = if cfg.transport == TransportKind::CudaIpc {
+            let s = StoreClient::connect_with_token(
+                &cfg.master_addr,
+                cfg.connect_timeout,
+                cfg.token.as_deref(),
+            )?;
+            Some(crate::transport::cuda_ipc::IpcState::new(s, comm_id))
+        } else {
+            None
+        };
         #[cfg(feature = "rdma")]
         if cfg.transport == TransportKind::Rdma {
             let links =
@@ -341,6 +362,10 @@ impl Communicator {
             token: cfg.token.clone(),
         })?;
         let c = Self::assemble(cfg, links, server)?;
+        #[cfg(feature = "cuda")]
+        {
+            *c.ipc.borrow_mut() = ipc;
+        }
         tracing::debug!(rank = c.rank, world = c.world_size, "communicator ready");
         Ok(c)
     }
@@ -400,6 +425,8 @@ impl Communicator {
                 cv: Condvar::new(),
             }),
             worker: RefCell::new(None),
+            #[cfg(feature = "cuda")]
+            ipc: RefCell::new(None),
             _store_server: server,
             cfg,
         })
@@ -476,20 +503,20 @@ impl Communicator {
     }
 
     /// Runs a job on this thread, after any background ones.
-    fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
+    pub(crate) fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
         self.wait_idle();
         lock(&self.shared.engine).run(job)
     }
 
     /// Fails the call and poisons the communicator: this rank will not take part, so
     /// its peers must not wait for it.
-    fn refuse(&self, e: Error) -> Error {
+    pub(crate) fn refuse(&self, e: Error) -> Error {
         self.wait_idle();
         lock(&self.shared.engine).poison(format!("rank {} refused a call: {e}", self.rank));
         e
     }
 
-    fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+    pub(crate) fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
         if ok {
             Ok(())
         } else {
@@ -497,14 +524,14 @@ impl Communicator {
         }
     }
 
-    fn check_root(&self, root: usize) -> Result<()> {
+    pub(crate) fn check_root(&self, root: usize) -> Result<()> {
         let n = self.world_size;
         self.check(root < n, || {
             format!("root {root} is not a rank of this group of {n}")
         })
     }
 
-    fn check_op<T: Element>(&self, op: ReduceOp) -> Result<()> {
+    pub(crate) fn check_op<T: Element>(&self, op: ReduceOp) -> Result<()> {
         check_op(T::DTYPE, op).map_err(|e| self.refuse(e))
     }
 
@@ -539,7 +566,7 @@ impl Communicator {
         done
     }
 
-    fn fingerprint(
+    pub(crate) fn fingerprint(
         &self,
         kind: OpKind,
         dtype: DataType,

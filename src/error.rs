@@ -147,6 +147,15 @@ pub enum Error {
         why: String,
     },
 
+    /// A CUDA driver or NVRTC call failed (feature `cuda`).
+    #[error("CUDA call {call} failed: {detail}")]
+    Cuda {
+        /// The API call, e.g. `cuIpcOpenMemHandle`.
+        call: &'static str,
+        /// The CUDA error code and any log.
+        detail: String,
+    },
+
     /// An I/O error outside of a running collective (binding, connecting, files).
     #[error("{context}: {source}")]
     Io {

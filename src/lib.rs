@@ -50,6 +50,8 @@
 pub mod auth;
 mod broadcast;
 pub mod comm;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod ddp;
 mod doubling;
 mod engine;

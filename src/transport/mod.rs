@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "cuda")]
+pub mod cuda_ipc;
 pub mod local;
 pub mod rdma;
 pub mod tcp;
@@ -176,6 +178,11 @@ pub enum TransportKind {
     /// RDMA verbs ([`rdma`]): needs the `rdma` feature and an RDMA device; without
     /// either, [`crate::Communicator::init`] says which is missing.
     Rdma,
+    /// CUDA IPC ([`cuda_ipc`], feature `cuda`): the device-buffer collectives read the
+    /// neighbours' GPU memory directly; host-buffer ones run over TCP links, which this
+    /// transport also makes. Ranks must share one node (one GPU or several).
+    #[cfg(feature = "cuda")]
+    CudaIpc,
 }
 
 impl TransportKind {
@@ -189,6 +196,9 @@ impl TransportKind {
             "rdma" | "ibverbs" => Ok(TransportKind::Rdma),
             #[cfg(not(feature = "rdma"))]
             "rdma" | "ibverbs" => Err(rdma::not_built(s)),
+            #[cfg(feature = "cuda")]
+            "cuda-ipc" | "cuda_ipc" => Ok(TransportKind::CudaIpc),
+            #[cfg(not(feature = "cuda"))]
             "cuda-ipc" | "cuda_ipc" => Err(crate::Error::Unavailable {
                 what: format!("transport {s}"),
                 why: "this build has no CUDA IPC transport (it arrives with the \"cuda\" feature)"
@@ -206,6 +216,8 @@ impl TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Local => "local",
             TransportKind::Rdma => "rdma",
+            #[cfg(feature = "cuda")]
+            TransportKind::CudaIpc => "cuda-ipc",
         }
     }
 }

@@ -9,11 +9,13 @@
 //! rank and rank 0 prints. Started bare, it runs `--ranks N` local ranks itself: as
 //! processes through `ferroccl launch` for `--transport tcp`, as threads for `local`.
 
+#[cfg(feature = "cuda")]
+mod device;
+
 use clap::Args;
 use ferroccl::law::{Fit, RingLaw};
 use ferroccl::transport::TransportKind;
 use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
-use half::{bf16, f16};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -54,9 +56,14 @@ pub struct BenchArgs {
     /// Ranks to start when not run under a launcher.
     #[arg(long = "ranks", default_value_t = 4)]
     pub ranks: usize,
-    /// Transport: tcp, local (threads in one process), or rdma (feature `rdma`).
+    /// Transport: tcp, local (threads in one process), rdma (feature `rdma`), or
+    /// cuda-ipc (feature `cuda`; needs --device cuda).
     #[arg(long = "transport", default_value = "tcp")]
     pub transport: String,
+    /// Where the buffers live: cpu, or cuda (device buffers; feature `cuda`; rank r
+    /// uses GPU local_rank % device count). Without a GPU, `cuda` fails with the typed error.
+    #[arg(long = "device", default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
     /// Ring segment size in bytes (pipelining granularity).
     #[arg(long = "segment-bytes", value_parser = parse_size)]
     pub segment_bytes: Option<usize>,
@@ -92,7 +99,7 @@ fn parse_law_rate(s: &str) -> Result<f64, String> {
     ferroccl::plan::parse_rate("--law", s).map_err(|e| e.to_string())
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let (num, mul) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1usize << 10),
@@ -269,9 +276,14 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         // Say at once, once, when this machine has no RDMA device.
         ferroccl::transport::rdma::probe()?;
     }
+    check_device(&a, transport)?;
     if ferroccl::rendezvous::detect_env()?.is_some() {
         let mut cfg = config_for(&a, Config::from_env()?);
         if transport == TransportKind::Rdma {
+            cfg.transport = transport;
+        }
+        #[cfg(feature = "cuda")]
+        if transport == TransportKind::CudaIpc {
             cfg.transport = transport;
         }
         if a.root >= cfg.world_size {
@@ -343,6 +355,33 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
     }
 }
 
+/// `--device cuda` and `--transport cuda-ipc` need the `cuda` feature and a GPU: say
+/// which is missing, at once, with the typed error.
+fn check_device(a: &BenchArgs, transport: TransportKind) -> ferroccl::Result<()> {
+    let _ = transport;
+    if a.device != "cuda" {
+        #[cfg(feature = "cuda")]
+        if transport == TransportKind::CudaIpc {
+            ferroccl::cuda::probe()?;
+            return Err(ferroccl::Error::InvalidArgument(
+                "--transport cuda-ipc moves device buffers: add --device cuda".into(),
+            ));
+        }
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        ferroccl::cuda::probe().map(|_| ())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(ferroccl::Error::Unavailable {
+            what: "--device cuda".into(),
+            why: "this build has no CUDA support (build with --features cuda)".into(),
+        })
+    }
+}
+
 /// Message sizes in bytes: from -b to -e by -f, each rounded down to whole elements
 /// (and, for the blocked collectives, to whole blocks of one element per rank at least).
 fn sizes(a: &BenchArgs, unit: usize) -> Vec<usize> {
@@ -367,18 +406,11 @@ fn rank_main(
     c: &Communicator,
     tname: &str,
 ) -> ferroccl::Result<bool> {
-    match dtype {
-        DataType::F32 => bench_typed::<f32>(a, coll, op, c, tname),
-        DataType::F64 => bench_typed::<f64>(a, coll, op, c, tname),
-        DataType::F16 => bench_typed::<f16>(a, coll, op, c, tname),
-        DataType::BF16 => bench_typed::<bf16>(a, coll, op, c, tname),
-        DataType::I32 => bench_typed::<i32>(a, coll, op, c, tname),
-        DataType::I64 => bench_typed::<i64>(a, coll, op, c, tname),
-        DataType::U8 => bench_typed::<u8>(a, coll, op, c, tname),
-        _ => Err(ferroccl::Error::InvalidArgument(format!(
-            "unsupported dtype {dtype}"
-        ))),
+    #[cfg(feature = "cuda")]
+    if a.device == "cuda" {
+        return device::rank_main(a, coll, dtype, op, c, tname);
     }
+    with_dtype!(dtype, bench_typed(a, coll, op, c, tname))
 }
 
 /// Rank `r`'s input element `i`: small integers, so every reduction order gives the

@@ -1,6 +1,26 @@
 //! The `ferroccl` command line: `bench`, `launch`, `plan`, `plot`, `train`.
 
+/// `$f::<T>(args)` with `T` the Rust type of the `DataType` `$dtype`; an error for a
+/// type this binary does not know.
+macro_rules! with_dtype {
+    ($dtype:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
+        match $dtype {
+            ferroccl::DataType::F32 => $f::<f32>($($arg),*),
+            ferroccl::DataType::F64 => $f::<f64>($($arg),*),
+            ferroccl::DataType::F16 => $f::<half::f16>($($arg),*),
+            ferroccl::DataType::BF16 => $f::<half::bf16>($($arg),*),
+            ferroccl::DataType::I32 => $f::<i32>($($arg),*),
+            ferroccl::DataType::I64 => $f::<i64>($($arg),*),
+            ferroccl::DataType::U8 => $f::<u8>($($arg),*),
+            other => Err(ferroccl::Error::InvalidArgument(format!(
+                "unsupported dtype {other}"
+            ))),
+        }
+    };
+}
+
 mod bench;
+mod gpu_check;
 mod launch;
 mod plan;
 mod plot;
@@ -39,6 +59,10 @@ enum Command {
     /// precision, checkpoints and resume; `--scaling 1,2,4` for a scaling report.
     #[cfg(feature = "candle")]
     Train(train::TrainArgs),
+    /// GPU validation (feature `cuda`; run through tools/gpu-check on a GPU host):
+    /// kernels against the CPU f64 reference, kernel vs copy bandwidth, CUDA-IPC
+    /// all-reduce with 2, 4 and 8 ranks on one GPU. One table, plus JSON.
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +75,7 @@ fn main() -> ExitCode {
         Command::Plot(a) => plot::main(a),
         #[cfg(feature = "candle")]
         Command::Train(a) => train::main(a),
+        Command::GpuCheck(a) => gpu_check::main(a),
     }
 }
 

@@ -1,0 +1,154 @@
+//! `ferroccl bench --device cuda`: the same collectives on device buffers (cudarc
+//! `CudaSlice`), over the chosen transport — staged through pinned host memory for tcp
+//! and local, read directly from the neighbours' memory for `--transport cuda-ipc`.
+//! Each rank uses
+//! GPU `local_rank % device_count`, so several ranks may share one GPU.
+//!
+//! One table: in-place time, algbw, busbw and #wrong (result copied back and checked
+//! against the same exact expectation as the host bench). Times are per operation,
+//! each operation returning with its result on the device, max over ranks.
+
+use super::{count_wrong, fill, max_over_ranks, sizes, BenchArgs, Coll};
+use ferroccl::cuda::{self, cudarc::driver::DeviceRepr, Device};
+use ferroccl::{Communicator, DataType, Element, ReduceOp};
+use std::time::Instant;
+
+/// Runs the device bench on this rank.
+pub(super) fn rank_main(
+    a: &BenchArgs,
+    coll: Coll,
+    dtype: DataType,
+    op: ReduceOp,
+    c: &Communicator,
+    tname: &str,
+) -> ferroccl::Result<bool> {
+    with_dtype!(dtype, typed(a, coll, op, c, tname))
+}
+
+fn typed<T: Element + DeviceRepr>(
+    a: &BenchArgs,
+    coll: Coll,
+    op: ReduceOp,
+    c: &Communicator,
+    tname: &str,
+) -> ferroccl::Result<bool> {
+    let p = cuda::probe()?;
+    let dev = Device::shared(c.config().local_rank % p.devices)?;
+    let stream = dev.stream().clone();
+    let drv = |call: &'static str| {
+        move |e: cuda::cudarc::driver::DriverError| ferroccl::Error::Cuda {
+            call,
+            detail: format!("{:?}", e.0),
+        }
+    };
+    let n = c.world_size();
+    let rank = c.rank();
+    let root = a.root;
+    let esize = std::mem::size_of::<T>();
+    let unit = if coll.blocked() { esize * n } else { esize };
+    let sizes = sizes(a, unit);
+    if rank == 0 {
+        println!(
+            "# ferroccl bench: {} on device buffers ({} sm_{}{}, rank 0 on GPU {}), {n} ranks, transport {tname}",
+            coll.name(),
+            dev.name,
+            dev.cc.0,
+            dev.cc.1,
+            dev.ordinal
+        );
+        println!(
+            "# in place; busbw = algbw x bus factor (nccl-tests); #wrong checked on a fresh run"
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}",
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+        );
+    }
+    let op_name = if coll.reduces() { op.name() } else { "none" };
+    let root_col: i64 = if coll.rooted() { root as i64 } else { -1 };
+    let mut total_wrong = 0u64;
+    for &bytes in &sizes {
+        let count = bytes / esize;
+        let in_count = match coll {
+            Coll::AllGather => count / n,
+            _ => count,
+        };
+        let out_count = match coll {
+            Coll::ReduceScatter => count / n,
+            _ => count,
+        };
+        let mut input = vec![T::default(); in_count];
+        match coll {
+            Coll::AllGather | Coll::Broadcast => fill(&mut input, ReduceOp::Sum, rank, 0),
+            _ => fill(&mut input, op, rank, 0),
+        }
+        let mut d_in = stream.clone_htod(&input).map_err(drv("cuMemcpyHtoD"))?;
+        let mut d_out = stream
+            .clone_htod(&vec![T::default(); out_count])
+            .map_err(drv("cuMemcpyHtoD"))?;
+        let once = |d_in: &mut cuda::cudarc::driver::CudaSlice<T>,
+                    d_out: &mut cuda::cudarc::driver::CudaSlice<T>|
+         -> ferroccl::Result<()> {
+            match coll {
+                Coll::AllReduce => c.all_reduce_device(d_in, op),
+                Coll::ReduceScatter => c.reduce_scatter_device(d_in, d_out, op),
+                Coll::AllGather => c.all_gather_device(d_in, d_out),
+                Coll::Broadcast => c.broadcast_device(d_in, root),
+                Coll::Reduce => c.reduce_device(d_in, op, root),
+            }
+        };
+        for _ in 0..a.warmup {
+            once(&mut d_in, &mut d_out)?;
+        }
+        c.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..a.iters {
+            once(&mut d_in, &mut d_out)?;
+        }
+        dev.synchronize()?;
+        let secs = max_over_ranks(c, t0.elapsed().as_secs_f64() / a.iters as f64)?;
+        let wrong = if a.check != 0 {
+            stream
+                .memcpy_htod(&input, &mut d_in)
+                .map_err(drv("cuMemcpyHtoD"))?;
+            once(&mut d_in, &mut d_out)?;
+            let res: Vec<T> = match coll {
+                Coll::ReduceScatter | Coll::AllGather => stream.clone_dtoh(&d_out),
+                _ => stream.clone_dtoh(&d_in),
+            }
+            .map_err(drv("cuMemcpyDtoH"))?;
+            let mut w = [count_wrong(coll, &res, op, n, rank, root, count) as f64];
+            c.all_reduce(&mut w, ReduceOp::Sum)?;
+            w[0] as u64
+        } else {
+            0
+        };
+        total_wrong += wrong;
+        if rank == 0 {
+            let algbw = bytes as f64 / secs / 1e9;
+            println!(
+                "{:>12} {:>12} {:>8} {:>6} {:>6}   {:>9.1} {:>8.2} {:>8.2} {:>6}",
+                bytes,
+                count,
+                T::DTYPE.name(),
+                op_name,
+                root_col,
+                secs * 1e6,
+                algbw,
+                algbw * coll.bus_factor(n),
+                wrong
+            );
+        }
+    }
+    if rank == 0 {
+        println!(
+            "# Out of bounds values : {total_wrong} {}",
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+    }
+    Ok(total_wrong == 0)
+}
