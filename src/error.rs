@@ -147,6 +147,16 @@ pub enum Error {
         why: String,
     },
 
+    /// Training diverged: the averaged gradients (identical on every rank) hold an
+    /// inf or a NaN in full-precision training, where no loss scaler can recover.
+    #[error("training diverged at step {step}: {why}")]
+    Diverged {
+        /// The optimizer step.
+        step: u64,
+        /// What was found and what to try.
+        why: String,
+    },
+
     /// A CUDA driver or NVRTC call failed (feature `cuda`).
     #[error("CUDA call {call} failed: {detail}")]
     Cuda {

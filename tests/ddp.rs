@@ -335,3 +335,27 @@ fn reducer_averages_accumulates_and_refuses_bad_gradients() {
         assert_eq!(r.1, *got);
     }
 }
+
+#[test]
+fn divergence_stops_every_rank_with_a_clear_error() {
+    let errs = all_errors(
+        run_all(2, Net::Local, &test_config(), DEADLINE, |c| {
+            let cfg = TrainConfig {
+                base_lr: 1e30,
+                warmup_steps: 0,
+                ..small(32, 20)
+            };
+            train(c, &cfg).map(|o| o.summary.steps)
+        }),
+        "a learning rate of 1e30",
+    );
+    for e in errs {
+        match e {
+            Error::Diverged { step, why } => {
+                assert!(step < 20);
+                assert!(why.contains("lower --lr"), "{why}");
+            }
+            e => panic!("{e}"),
+        }
+    }
+}

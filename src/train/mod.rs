@@ -419,6 +419,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         let t_step = Instant::now();
         let mut exposed = Duration::ZERO;
         let scale = state.scaler.scale;
+        let mut step_loss = 0.0;
         for a in 0..cfg.accum {
             let first = (batch as usize * cfg.accum + a) * micro;
             let idx = &order[first..first + micro];
@@ -433,6 +434,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             let loss = model.loss(&fwd, &mb.labels)?;
             let lv = loss.to_scalar::<f32>().map_err(ce("loss"))? as f64;
             interval.loss += lv;
+            step_loss += lv / cfg.accum as f64;
             interval.passes += 1;
             interval.correct += LeNet::correct(&fwd, &mb.labels)?;
             interval.images += micro;
@@ -453,8 +455,19 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             exposed += st.exposed;
             interval.buckets = interval.buckets.max(st.buckets);
         }
-        let finite = state.scaler.scale == 1.0 && cfg.precision == Precision::F32
-            || reducer.flat().all(all_finite);
+        // The averaged gradients are the same on every rank, so every rank decides alike.
+        let finite = reducer.flat().all(all_finite);
+        if !finite && cfg.precision == Precision::F32 {
+            return Err(Error::Diverged {
+                step: state.step,
+                why: format!(
+                    "the averaged gradients hold inf or NaN (loss of this step {:.4e}); \
+                     lower --lr (peak {:.4}) or lengthen --warmup",
+                    step_loss,
+                    state.lr.peak()
+                ),
+            });
+        }
         let lr = state.lr.at(state.step);
         if state.scaler.update(finite) == ScaleAction::Apply {
             sgd.step(&mut model, &reducer, lr as f32, 1.0 / scale);
