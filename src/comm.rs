@@ -80,6 +80,10 @@ pub struct Config {
     /// challenge-response, and anything that cannot is refused. Never sent in clear.
     /// Must be the same on every rank. Default: none.
     pub token: Option<Vec<u8>>,
+    /// GID table index for the RDMA transport (port 1): InfiniBand routes by LID and
+    /// ignores it; RoCE routes by GID, and RoCE v2 often needs an index other than 0
+    /// (`show_gids`). From `FERROCCL_RDMA_GID_INDEX` in [`Config::from_env`]. Default 0.
+    pub rdma_gid_index: u8,
 }
 
 impl Config {
@@ -99,12 +103,14 @@ impl Config {
             busy_poll: DEFAULT_BUSY_POLL,
             small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
             token: None,
+            rdma_gid_index: 0,
         }
     }
 
     /// Reads the launcher environment (torchrun, Slurm, Open MPI, PMI; see
     /// [`rendezvous::detect_env`]). `MASTER_ADDR` defaults to `127.0.0.1` and
-    /// `MASTER_PORT` to 29500; `FERROCCL_TOKEN`, when set, becomes [`Config::token`].
+    /// `MASTER_PORT` to 29500; `FERROCCL_TOKEN`, when set, becomes [`Config::token`], and
+    /// `FERROCCL_RDMA_GID_INDEX` [`Config::rdma_gid_index`].
     pub fn from_env() -> Result<Self> {
         let env = rendezvous::detect_env()?.ok_or_else(|| {
             Error::Env(
@@ -123,6 +129,7 @@ impl Config {
         let mut c = Config::new(env.rank, env.world_size, addr);
         c.local_rank = env.local_rank.unwrap_or(0);
         c.token = env.token.map(String::into_bytes);
+        c.rdma_gid_index = env.rdma_gid_index.unwrap_or(0);
         Ok(c)
     }
 
@@ -346,7 +353,7 @@ impl Communicator {
                     comm_id,
                     store,
                     params: crate::transport::rdma::proto::Params::default(),
-                    gid_index: 0,
+                    gid_index: cfg.rdma_gid_index,
                 })?;
             return Self::assemble(cfg, links, server);
         }

@@ -74,6 +74,9 @@ pub struct LaunchEnv {
     pub source: &'static str,
     /// `FERROCCL_TOKEN`, the job token, when set (see [`crate::auth`]).
     pub token: Option<String>,
+    /// `FERROCCL_RDMA_GID_INDEX`: the GID table index the RDMA transport routes with
+    /// (RoCE v2 setups often need one other than 0; `show_gids` lists them).
+    pub rdma_gid_index: Option<u8>,
 }
 
 /// The variables one launcher family sets.
@@ -185,6 +188,15 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             }
         };
         let master_port = var("MASTER_PORT").map(|p| parse_port(&p)).transpose()?;
+        let rdma_gid_index = var("FERROCCL_RDMA_GID_INDEX")
+            .map(|v| {
+                v.trim().parse::<u8>().map_err(|_| {
+                    Error::Env(format!(
+                        "FERROCCL_RDMA_GID_INDEX='{v}' is not a GID table index (0..=255)"
+                    ))
+                })
+            })
+            .transpose()?;
         return Ok(Some(LaunchEnv {
             rank,
             world_size,
@@ -193,6 +205,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             master_port,
             source: fam.source,
             token: var("FERROCCL_TOKEN"),
+            rdma_gid_index,
         }));
     }
     Ok(None)
@@ -1618,7 +1631,29 @@ mod tests {
             master_port: None,
             source,
             token: None,
+            rdma_gid_index: None,
         }
+    }
+
+    #[test]
+    fn rdma_gid_index_is_read_and_checked() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "2")];
+        let get = |extra: &[(&str, &str)]| {
+            let map: HashMap<String, String> = base
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            detect_from(|k| map.get(k).cloned())
+        };
+        assert_eq!(get(&[]).unwrap().unwrap().rdma_gid_index, None);
+        let e = get(&[("FERROCCL_RDMA_GID_INDEX", "3")]).unwrap().unwrap();
+        assert_eq!(e.rdma_gid_index, Some(3));
+        let bad = get(&[("FERROCCL_RDMA_GID_INDEX", "300")]).unwrap_err();
+        assert!(
+            bad.to_string().contains("FERROCCL_RDMA_GID_INDEX='300'"),
+            "{bad}"
+        );
     }
 
     #[test]

@@ -94,8 +94,8 @@ pub struct VerbsCtx {
     /// Ring shape of every link.
     pub params: Params,
     /// Index of the local GID in port 1's GID table. Routing on RoCE uses it;
-    /// InfiniBand routes by LID. [`crate::Communicator::init`] uses 0; RoCE v2 setups
-    /// often need another index (`show_gids` lists them).
+    /// InfiniBand routes by LID. [`crate::Communicator::init`] passes
+    /// [`crate::Config::rdma_gid_index`] (`FERROCCL_RDMA_GID_INDEX`; default 0).
     pub gid_index: u8,
 }
 
