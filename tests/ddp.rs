@@ -359,3 +359,26 @@ fn divergence_stops_every_rank_with_a_clear_error() {
         }
     }
 }
+
+#[test]
+fn reducer_stays_usable_after_its_communicator_fails() {
+    let out = run_all(2, Net::Local, &test_config(), DEADLINE, |c| {
+        let mut red = GradReducer::new(c, &[4, 4], 8, 8, WireDtype::F32);
+        red.begin_pass(true);
+        if c.rank() == 1 {
+            c.abort_handle().abort();
+        }
+        // Rank 1's collectives fail at once (aborted); rank 0's then see it gone.
+        let r = red
+            .grad_ready(1, &[1.0; 4])
+            .and_then(|_| red.grad_ready(0, &[1.0; 4]));
+        let r = r.and_then(|_| red.finish_pass().map(|_| ()));
+        // Whatever failed, the gradients keep their shape.
+        Ok((r.is_err(), red.grad(0).len(), red.grad(1).len()))
+    });
+    for (rank, o) in out.into_iter().enumerate() {
+        let (failed, a, b) = o.expect("finished in time").expect("no panic");
+        assert!(failed, "rank {rank} did not see the failure");
+        assert_eq!((a, b), (4, 4));
+    }
+}

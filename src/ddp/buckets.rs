@@ -243,7 +243,14 @@ impl<'c> GradReducer<'c> {
         self.launched_bytes += buf.len() * self.wire.bytes();
         let inv = 1.0 / n as f32;
         let f = match self.wire {
-            WireDtype::F32 => InFlight::F32(self.comm.all_reduce_start(buf, ReduceOp::Avg)?),
+            WireDtype::F32 => match self.comm.all_reduce_start(buf, ReduceOp::Avg) {
+                Ok(p) => InFlight::F32(p),
+                Err(e) => {
+                    // The buffer went with the failed call: keep the layout usable.
+                    self.bufs[b] = vec![0.0; self.plan.buckets[b].len];
+                    return Err(e);
+                }
+            },
             WireDtype::F16 => {
                 let h = buf.iter().map(|x| f16::from_f32(x * inv)).collect();
                 self.bufs[b] = buf;
@@ -302,6 +309,10 @@ impl<'c> GradReducer<'c> {
                 }),
             };
             if let Err(e) = r {
+                // A failed F32 bucket's buffer is gone; its values are lost either way.
+                if self.bufs[b].len() != self.plan.buckets[b].len {
+                    self.bufs[b] = vec![0.0; self.plan.buckets[b].len];
+                }
                 first_err.get_or_insert(e);
             }
         }
