@@ -608,14 +608,7 @@ impl Communicator {
         let n = self.world_size;
         Ok(job_over(buf, move |e, b| {
             let (red, fin) = (reducer::<T>(op), finisher::<T>(op, n));
-            match algo {
-                Algorithm::RecursiveDoubling => doubling::all_reduce(e, b, &fp, &red, &fin),
-                _ => {
-                    let chunks = schedule::balanced_chunks(b.len() / size_of::<T>(), n);
-                    let steps = 0..schedule::allreduce_steps(n);
-                    ring::run(e, b, size_of::<T>(), &chunks, steps, &fp, &red, &fin)
-                }
-            }
+            run_all_reduce(e, b, size_of::<T>(), algo, &fp, &red, &fin)
         }))
     }
 
@@ -1162,6 +1155,28 @@ fn job_over<T: Element>(
         let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
         run(e, b)
     })
+}
+
+/// An all-reduce of `b` (elements of `esize` bytes) by `algo`, combining with `red` and
+/// finishing with `fin`: the one dispatch host and device buffers share.
+pub(crate) fn run_all_reduce(
+    e: &mut Engine,
+    b: &mut [u8],
+    esize: usize,
+    algo: Algorithm,
+    fp: &Fingerprint,
+    red: &dyn Fn(&mut [u8], &[u8]),
+    fin: &dyn Fn(&mut [u8]),
+) -> Result<()> {
+    match algo {
+        Algorithm::RecursiveDoubling => doubling::all_reduce(e, b, fp, red, fin),
+        _ => {
+            let n = e.world_size;
+            let chunks = schedule::balanced_chunks(b.len() / esize, n);
+            let steps = 0..schedule::allreduce_steps(n);
+            ring::run(e, b, esize, &chunks, steps, fp, red, fin)
+        }
+    }
 }
 
 /// Frames of a point-to-point message: `(segment, offset, length)` in bytes.

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
 use crate::transport::cuda_ipc::{IpcRing, IpcState};
 use crate::wire::{Algorithm, OpKind};
-use crate::{broadcast, doubling, ring, schedule, Element};
+use crate::{broadcast, ring, schedule, Element};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,12 +177,28 @@ impl Communicator {
         if self.ipc.borrow().is_some() {
             return self.all_reduce_ipc(buf, op);
         }
-        let red = reducer_for(buf).map_err(|e| self.refuse(e))?;
-        let esize = size_of::<T>();
-        let bytes = buf.len() * esize;
-        let algo = self.all_reduce_algorithm(bytes);
+        let algo = self.all_reduce_algorithm(buf.len() * size_of::<T>());
         let fp = self.fingerprint(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None, algo);
-        let n = self.world_size();
+        self.staged_reduce(buf, op, |e, h, red, fin| {
+            crate::comm::run_all_reduce(e, h, size_of::<T>(), algo, &fp, red, fin)
+        })
+    }
+
+    /// Runs a reduction `alg` over `buf` in place: staged down to pinned host memory,
+    /// run on this rank's engine with `op` combined on the device, staged back.
+    fn staged_reduce<T: Element + DeviceRepr>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        alg: impl FnOnce(
+            &mut Engine,
+            &mut [u8],
+            &dyn Fn(&mut [u8], &[u8]),
+            &dyn Fn(&mut [u8]),
+        ) -> Result<()>,
+    ) -> Result<()> {
+        let red = reducer_for(buf).map_err(|e| self.refuse(e))?;
+        let bytes = buf.len() * size_of::<T>();
         let stream = red.device().stream().clone();
         let (d, _guard) = buf.device_ptr_mut(&stream);
         with_pinned(red.device(), bytes, |h| {
@@ -193,14 +209,7 @@ impl Communicator {
                 let c = DeviceCombine::new(&red, T::DTYPE, op, e)?;
                 let red_f = |dst: &mut [u8], src: &[u8]| c.combine(dst, src);
                 let fin_f = |dst: &mut [u8]| c.finish(dst);
-                let r = match algo {
-                    Algorithm::RecursiveDoubling => doubling::all_reduce(e, h, &fp, &red_f, &fin_f),
-                    _ => {
-                        let chunks = schedule::balanced_chunks(buf_len(h, esize), n);
-                        let steps = 0..schedule::allreduce_steps(n);
-                        ring::run(e, h, esize, &chunks, steps, &fp, &red_f, &fin_f)
-                    }
-                };
+                let r = alg(e, h, &red_f, &fin_f);
                 c.into_result().and(r)
             })?;
             // SAFETY: as above; `h` outlives the synchronize.
@@ -486,29 +495,9 @@ impl Communicator {
                 unsafe { ring.reduce(store, id, d, count, T::DTYPE, op, root) }
             });
         }
-        let red = reducer_for(buf).map_err(|e| self.refuse(e))?;
         let esize = size_of::<T>();
-        let stream = red.device().stream().clone();
-        let bytes = buf.len() * esize;
-        let (d, _g) = buf.device_ptr_mut(&stream);
-        with_pinned(red.device(), bytes, |h| {
-            // SAFETY: `d` holds h.len() bytes; synchronized before use.
-            unsafe { dtoh(&stream, h, d)? };
-            red.device().synchronize()?;
-            self.run_now(|e| {
-                let c = DeviceCombine::new(&red, T::DTYPE, op, e)?;
-                let red_f = |dst: &mut [u8], src: &[u8]| c.combine(dst, src);
-                let fin_f = |dst: &mut [u8]| c.finish(dst);
-                let r = broadcast::reduce(e, h, esize, root, &fp, &red_f, &fin_f);
-                c.into_result().and(r)
-            })?;
-            // SAFETY: as above.
-            unsafe { htod(&stream, d, h)? };
-            red.device().synchronize()
+        self.staged_reduce(buf, op, |e, h, red, fin| {
+            broadcast::reduce(e, h, esize, root, &fp, red, fin)
         })
     }
-}
-
-fn buf_len(h: &[u8], esize: usize) -> usize {
-    h.len() / esize
 }
