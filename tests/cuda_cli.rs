@@ -3,57 +3,16 @@
 //! prints the typed error. On a GPU host the test says SKIPPED (gpu-check covers it).
 //! Every run is killed and the test failed if it has not exited within [`DEADLINE`].
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Runs `ferroccl ARGS` under the deadline: (exit code, stdout, stderr).
 fn ferroccl(args: &[&str]) -> (Option<i32>, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferroccl"))
-        .args(args)
-        // Not under a launcher, whatever the test runner's environment says.
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("SLURM_PROCID")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .env_remove("PMI_RANK")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning the ferroccl binary");
-    let pipe = |mut p: Box<dyn Read + Send>| {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = p.read_to_string(&mut s);
-            let _ = tx.send(s);
-        });
-        rx
-    };
-    let out = pipe(Box::new(child.stdout.take().unwrap()));
-    let err = pipe(Box::new(child.stderr.take().unwrap()));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`ferroccl {}` still running after {DEADLINE:?}; killed it",
-                args.join(" ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let o = out.recv_timeout(DEADLINE).expect("stdout never closed");
-    let e = err.recv_timeout(DEADLINE).expect("stderr never closed");
-    (status.code(), o, e)
+    let o = common::proc::ferroccl(args, DEADLINE);
+    (o.status.code(), o.stdout, o.stderr)
 }
 
 #[cfg(feature = "cuda")]
