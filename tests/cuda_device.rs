@@ -5,22 +5,14 @@
 //! test the GPU.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use ferroccl::cuda::{self, cudarc::driver::DeviceRepr, Device, DeviceReducer};
 use ferroccl::reduce::{finish_avg, reduce_into};
 use ferroccl::{DataType, Element, Error, ReduceOp};
-use std::sync::mpsc;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn with_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(DEADLINE)
-        .unwrap_or_else(|_| panic!("did not finish within {DEADLINE:?}"))
-}
 
 /// The device, or `None` (after saying why) when this machine has none.
 fn gpu(test: &str) -> Option<std::sync::Arc<Device>> {
@@ -36,7 +28,7 @@ fn gpu(test: &str) -> Option<std::sync::Arc<Device>> {
 
 #[test]
 fn no_driver_is_a_typed_error_not_a_panic() {
-    let r = with_deadline(|| std::panic::catch_unwind(cuda::probe));
+    let r = common::with_deadline(DEADLINE, || std::panic::catch_unwind(cuda::probe));
     let r = r.expect("cuda::probe panicked");
     if !cuda::driver_present() {
         match r {
@@ -123,7 +115,7 @@ fn kernels_match_the_cpu_on_a_gpu() {
     let Some(dev) = gpu("kernels_match_the_cpu_on_a_gpu") else {
         return;
     };
-    with_deadline(move || {
+    common::with_deadline(DEADLINE, move || {
         let red = DeviceReducer::new(dev).expect("kernels compile and load");
         for n in [0usize, 1, 7, 8, 9, 1000, 4097, 1 << 20] {
             let wrong = check_kernel::<f32>(&red, n, 1)
@@ -152,7 +144,7 @@ fn device_collectives_match_host_ones_on_a_gpu() {
     let Some(dev) = gpu("device_collectives_match_host_ones_on_a_gpu") else {
         return;
     };
-    with_deadline(move || {
+    common::with_deadline(DEADLINE, move || {
         let n = 3;
         let comms =
             ferroccl::Communicator::local_group(n, &ferroccl::Config::new(0, 1, "")).unwrap();
@@ -237,7 +229,9 @@ fn cuda_ipc_without_a_gpu_is_refused_with_the_typed_error() {
     let mut cfg = ferroccl::Config::new(1, 2, "127.0.0.1:9");
     cfg.transport = TransportKind::CudaIpc;
     cfg.connect_timeout = Duration::from_secs(2);
-    let r = with_deadline(move || ferroccl::Communicator::init(cfg).map(|_| ()));
+    let r = common::with_deadline(DEADLINE, move || {
+        ferroccl::Communicator::init(cfg).map(|_| ())
+    });
     match r {
         Err(Error::Unavailable { what, why }) => {
             assert_eq!(what, "CUDA");

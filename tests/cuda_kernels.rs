@@ -7,9 +7,10 @@
 //! `FERROCCL_REQUIRE_NVRTC=1` (set by CI), where a missing NVRTC fails.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use ferroccl::cuda::nvrtc;
 use ferroccl::{DataType, ReduceOp};
-use std::sync::mpsc;
 use std::time::Duration;
 
 /// NVRTC compiles the whole file in a few seconds; allow for a loaded CI machine.
@@ -17,16 +18,6 @@ const DEADLINE: Duration = Duration::from_secs(300);
 
 fn required() -> bool {
     std::env::var("FERROCCL_REQUIRE_NVRTC").is_ok_and(|v| v == "1")
-}
-
-/// Runs `f` on a thread and fails the test if it does not finish by the deadline.
-fn with_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(DEADLINE)
-        .unwrap_or_else(|_| panic!("NVRTC did not finish within {DEADLINE:?}"))
 }
 
 #[test]
@@ -56,7 +47,7 @@ fn every_kernel_compiles_for_sm_90() {
             "CI must compile with the NVRTC of the GPUs' CUDA (13.0)"
         );
     }
-    let ptx = with_deadline(|| nvrtc::compile(90));
+    let ptx = common::with_deadline(DEADLINE, || nvrtc::compile(90));
     let ptx = ptx.unwrap_or_else(|e| panic!("cuda/reduce.cu does not compile for sm_90: {e}"));
     if let Some(path) = std::env::var_os("FERROCCL_DUMP_PTX") {
         std::fs::write(path, &ptx).expect("writing FERROCCL_DUMP_PTX");

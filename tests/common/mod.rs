@@ -210,6 +210,23 @@ where
     out
 }
 
+/// Runs `f` on a thread and fails the test if it panics or has not finished within
+/// `limit` (for single calls that could hang: a driver load, a connect).
+pub fn with_deadline<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("did not finish within {limit:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("panicked (see above)"),
+    }
+}
+
 // ---- inputs and references shared by the collective tests ----
 
 pub fn splitmix(mut x: u64) -> u64 {
