@@ -41,15 +41,19 @@ impl Dataset {
 
     /// The images at `idx`, in that order.
     pub fn select(&self, idx: &[usize]) -> Dataset {
-        let mut d = Dataset {
-            images: Vec::with_capacity(idx.len() * PIXELS),
-            labels: Vec::with_capacity(idx.len()),
-        };
-        for &i in idx {
-            d.images.extend_from_slice(self.image(i));
-            d.labels.push(self.labels[i]);
-        }
+        let mut d = Dataset::default();
+        self.select_into(idx, &mut d);
         d
+    }
+
+    /// [`Dataset::select`] into `out`, reusing its allocations.
+    pub fn select_into(&self, idx: &[usize], out: &mut Dataset) {
+        out.images.clear();
+        out.labels.clear();
+        for &i in idx {
+            out.images.extend_from_slice(self.image(i));
+            out.labels.push(self.labels[i]);
+        }
     }
 
     /// Splits off a held-out test set of `test_fraction` of the images, chosen by a

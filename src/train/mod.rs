@@ -407,7 +407,11 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     let mut totals = Interval::default();
     let mut last_loss = f64::NAN;
     let mut epoch_cache: Option<(u64, Vec<usize>)> = None;
-    let mut pixels = Vec::with_capacity(micro * PIXELS);
+    // One micro-batch, refilled in place every pass (augmentation edits it in place).
+    let mut mb = Dataset {
+        images: Vec::with_capacity(micro * PIXELS),
+        labels: Vec::with_capacity(micro),
+    };
     while state.step < stop {
         let epoch = state.step / steps_per_epoch;
         let batch = state.step % steps_per_epoch;
@@ -423,14 +427,12 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         for a in 0..cfg.accum {
             let first = (batch as usize * cfg.accum + a) * micro;
             let idx = &order[first..first + micro];
-            let mb = train_set.select(idx);
-            pixels.clear();
-            pixels.extend_from_slice(&mb.images);
+            train_set.select_into(idx, &mut mb);
             if cfg.augment {
-                augment(&mut pixels, &mut aug);
+                augment(&mut mb.images, &mut aug);
             }
             reducer.begin_pass(a + 1 == cfg.accum);
-            let fwd = model.forward(&pixels, micro, cfg.precision)?;
+            let fwd = model.forward(&mb.images, micro, cfg.precision)?;
             let loss = model.loss(&fwd, &mb.labels)?;
             let lv = loss.to_scalar::<f32>().map_err(ce("loss"))? as f64;
             interval.loss += lv;
