@@ -1,0 +1,728 @@
+//! The data-parallel trainer behind `ferroccl train` (feature `candle`): a small CNN
+//! ([`model::LeNet`]) trained with the framework-independent pieces of
+//! [`ferroccl::ddp`] — sharded sampling, bucketed all-reduce overlapped with a
+//! segmented backward, LR scaling with warmup, mixed precision with dynamic loss
+//! scaling, gradient accumulation, rank-0 checkpoints and exact resume.
+//!
+//! Every rank calls [`train`] with the same [`TrainConfig`]; rank 0's initial weights
+//! are broadcast so replicas start identical, and every optimizer step applies the
+//! same averaged gradients on every rank, so they stay identical.
+
+pub mod data;
+pub mod model;
+
+use ferroccl::Communicator;
+use ferroccl::ddp::buckets::{DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
+use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir, Tensor as CkptTensor};
+use ferroccl::ddp::metrics::{check_same_steps, Record};
+use ferroccl::ddp::scaler::{all_finite, ScaleAction};
+use ferroccl::ddp::{Decay, DistributedSampler, GradReducer, LossScaler, LrSchedule, Rng, WireDtype};
+use ferroccl::{Error, Result};
+use ferroccl::ReduceOp;
+use data::{Dataset, PIXELS, SIDE};
+use model::{ce, LeNet, Precision};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Where the images come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataSource {
+    /// The built-in synthetic digits, this many images.
+    Synthetic(usize),
+    /// A CSV (`.csv`/`.csv.gz`, e.g. mnist_5k) or a directory of MNIST IDX files.
+    Path(PathBuf),
+}
+
+/// Which checkpoint to resume from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resume {
+    /// The newest in the checkpoint directory (none there: start fresh).
+    Latest,
+    /// This file.
+    File(PathBuf),
+}
+
+/// Everything a run is; the same on every rank.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// The data.
+    pub data: DataSource,
+    /// Share of the data held out for the test accuracy.
+    pub test_fraction: f64,
+    /// Epochs to train (an epoch: every rank through its share once).
+    pub epochs: u64,
+    /// Stop after this many optimizer steps, if sooner (the LR schedule still spans
+    /// `epochs`, so a run stopped here and resumed matches one that never stopped).
+    pub max_steps: Option<u64>,
+    /// Images per optimizer step over all ranks and accumulation passes.
+    pub global_batch: usize,
+    /// Backward passes per optimizer step (gradient accumulation).
+    pub accum: usize,
+    /// LR for `base_batch`; scaled linearly to the global batch.
+    pub base_lr: f64,
+    /// The batch `base_lr` is for.
+    pub base_batch: usize,
+    /// Linear warmup steps.
+    pub warmup_steps: u64,
+    /// After warmup.
+    pub decay: Decay,
+    /// SGD momentum.
+    pub momentum: f32,
+    /// L2 weight decay.
+    pub weight_decay: f32,
+    /// Forward/backward precision.
+    pub precision: Precision,
+    /// Initial loss scale (half precision).
+    pub loss_scale: f32,
+    /// Clean steps before the loss scale grows.
+    pub scale_growth_interval: u32,
+    /// Gradient element type on the wire.
+    pub wire: WireDtype,
+    /// Bucket cap in bytes.
+    pub bucket_bytes: usize,
+    /// First bucket's cap in bytes.
+    pub first_bucket_bytes: usize,
+    /// Hand each segment's gradients to the reducer as soon as they exist (else only
+    /// after the whole backward: for measuring what overlap hides).
+    pub overlap: bool,
+    /// Network width multiplier.
+    pub width: usize,
+    /// Random ±2-pixel translations of training images.
+    pub augment: bool,
+    /// The seed of everything.
+    pub seed: u64,
+    /// Where rank 0 writes checkpoints.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every this many steps (0: only at the end).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept.
+    pub keep: usize,
+    /// Resume from a checkpoint.
+    pub resume: Option<Resume>,
+    /// JSON-lines metrics file (rank 0 writes it).
+    pub metrics: Option<PathBuf>,
+    /// Steps between metrics records.
+    pub log_every: u64,
+    /// Progress bar on rank 0 (shown only on a terminal).
+    pub progress: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            data: DataSource::Synthetic(5000),
+            test_fraction: 0.1,
+            epochs: 2,
+            max_steps: None,
+            global_batch: 64,
+            accum: 1,
+            base_lr: 0.05,
+            base_batch: 64,
+            warmup_steps: 20,
+            decay: Decay::Constant,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            precision: Precision::F32,
+            loss_scale: 65536.0,
+            scale_growth_interval: 200,
+            wire: WireDtype::F32,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            first_bucket_bytes: DEFAULT_FIRST_BUCKET_BYTES,
+            overlap: true,
+            width: 1,
+            augment: false,
+            seed: 0,
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            keep: 3,
+            resume: None,
+            metrics: None,
+            log_every: 50,
+            progress: false,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Summary {
+    /// Ranks.
+    pub world: usize,
+    /// Optimizer steps completed (including those before a resume).
+    pub steps: u64,
+    /// Steps this invocation ran.
+    pub steps_run: u64,
+    /// Images per optimizer step over all ranks.
+    pub global_batch: usize,
+    /// Mean training loss of the last logged interval.
+    pub final_loss: f64,
+    /// Accuracy on the held-out test set at the end.
+    pub test_accuracy: f64,
+    /// Images per second over the job (sum over ranks), this invocation.
+    pub images_per_s: f64,
+    /// Mean seconds per step of forward + backward (over ranks).
+    pub compute_s: f64,
+    /// Mean seconds per step waiting for gradient all-reduces after backward.
+    pub comm_exposed_s: f64,
+    /// Buckets per step.
+    pub buckets: usize,
+    /// Steps skipped for overflow (mixed precision).
+    pub skipped_steps: u64,
+    /// Wall seconds of this invocation's training loop.
+    pub wall_s: f64,
+}
+
+/// A finished run: its summary and the final parameters (forward order).
+pub struct Outcome {
+    /// The summary.
+    pub summary: Summary,
+    /// Parameters by name and value.
+    pub params: Vec<(String, Vec<f32>)>,
+}
+
+/// The resumable state, stored as a checkpoint's JSON.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct State {
+    /// Optimizer steps done; the next step is this one. The sampler position is
+    /// derived from it: epoch = step / steps_per_epoch, batch = step % steps_per_epoch.
+    step: u64,
+    epoch: u64,
+    batch_in_epoch: u64,
+    steps_per_epoch: u64,
+    world: usize,
+    global_batch: usize,
+    seed: u64,
+    /// Augmentation draws come from a generator keyed by (seed, rank, step): this is
+    /// its key, so the stream continues exactly.
+    rng_key: u64,
+    scaler: LossScaler,
+    lr: LrSchedule,
+    width: usize,
+}
+
+/// SGD with momentum on the f32 master weights.
+struct Sgd {
+    momentum: f32,
+    weight_decay: f32,
+    bufs: Vec<Vec<f32>>,
+}
+
+impl Sgd {
+    fn step(&mut self, model: &mut LeNet, reducer: &GradReducer<'_>, lr: f32, unscale: f32) {
+        for (j, p) in model.params.iter_mut().enumerate() {
+            let g = reducer.grad(j);
+            let m = &mut self.bufs[j];
+            for ((w, &gi), mi) in p.master.iter_mut().zip(g).zip(m.iter_mut()) {
+                let d = gi * unscale + self.weight_decay * *w;
+                *mi = self.momentum * *mi + d;
+                *w -= lr * *mi;
+            }
+        }
+    }
+}
+
+/// Translates each image by up to ±2 pixels (zero fill), drawing from `rng`.
+fn augment(pixels: &mut [f32], rng: &mut Rng) {
+    let mut out = [0.0f32; PIXELS];
+    for img in pixels.chunks_exact_mut(PIXELS) {
+        let (sy, sx) = (rng.below(5) as i64 - 2, rng.below(5) as i64 - 2);
+        for y in 0..SIDE as i64 {
+            for x in 0..SIDE as i64 {
+                let (ty, tx) = (y - sy, x - sx);
+                out[(y * SIDE as i64 + x) as usize] =
+                    if (0..SIDE as i64).contains(&ty) && (0..SIDE as i64).contains(&tx) {
+                        img[(ty * SIDE as i64 + tx) as usize]
+                    } else {
+                        0.0
+                    };
+            }
+        }
+        img.copy_from_slice(&out);
+    }
+}
+
+/// Loads the run's data (the same on every rank) and splits off the test set.
+pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset)> {
+    let all = match &cfg.data {
+        DataSource::Synthetic(n) => Dataset::synthetic(*n, cfg.seed),
+        DataSource::Path(p) => Dataset::load(p)?,
+    };
+    Ok(all.split(cfg.test_fraction, cfg.seed))
+}
+
+/// Broadcasts rank 0's answer to "did it work?"; on other ranks a failure on rank 0
+/// becomes an error naming it.
+fn agree(comm: &Communicator, r: Result<()>, what: &str) -> Result<()> {
+    let mut ok = [u8::from(r.is_ok())];
+    comm.broadcast(&mut ok, 0)?;
+    match (r, ok[0]) {
+        (Err(e), _) => Err(e),
+        (Ok(()), 0) => Err(Error::InvalidArgument(format!(
+            "rank 0 failed {what} (its error says why)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Sends rank 0's bytes to every rank.
+fn broadcast_bytes(comm: &Communicator, bytes: &mut Vec<u8>) -> Result<()> {
+    let mut len = [bytes.len() as i64];
+    comm.broadcast(&mut len, 0)?;
+    bytes.resize(len[0] as usize, 0);
+    comm.broadcast(bytes, 0)
+}
+
+/// Trains on `comm`'s ranks; every rank calls it with the same config.
+pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
+    let (world, rank) = (comm.world_size(), comm.rank());
+    if cfg.accum == 0
+        || cfg.global_batch == 0
+        || !cfg.global_batch.is_multiple_of(world * cfg.accum)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "global batch {} must be a positive multiple of ranks × accumulation steps ({world} × {})",
+            cfg.global_batch, cfg.accum
+        )));
+    }
+    if cfg.precision == Precision::Bf16 {
+        return Err(Error::Unavailable {
+            what: "bf16 compute".into(),
+            why: "candle's CPU backend has no bf16 matmul; train in f16 or f32, and use \
+                  bf16 for the gradients on the wire (--wire bf16) if you want"
+                .into(),
+        });
+    }
+    let micro = cfg.global_batch / (world * cfg.accum);
+    let (train_set, test_set) = load_data(cfg)?;
+    let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;
+    let steps_per_epoch = (sampler.per_rank() / (micro * cfg.accum)) as u64;
+    if steps_per_epoch == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{} training images cannot make one global batch of {} on {world} ranks",
+            train_set.len(),
+            cfg.global_batch
+        )));
+    }
+    // The schedule spans the whole run; --max-steps only stops it early (as a
+    // preemption would), so a run stopped and resumed follows the same schedule.
+    let total_steps = cfg.epochs * steps_per_epoch;
+    let stop = total_steps.min(cfg.max_steps.unwrap_or(u64::MAX));
+    let mut model = LeNet::new(cfg.width, cfg.seed)?;
+    let mut sgd = Sgd {
+        momentum: cfg.momentum,
+        weight_decay: cfg.weight_decay,
+        bufs: model.param_lens().iter().map(|&n| vec![0.0; n]).collect(),
+    };
+    let mut state = State {
+        step: 0,
+        epoch: 0,
+        batch_in_epoch: 0,
+        steps_per_epoch,
+        world,
+        global_batch: cfg.global_batch,
+        seed: cfg.seed,
+        rng_key: 0,
+        scaler: if cfg.precision == Precision::F32 {
+            LossScaler::new(1.0, u32::MAX)
+        } else {
+            LossScaler::new(cfg.loss_scale, cfg.scale_growth_interval)
+        },
+        lr: LrSchedule {
+            base_lr: cfg.base_lr,
+            base_batch: cfg.base_batch,
+            global_batch: cfg.global_batch,
+            warmup_steps: cfg.warmup_steps,
+            total_steps,
+            decay: cfg.decay,
+        },
+        width: cfg.width,
+    };
+    let ckdir = match &cfg.checkpoint_dir {
+        Some(d) if rank == 0 => Some(CheckpointDir::new(d, cfg.keep)?),
+        _ => None,
+    };
+
+    // Start: rank 0's weights (fresh or from a checkpoint) reach every rank.
+    let mut blob = Vec::new();
+    let loaded = if rank == 0 {
+        let r = resume_on_rank0(cfg, ckdir.as_ref(), &mut model, &mut sgd, &state);
+        match r {
+            Ok(Some(s)) => {
+                blob = serde_json::to_vec(&s).expect("state serialises");
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        }
+    } else {
+        Ok(())
+    };
+    agree(comm, loaded, "to load the checkpoint")?;
+    broadcast_bytes(comm, &mut blob)?;
+    if !blob.is_empty() {
+        state = serde_json::from_slice(&blob)
+            .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+    }
+    for (p, m) in model.params.iter_mut().zip(&mut sgd.bufs) {
+        comm.broadcast(&mut p.master, 0)?;
+        comm.broadcast(m, 0)?;
+    }
+    model.sync_vars()?;
+
+    let mut reducer = GradReducer::new(
+        comm,
+        &model.param_lens(),
+        cfg.first_bucket_bytes,
+        cfg.bucket_bytes,
+        cfg.wire,
+    );
+    let mut metrics = match (&cfg.metrics, rank) {
+        (Some(p), 0) => Some(std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| Error::io(format!("opening {}", p.display()), e))?,
+        )),
+        _ => None,
+    };
+    let bar = (cfg.progress && rank == 0).then(|| {
+        let b = indicatif::ProgressBar::new(stop);
+        b.set_position(state.step);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40}] {pos}/{len} steps {msg}",
+            )
+            .expect("template")
+            .progress_chars("=> "),
+        );
+        b
+    });
+
+    let start_step = state.step;
+    let t_run = Instant::now();
+    let mut interval = Interval::default();
+    let mut totals = Interval::default();
+    let mut last_loss = f64::NAN;
+    let mut epoch_cache: Option<(u64, Vec<usize>)> = None;
+    // One micro-batch, refilled in place every pass (augmentation edits it in place).
+    let mut mb = Dataset {
+        images: Vec::with_capacity(micro * PIXELS),
+        labels: Vec::with_capacity(micro),
+    };
+    while state.step < stop {
+        let epoch = state.step / steps_per_epoch;
+        let batch = state.step % steps_per_epoch;
+        if epoch_cache.as_ref().is_none_or(|(e, _)| *e != epoch) {
+            epoch_cache = Some((epoch, sampler.indices(epoch)));
+        }
+        let order = &epoch_cache.as_ref().expect("set above").1;
+        let mut aug = Rng::derive(cfg.seed ^ (rank as u64).wrapping_mul(0x9e37), state.step);
+        let t_step = Instant::now();
+        let mut exposed = Duration::ZERO;
+        let scale = state.scaler.scale;
+        let mut step_loss = 0.0;
+        for a in 0..cfg.accum {
+            let first = (batch as usize * cfg.accum + a) * micro;
+            let idx = &order[first..first + micro];
+            train_set.select_into(idx, &mut mb);
+            if cfg.augment {
+                augment(&mut mb.images, &mut aug);
+            }
+            reducer.begin_pass(a + 1 == cfg.accum);
+            let fwd = model.forward(&mb.images, micro, cfg.precision)?;
+            let loss = model.loss(&fwd, &mb.labels)?;
+            let lv = loss.to_scalar::<f32>().map_err(ce("loss"))? as f64;
+            interval.loss += lv;
+            step_loss += lv / cfg.accum as f64;
+            interval.passes += 1;
+            interval.correct += LeNet::correct(&fwd, &mb.labels)?;
+            interval.images += micro;
+            let scaled = (loss * (scale as f64 / cfg.accum as f64)).map_err(ce("loss scaling"))?;
+            if cfg.overlap {
+                model.backward(&fwd, &scaled, |j, g| reducer.grad_ready(j, g))?;
+            } else {
+                let mut held: Vec<(usize, Vec<f32>)> = Vec::new();
+                model.backward(&fwd, &scaled, |j, g| {
+                    held.push((j, g.to_vec()));
+                    Ok(())
+                })?;
+                for (j, g) in held {
+                    reducer.grad_ready(j, &g)?;
+                }
+            }
+            let st = reducer.finish_pass()?;
+            exposed += st.exposed;
+            interval.buckets = interval.buckets.max(st.buckets);
+        }
+        // The averaged gradients are the same on every rank, so every rank decides alike.
+        let finite = reducer.flat().all(all_finite);
+        if !finite && cfg.precision == Precision::F32 {
+            return Err(Error::Diverged {
+                step: state.step,
+                why: format!(
+                    "the averaged gradients hold inf or NaN (loss of this step {:.4e}); \
+                     lower --lr (peak {:.4}) or lengthen --warmup",
+                    step_loss,
+                    state.lr.peak()
+                ),
+            });
+        }
+        let lr = state.lr.at(state.step);
+        if state.scaler.update(finite) == ScaleAction::Apply {
+            sgd.step(&mut model, &reducer, lr as f32, 1.0 / scale);
+            model.sync_vars()?;
+        }
+        reducer.zero();
+        let dt = t_step.elapsed();
+        interval.compute += dt.saturating_sub(exposed);
+        interval.exposed += exposed;
+        interval.steps += 1;
+        interval.wall += dt;
+        state.step += 1;
+        state.epoch = state.step / steps_per_epoch;
+        state.batch_in_epoch = state.step % steps_per_epoch;
+        state.rng_key = state.step;
+        if let Some(b) = &bar {
+            b.set_position(state.step);
+            b.set_message(format!(
+                "loss {:.4}",
+                interval.loss / interval.passes.max(1) as f64
+            ));
+        }
+
+        let end = state.step == stop;
+        if state.step.is_multiple_of(cfg.log_every.max(1)) || end {
+            let rec = interval.record(rank, world, &state, lr);
+            last_loss = log(comm, &rec, metrics.as_mut())?.loss;
+            totals.absorb(&interval);
+            interval = Interval::default();
+        }
+        if cfg.checkpoint_every > 0 && state.step.is_multiple_of(cfg.checkpoint_every) || end {
+            if let Some(d) = &ckdir {
+                d.save(state.step, &snapshot(&model, &sgd, &state)?)?;
+            }
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    totals.absorb(&interval);
+    let wall = t_run.elapsed();
+    check_same_steps(comm, state.step)?;
+    let accuracy = evaluate(comm, &model, &test_set)?;
+    let steps_run = state.step - start_step;
+    let mut job = [
+        totals.images as f64 / wall.as_secs_f64().max(1e-9),
+        totals.compute.as_secs_f64() / steps_run.max(1) as f64,
+        totals.exposed.as_secs_f64() / steps_run.max(1) as f64,
+    ];
+    comm.all_reduce(&mut job, ReduceOp::Sum)?;
+    let summary = Summary {
+        world,
+        steps: state.step,
+        steps_run,
+        global_batch: cfg.global_batch,
+        final_loss: last_loss,
+        test_accuracy: accuracy,
+        images_per_s: job[0],
+        compute_s: job[1] / world as f64,
+        comm_exposed_s: job[2] / world as f64,
+        buckets: reducer.plan().buckets.len(),
+        skipped_steps: state.scaler.skipped,
+        wall_s: wall.as_secs_f64(),
+    };
+    if let Some(m) = metrics.as_mut() {
+        let _ = m.flush();
+    }
+    Ok(Outcome {
+        summary,
+        params: model
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.master.clone()))
+            .collect(),
+    })
+}
+
+#[derive(Default)]
+struct Interval {
+    loss: f64,
+    passes: usize,
+    correct: usize,
+    images: usize,
+    steps: u64,
+    buckets: usize,
+    compute: Duration,
+    exposed: Duration,
+    wall: Duration,
+}
+
+impl Interval {
+    fn record(&self, rank: usize, world: usize, s: &State, lr: f64) -> Record {
+        let steps = self.steps.max(1) as f64;
+        Record {
+            kind: "rank".into(),
+            rank,
+            world,
+            step: s.step,
+            epoch: (s.step - 1) / s.steps_per_epoch,
+            loss: self.loss / self.passes.max(1) as f64,
+            accuracy: self.correct as f64 / self.images.max(1) as f64,
+            images_per_s: self.images as f64 / self.wall.as_secs_f64().max(1e-9),
+            lr,
+            loss_scale: s.scaler.scale as f64,
+            comm_exposed_s: self.exposed.as_secs_f64() / steps,
+            compute_s: self.compute.as_secs_f64() / steps,
+        }
+    }
+
+    fn absorb(&mut self, o: &Interval) {
+        self.images += o.images;
+        self.steps += o.steps;
+        self.compute += o.compute;
+        self.exposed += o.exposed;
+    }
+}
+
+/// Gathers every rank's record to rank 0, which writes them and their mean.
+fn log(comm: &Communicator, rec: &Record, out: Option<&mut impl Write>) -> Result<Record> {
+    let mine = [
+        rec.loss,
+        rec.accuracy,
+        rec.images_per_s,
+        rec.comm_exposed_s,
+        rec.compute_s,
+    ];
+    let mut all = vec![0.0f64; 5 * comm.world_size()];
+    comm.all_gather(&mine, &mut all)?;
+    let mean = rec.reduce(comm)?;
+    if let Some(w) = out {
+        let io = |e| Error::io("writing metrics", e);
+        for (r, v) in all.chunks_exact(5).enumerate() {
+            Record {
+                rank: r,
+                loss: v[0],
+                accuracy: v[1],
+                images_per_s: v[2],
+                comm_exposed_s: v[3],
+                compute_s: v[4],
+                ..rec.clone()
+            }
+            .write(w)
+            .map_err(io)?;
+        }
+        mean.write(w).map_err(io)?;
+        w.flush().map_err(io)?;
+    }
+    Ok(mean)
+}
+
+/// Accuracy on the test set, each rank evaluating every `world`-th image.
+fn evaluate(comm: &Communicator, model: &LeNet, test: &Dataset) -> Result<f64> {
+    let (world, rank) = (comm.world_size(), comm.rank());
+    let mine: Vec<usize> = (rank..test.len()).step_by(world).collect();
+    let mut counts = [0.0f64, mine.len() as f64];
+    for chunk in mine.chunks(256) {
+        let d = test.select(chunk);
+        let fwd = model.forward(&d.images, d.len(), Precision::F32)?;
+        counts[0] += LeNet::correct(&fwd, &d.labels)? as f64;
+    }
+    comm.all_reduce(&mut counts, ReduceOp::Sum)?;
+    Ok(if counts[1] > 0.0 {
+        counts[0] / counts[1]
+    } else {
+        0.0
+    })
+}
+
+fn snapshot(model: &LeNet, sgd: &Sgd, state: &State) -> Result<Checkpoint> {
+    let mut tensors = Vec::new();
+    for (p, m) in model.params.iter().zip(&sgd.bufs) {
+        tensors.push(CkptTensor {
+            name: format!("param/{}", p.name),
+            shape: p.shape.clone(),
+            data: p.master.clone(),
+        });
+        tensors.push(CkptTensor {
+            name: format!("momentum/{}", p.name),
+            shape: p.shape.clone(),
+            data: m.clone(),
+        });
+    }
+    Ok(Checkpoint {
+        state: serde_json::to_value(state)
+            .map_err(|e| Error::InvalidArgument(format!("checkpoint state: {e}")))?,
+        tensors,
+    })
+}
+
+/// On rank 0: loads the checkpoint `cfg.resume` asks for into the model and optimizer
+/// and returns its state; `None` when there is nothing to resume.
+fn resume_on_rank0(
+    cfg: &TrainConfig,
+    dir: Option<&CheckpointDir>,
+    model: &mut LeNet,
+    sgd: &mut Sgd,
+    fresh: &State,
+) -> Result<Option<State>> {
+    let (path, ck) = match &cfg.resume {
+        None => return Ok(None),
+        Some(Resume::File(p)) => (p.clone(), checkpoint::load(p)?),
+        Some(Resume::Latest) => {
+            let Some(d) = dir else {
+                return Err(Error::InvalidArgument(
+                    "--resume without a file needs a checkpoint directory".into(),
+                ));
+            };
+            match d.load_latest()? {
+                Some(x) => x,
+                None => return Ok(None),
+            }
+        }
+    };
+    let bad = |why: String| Error::checkpoint(&path, why);
+    let s: State = serde_json::from_value(ck.state.clone())
+        .map_err(|e| bad(format!("state is not a trainer state: {e}")))?;
+    if s.world != fresh.world || s.global_batch != fresh.global_batch || s.width != fresh.width {
+        return Err(bad(format!(
+            "written by a run of {} ranks, global batch {}, width {}; this run has {}, {}, {} \
+             (resume with the same shape)",
+            s.world, s.global_batch, s.width, fresh.world, fresh.global_batch, fresh.width
+        )));
+    }
+    if s.steps_per_epoch != fresh.steps_per_epoch || s.seed != fresh.seed {
+        return Err(bad(format!(
+            "written for other data or seed ({} steps per epoch, seed {}; this run: {}, {})",
+            s.steps_per_epoch, s.seed, fresh.steps_per_epoch, fresh.seed
+        )));
+    }
+    // Check everything before changing anything.
+    let mut found = Vec::new();
+    for p in &model.params {
+        for kind in ["param", "momentum"] {
+            let name = format!("{kind}/{}", p.name);
+            let t = ck
+                .tensor(&name)
+                .ok_or_else(|| bad(format!("no tensor {name}")))?;
+            if t.shape != p.shape {
+                return Err(bad(format!(
+                    "{name} has shape {:?}, the model {:?}",
+                    t.shape, p.shape
+                )));
+            }
+            found.push(t.data.clone());
+        }
+    }
+    let mut it = found.into_iter();
+    for (p, m) in model.params.iter_mut().zip(&mut sgd.bufs) {
+        p.master = it.next().expect("checked");
+        *m = it.next().expect("checked");
+    }
+    let mut s = s;
+    // The schedule continues as stored, but over this run's length.
+    s.lr.total_steps = fresh.lr.total_steps;
+    Ok(Some(s))
+}

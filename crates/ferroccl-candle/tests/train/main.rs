@@ -1,0 +1,3 @@
+//! ferroccl-candle's test suite: the data-parallel trainer on real ranks.
+
+mod trainer;

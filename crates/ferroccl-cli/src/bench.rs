@@ -1,0 +1,988 @@
+//! `ferroccl bench COLLECTIVE`: the nccl-tests `*_perf` tables, for ferroccl.
+//!
+//! algbw = S/t and busbw = algbw × factor, with nccl-tests' factors: all-reduce
+//! 2(n-1)/n; reduce-scatter and all-gather (n-1)/n with S the full (gathered) size;
+//! broadcast and reduce 1. One more column, `wire`: the payload bytes each rank sent
+//! (the most any rank sent), counted by its links, over the law for that collective.
+//!
+//! Under a launcher (`ferroccl launch`, `mpirun`, `srun`, `torchrun`) each process is one
+//! rank and rank 0 prints. Started bare, it runs `--ranks N` local ranks itself: as
+//! processes through `ferroccl launch` for `--transport tcp`, as threads for `local`.
+
+#[cfg(feature = "cuda")]
+mod device;
+
+use clap::Args;
+use crate::law::{Fit, RingLaw};
+use ferroccl::transport::TransportKind;
+use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Arguments of `ferroccl bench` (the nccl-tests flags, plus ours).
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Collective to measure: all_reduce, reduce_scatter, all_gather, broadcast, reduce.
+    #[arg(default_value = "all_reduce")]
+    pub collective: String,
+    /// Smallest message size in bytes (suffixes K, M, G).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    pub min_bytes: usize,
+    /// Largest message size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    pub max_bytes: usize,
+    /// Multiplication factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub step_factor: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: usize,
+    /// Check results (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: u8,
+    /// Data type: float, double, half, bfloat16, int32, int64, uint8.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    pub dtype: String,
+    /// Reduction: sum, prod, min, max, avg.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub op: String,
+    /// Root rank (rooted collectives only).
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: usize,
+    /// Ranks to start when not run under a launcher.
+    #[arg(long = "ranks", default_value_t = 4)]
+    pub ranks: usize,
+    /// Transport: tcp, local (threads in one process), rdma (feature `rdma`), or
+    /// cuda-ipc (feature `cuda`; needs --device cuda).
+    #[arg(long = "transport", default_value = "tcp")]
+    pub transport: String,
+    /// Where the buffers live: cpu, or cuda (device buffers; feature `cuda`; rank r
+    /// uses GPU local_rank % device count). Without a GPU, `cuda` fails with the typed error.
+    #[arg(long = "device", default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+    /// Ring segment size in bytes (pipelining granularity).
+    #[arg(long = "segment-bytes", value_parser = parse_size)]
+    pub segment_bytes: Option<usize>,
+    /// Seconds a collective may wait without progress.
+    #[arg(long = "timeout", default_value_t = 60.0)]
+    pub timeout: f64,
+    /// Seconds start-up may take (reaching the store, connecting to peers).
+    #[arg(long = "connect-timeout", default_value_t = 60.0)]
+    pub connect_timeout: f64,
+    /// All-reduces up to this size use recursive doubling instead of the ring (0: always ring).
+    #[arg(long = "small-message-bytes", value_parser = parse_size)]
+    pub small_message_bytes: Option<usize>,
+    /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
+    #[arg(long = "busy-poll-us")]
+    pub busy_poll_us: Option<u64>,
+    /// Timing: `avg` (nccl-tests: back-to-back iterations, mean, max over ranks) or
+    /// `median` (each iteration after a barrier, max over ranks, median: how the peer
+    /// scripts in shared/peers time, for like-for-like comparisons).
+    #[arg(long = "stat", default_value = "avg", value_parser = ["avg", "median"])]
+    pub stat: String,
+    /// Also write the rows as JSON to this file (rank 0).
+    #[arg(long = "json")]
+    pub json: Option<std::path::PathBuf>,
+    /// Check the ring law on links of this rate (`1gbit`, `500mbit`, `2.5gbit`, `1.25GB`):
+    /// per size the predicted time 2(n-1)α + 2(n-1)/n·S/RATE (α fitted) and
+    /// measured/predicted, then the least-squares α-β fit. Ring collectives only
+    /// (all_reduce, reduce_scatter, all_gather); all_reduce is forced onto the ring.
+    #[arg(long = "law", value_parser = parse_law_rate)]
+    pub law: Option<f64>,
+}
+
+fn parse_law_rate(s: &str) -> Result<f64, String> {
+    crate::planner::parse_rate("--law", s).map_err(|e| e.to_string())
+}
+
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(mul))
+        .ok_or_else(|| format!("{s:?} is not a size (bytes, or with K/M/G)"))
+}
+
+/// One line of the table.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub bytes: usize,
+    pub count: usize,
+    pub oop_us: f64,
+    pub oop_wrong: u64,
+    pub ip_us: f64,
+    pub ip_wrong: u64,
+    /// Payload bytes sent per rank per operation (max over ranks).
+    pub wire_bytes: f64,
+    /// Header bytes sent per rank per operation (max over ranks).
+    pub header_bytes: f64,
+}
+
+pub fn main(a: BenchArgs) -> ExitCode {
+    match run(a) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("ferroccl bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn config_for(a: &BenchArgs, base: Config) -> Config {
+    let mut c = base;
+    if let Some(s) = a.segment_bytes {
+        c.segment_bytes = s;
+    }
+    c.timeout = Duration::from_secs_f64(a.timeout.max(0.001));
+    c.connect_timeout = Duration::from_secs_f64(a.connect_timeout.max(0.001));
+    if let Some(b) = a.small_message_bytes {
+        c.small_message_bytes = b;
+    }
+    if let Some(us) = a.busy_poll_us {
+        c.busy_poll = Duration::from_micros(us);
+    }
+    if a.law.is_some() {
+        // The law is the ring's: recursive doubling would follow another one.
+        c.small_message_bytes = 0;
+    }
+    c
+}
+
+/// The collectives the bench measures, with nccl-tests' bus factors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Coll {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Reduce,
+}
+
+impl Coll {
+    fn parse(s: &str) -> ferroccl::Result<Self> {
+        Ok(match s.replace('-', "_").as_str() {
+            "all_reduce" | "allreduce" => Coll::AllReduce,
+            "reduce_scatter" | "reducescatter" => Coll::ReduceScatter,
+            "all_gather" | "allgather" => Coll::AllGather,
+            "broadcast" | "bcast" => Coll::Broadcast,
+            "reduce" => Coll::Reduce,
+            _ => {
+                return Err(ferroccl::Error::InvalidArgument(format!(
+                    "unknown collective {s:?}: expected all_reduce, reduce_scatter, all_gather, broadcast or reduce"
+                )))
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::AllGather => "all_gather",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+        }
+    }
+
+    /// busbw / algbw (nccl-tests doc/PERFORMANCE.md).
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::ReduceScatter | Coll::AllGather => (n - 1.0) / n,
+            Coll::Broadcast | Coll::Reduce => 1.0,
+        }
+    }
+
+    /// The most payload bytes any rank sends for a size of `bytes`, by the algorithm's
+    /// law: the ring's 2(n-1)/n·S or (n-1)/n·S, the chain's S.
+    fn wire_law(self, n: usize, bytes: usize) -> f64 {
+        if n == 1 {
+            return 0.0;
+        }
+        match self {
+            Coll::Broadcast | Coll::Reduce => bytes as f64,
+            c => c.bus_factor(n) * bytes as f64,
+        }
+    }
+
+    /// The ring law this collective follows, when it runs on the ring.
+    fn ring_law(self, n: usize) -> Option<RingLaw> {
+        match self {
+            Coll::AllReduce => Some(RingLaw::all_reduce(n)),
+            Coll::ReduceScatter | Coll::AllGather => Some(RingLaw::half(n)),
+            Coll::Broadcast | Coll::Reduce => None,
+        }
+    }
+
+    fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    fn rooted(self) -> bool {
+        matches!(self, Coll::Broadcast | Coll::Reduce)
+    }
+
+    /// Elements of the whole buffer are split in equal blocks per rank.
+    fn blocked(self) -> bool {
+        matches!(self, Coll::ReduceScatter | Coll::AllGather)
+    }
+}
+
+/// Returns whether every result checked out.
+fn run(a: BenchArgs) -> ferroccl::Result<bool> {
+    let coll = Coll::parse(&a.collective)?;
+    let dtype = DataType::parse(&a.dtype)?;
+    let op = ReduceOp::parse(&a.op)?;
+    if coll.reduces() {
+        ferroccl::reduce::check_op(dtype, op)?;
+    }
+    let transport = TransportKind::parse(&a.transport)?;
+    if a.law.is_some() && coll.ring_law(2).is_none() {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "--law is for the ring collectives (all_reduce, reduce_scatter, all_gather); {} runs on a chain",
+            coll.name()
+        )));
+    }
+    if a.step_factor < 2 && a.min_bytes != a.max_bytes {
+        return Err(ferroccl::Error::InvalidArgument(
+            "-f must be at least 2".into(),
+        ));
+    }
+    if a.min_bytes > a.max_bytes {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "-b {} is larger than -e {}",
+            a.min_bytes, a.max_bytes
+        )));
+    }
+    if a.iters == 0 {
+        return Err(ferroccl::Error::InvalidArgument(
+            "-n must be at least 1".into(),
+        ));
+    }
+
+    if transport == TransportKind::Rdma {
+        // Say at once, once, when this machine has no RDMA device.
+        ferroccl::transport::rdma::probe()?;
+    }
+    check_device(&a, transport)?;
+    if ferroccl::rendezvous::detect_env()?.is_some() {
+        let mut cfg = config_for(&a, Config::from_env()?);
+        if transport == TransportKind::Rdma {
+            cfg.transport = transport;
+        }
+        #[cfg(feature = "cuda")]
+        if transport == TransportKind::CudaIpc {
+            cfg.transport = transport;
+        }
+        if a.root >= cfg.world_size {
+            return Err(ferroccl::Error::InvalidArgument(format!(
+                "-r {} is not a rank of {} ranks",
+                a.root, cfg.world_size
+            )));
+        }
+        let comm = Communicator::init(cfg)?;
+        return rank_main(&a, coll, dtype, op, &comm, transport.name());
+    }
+    if a.ranks == 0 {
+        return Err(ferroccl::Error::InvalidArgument(
+            "--ranks must be at least 1".into(),
+        ));
+    }
+    if a.root >= a.ranks {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "-r {} is not a rank of {} ranks",
+            a.root, a.ranks
+        )));
+    }
+    match transport {
+        TransportKind::Local => {
+            let base = config_for(&a, Config::new(0, 1, ""));
+            let comms = Communicator::local_group(a.ranks, &base)?;
+            let results: Vec<ferroccl::Result<bool>> = std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .into_iter()
+                    .map(|c| {
+                        let a = &a;
+                        s.spawn(move || rank_main(a, coll, dtype, op, &c, "local"))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(ferroccl::Error::InvalidArgument(
+                                "a rank thread panicked".into(),
+                            ))
+                        })
+                    })
+                    .collect()
+            });
+            let mut ok = true;
+            for r in results {
+                ok &= r?;
+            }
+            Ok(ok)
+        }
+        _ => {
+            // Re-run this very command once per rank under our own launcher.
+            let exe = std::env::current_exe()
+                .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
+            let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
+            cmd.extend(std::env::args_os().skip(1));
+            let opts = crate::launch::LaunchOptions {
+                bare_stdout_rank: Some(0),
+                ..Default::default()
+            };
+            match crate::launch::run(a.ranks, &cmd, &opts) {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    eprintln!("ferroccl bench: {e}");
+                    Ok(false)
+                }
+            }
+        }
+    }
+}
+
+/// `--device cuda` and `--transport cuda-ipc` need the `cuda` feature and a GPU: say
+/// which is missing, at once, with the typed error.
+fn check_device(a: &BenchArgs, transport: TransportKind) -> ferroccl::Result<()> {
+    let _ = transport;
+    if a.device != "cuda" {
+        #[cfg(feature = "cuda")]
+        if transport == TransportKind::CudaIpc {
+            ferroccl::cuda::probe()?;
+            return Err(ferroccl::Error::InvalidArgument(
+                "--transport cuda-ipc moves device buffers: add --device cuda".into(),
+            ));
+        }
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        ferroccl::cuda::probe().map(|_| ())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(ferroccl::Error::Unavailable {
+            what: "--device cuda".into(),
+            why: "this build has no CUDA support (build with --features cuda)".into(),
+        })
+    }
+}
+
+/// Message sizes in bytes: from -b to -e by -f, each rounded down to whole elements
+/// (and, for the blocked collectives, to whole blocks of one element per rank at least).
+fn sizes(a: &BenchArgs, unit: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = a.min_bytes.max(unit);
+    loop {
+        v.push(s / unit * unit);
+        if s >= a.max_bytes || a.step_factor < 2 {
+            break;
+        }
+        s = s.saturating_mul(a.step_factor).min(a.max_bytes);
+    }
+    v.dedup();
+    v
+}
+
+fn rank_main(
+    a: &BenchArgs,
+    coll: Coll,
+    dtype: DataType,
+    op: ReduceOp,
+    c: &Communicator,
+    tname: &str,
+) -> ferroccl::Result<bool> {
+    #[cfg(feature = "cuda")]
+    if a.device == "cuda" {
+        return device::rank_main(a, coll, dtype, op, c, tname);
+    }
+    with_dtype!(dtype, bench_typed(a, coll, op, c, tname))
+}
+
+/// Rank `r`'s input element `i`: small integers, so every reduction order gives the
+/// exact same answer in every type and the check can be exact.
+fn value(op: ReduceOp, r: usize, i: usize) -> f64 {
+    match op {
+        ReduceOp::Prod => 1.0 + (i + r).is_multiple_of(7) as u8 as f64,
+        _ => ((i * 7 + r * 13) % 17) as f64,
+    }
+}
+
+fn expected(op: ReduceOp, n: usize, i: usize) -> f64 {
+    let xs = (0..n).map(|r| value(op, r, i));
+    match op {
+        ReduceOp::Sum => xs.sum(),
+        ReduceOp::Avg => xs.sum::<f64>() / n as f64,
+        ReduceOp::Prod => xs.product(),
+        ReduceOp::Min => xs.fold(f64::INFINITY, f64::min),
+        _ => xs.fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+fn fill<T: Element>(v: &mut [T], op: ReduceOp, r: usize, first: usize) {
+    for (k, x) in v.iter_mut().enumerate() {
+        *x = T::from_f64(value(op, r, first + k));
+    }
+}
+
+fn wrong<T: Element>(x: T, want: f64) -> bool {
+    let want = T::from_f64(want);
+    if T::DTYPE.is_float() {
+        let (g, w) = (x.to_f64(), want.to_f64());
+        // Written so that a NaN result counts as wrong.
+        let close = (g - w).abs() <= 1e-2 * w.abs().max(1.0);
+        !close
+    } else {
+        x != want
+    }
+}
+
+/// Wrong elements of this rank's result of `coll` over `count` elements (the whole
+/// buffer's count; the rank's block for the blocked collectives is derived).
+fn count_wrong<T: Element>(
+    coll: Coll,
+    res: &[T],
+    op: ReduceOp,
+    n: usize,
+    rank: usize,
+    root: usize,
+    count: usize,
+) -> u64 {
+    let block = count / n;
+    let bad =
+        |it: &mut dyn Iterator<Item = (T, f64)>| it.filter(|&(x, w)| wrong(x, w)).count() as u64;
+    match coll {
+        Coll::AllReduce => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, expected(op, n, i)))),
+        Coll::ReduceScatter => bad(&mut res[..block]
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| (x, expected(op, n, rank * block + k)))),
+        Coll::AllGather => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, value(ReduceOp::Sum, i / block.max(1), i % block.max(1))))),
+        Coll::Broadcast => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, value(ReduceOp::Sum, root, i)))),
+        Coll::Reduce if rank == root => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, expected(op, n, i)))),
+        Coll::Reduce => 0,
+    }
+}
+
+/// Seconds per operation, the same on every rank, and the bytes this rank's links
+/// moved during the iterations: with `--stat avg` the mean of back-to-back iterations
+/// (max over ranks); with `--stat median` each iteration timed after a barrier, the
+/// max over ranks per iteration, then the median. Barriers move headers but no
+/// payload, so the payload count is the operations' alone.
+fn timed(
+    c: &Communicator,
+    a: &BenchArgs,
+    mut op: impl FnMut() -> ferroccl::Result<()>,
+) -> ferroccl::Result<(f64, ferroccl::WireStats)> {
+    let before = c.wire_stats();
+    if a.stat == "median" {
+        let mut ts = Vec::with_capacity(a.iters);
+        for _ in 0..a.iters {
+            c.barrier()?;
+            let t0 = Instant::now();
+            op()?;
+            ts.push(t0.elapsed().as_secs_f64());
+        }
+        let wire = c.wire_stats().since(&before);
+        c.all_reduce(&mut ts, ReduceOp::Max)?;
+        ts.sort_by(f64::total_cmp);
+        return Ok((ts[ts.len() / 2], wire));
+    }
+    let t0 = Instant::now();
+    for _ in 0..a.iters {
+        op()?;
+    }
+    let secs = t0.elapsed().as_secs_f64() / a.iters as f64;
+    let wire = c.wire_stats().since(&before);
+    Ok((max_over_ranks(c, secs)?, wire))
+}
+
+fn max_over_ranks(c: &Communicator, x: f64) -> ferroccl::Result<f64> {
+    let mut v = [x];
+    c.all_reduce(&mut v, ReduceOp::Max)?;
+    Ok(v[0])
+}
+
+/// Buffers of one rank: `send` holds this rank's input for the largest size.
+struct Bufs<T> {
+    send: Vec<T>,
+    recv: Vec<T>,
+}
+
+impl<T: Element> Bufs<T> {
+    /// Sets up the input of `coll` for `count` elements (whole-buffer count).
+    fn prepare(&mut self, coll: Coll, op: ReduceOp, n: usize, rank: usize, count: usize) {
+        match coll {
+            // This rank's block of the gathered buffer.
+            Coll::AllGather => fill(&mut self.send[..count / n], ReduceOp::Sum, rank, 0),
+            Coll::Broadcast => fill(&mut self.send[..count], ReduceOp::Sum, rank, 0),
+            _ => fill(&mut self.send[..count], op, rank, 0),
+        }
+    }
+
+    /// One out-of-place operation; the result is in `recv`.
+    fn out_of_place(
+        &mut self,
+        c: &Communicator,
+        coll: Coll,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+    ) -> ferroccl::Result<()> {
+        let n = c.world_size();
+        let (send, recv) = (&self.send, &mut self.recv);
+        match coll {
+            Coll::AllReduce => c.all_reduce_into(&send[..count], &mut recv[..count], op),
+            Coll::ReduceScatter => c.reduce_scatter(&send[..count], &mut recv[..count / n], op),
+            Coll::AllGather => c.all_gather(&send[..count / n], &mut recv[..count]),
+            Coll::Broadcast => {
+                recv[..count].copy_from_slice(&send[..count]);
+                c.broadcast(&mut recv[..count], root)
+            }
+            Coll::Reduce => c.reduce_into(&send[..count], &mut recv[..count], op, root),
+        }
+    }
+
+    /// Refills `recv` as the in-place form's input.
+    fn reset_in_place(&mut self, coll: Coll, n: usize, rank: usize, count: usize) {
+        match coll {
+            Coll::AllGather => {
+                let b = count / n;
+                let (send, recv) = (&self.send, &mut self.recv);
+                recv[rank * b..(rank + 1) * b].copy_from_slice(&send[..b]);
+            }
+            _ => self.recv[..count].copy_from_slice(&self.send[..count]),
+        }
+    }
+
+    /// One in-place operation on `recv`.
+    fn in_place(
+        &mut self,
+        c: &Communicator,
+        coll: Coll,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+    ) -> ferroccl::Result<()> {
+        let buf = &mut self.recv[..count];
+        match coll {
+            Coll::AllReduce => c.all_reduce(buf, op),
+            Coll::ReduceScatter => c.reduce_scatter_in_place(buf, op),
+            Coll::AllGather => c.all_gather_in_place(buf),
+            Coll::Broadcast => c.broadcast(buf, root),
+            Coll::Reduce => c.reduce(buf, op, root),
+        }
+    }
+
+    /// The in-place result laid out as the out-of-place one (this rank's block first).
+    fn in_place_result(&self, coll: Coll, n: usize, rank: usize, count: usize) -> Vec<T> {
+        match coll {
+            Coll::ReduceScatter => {
+                let b = count / n;
+                self.recv[rank * b..(rank + 1) * b].to_vec()
+            }
+            _ => self.recv[..count].to_vec(),
+        }
+    }
+}
+
+fn bench_typed<T: Element>(
+    a: &BenchArgs,
+    coll: Coll,
+    op: ReduceOp,
+    c: &Communicator,
+    tname: &str,
+) -> ferroccl::Result<bool> {
+    let n = c.world_size();
+    if a.law.is_some() && n < 2 {
+        // One rank sends nothing: there is no link whose law could be checked.
+        return Err(ferroccl::Error::InvalidArgument(
+            "--law needs at least 2 ranks".into(),
+        ));
+    }
+    let rank = c.rank();
+    let root = a.root;
+    let esize = std::mem::size_of::<T>();
+    let unit = if coll.blocked() { esize * n } else { esize };
+    let sizes = sizes(a, unit);
+    let max_count = sizes.iter().max().copied().unwrap_or(0) / esize;
+    let mut bufs = Bufs {
+        send: vec![T::default(); max_count],
+        recv: vec![T::default(); max_count],
+    };
+    let printer = rank == 0;
+    let op_name = if coll.reduces() { op.name() } else { "none" };
+    let root_col: i64 = if coll.rooted() { root as i64 } else { -1 };
+    if printer {
+        println!(
+            "# ferroccl bench: {}, {n} ranks, transport {tname}, segment {} B, busy-poll {:?}, timeout {:?}",
+            coll.name(),
+            c.config().segment_bytes,
+            c.config().busy_poll,
+            c.config().timeout
+        );
+        println!(
+            "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timing: {}",
+            a.min_bytes, a.max_bytes, a.step_factor, a.warmup, a.iters, a.check, a.stat
+        );
+        println!("#");
+        println!(
+            "# busbw = algbw x {}; wire: payload bytes the busiest rank sent per operation, counted by its links, over {}",
+            match coll {
+                Coll::AllReduce => "2(n-1)/n",
+                Coll::ReduceScatter | Coll::AllGather => "(n-1)/n",
+                _ => "1",
+            },
+            match coll {
+                Coll::AllReduce => "the ring law 2(n-1)/n*S",
+                Coll::ReduceScatter | Coll::AllGather => "the ring law (n-1)/n*S",
+                _ => "the chain law S",
+            }
+        );
+        if let Some(rate) = a.law {
+            println!(
+                "# law: ring on links of {:.4} Gbit/s ({} B/s){}",
+                rate * 8e-9,
+                rate,
+                if coll == Coll::AllReduce {
+                    "; all_reduce forced onto the ring for every size (small_message_bytes = 0)"
+                } else {
+                    ""
+                }
+            );
+        } else if coll == Coll::AllReduce {
+            println!(
+                "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
+                c.config().small_message_bytes
+            );
+        }
+        let blank = ["", "", "", "", ""];
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
+            blank[0], blank[1], blank[2], blank[3], blank[4], "out-of-place", "", "", "", "in-place", "", "", "", "", ""
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "wire", "algo"
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>8} {:>7} {:>7} {:>6}   {:>8} {:>7} {:>7} {:>6} {:>7} {:>5}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(x law)", ""
+        );
+    }
+    let factor = coll.bus_factor(n);
+    let mut rows = Vec::new();
+    let mut total_wrong = 0u64;
+    for &bytes in &sizes {
+        let count = bytes / esize;
+        bufs.prepare(coll, op, n, rank, count);
+        for _ in 0..a.warmup {
+            bufs.out_of_place(c, coll, op, root, count)?;
+        }
+        c.barrier()?;
+        let (oop, wire) = timed(c, a, || bufs.out_of_place(c, coll, op, root, count))?;
+        let oop_wrong = if a.check != 0 {
+            count_wrong(coll, &bufs.recv, op, n, rank, root, count)
+        } else {
+            0
+        };
+
+        // In place: the buffer is reduced again each iteration; it is refilled and
+        // run once more for the check.
+        bufs.reset_in_place(coll, n, rank, count);
+        for _ in 0..a.warmup {
+            bufs.in_place(c, coll, op, root, count)?;
+        }
+        c.barrier()?;
+        let (ip, _) = timed(c, a, || bufs.in_place(c, coll, op, root, count))?;
+        let ip_wrong = if a.check != 0 {
+            bufs.reset_in_place(coll, n, rank, count);
+            bufs.in_place(c, coll, op, root, count)?;
+            let res = bufs.in_place_result(coll, n, rank, count);
+            count_wrong(coll, &res, op, n, rank, root, count)
+        } else {
+            0
+        };
+
+        let wire_bytes = max_over_ranks(c, wire.payload_sent as f64 / a.iters as f64)?;
+        let header_bytes = max_over_ranks(c, wire.header_sent as f64 / a.iters as f64)?;
+        let mut w = [oop_wrong as f64, ip_wrong as f64];
+        c.all_reduce(&mut w, ReduceOp::Sum)?;
+        let row = Row {
+            bytes,
+            count,
+            oop_us: oop * 1e6,
+            oop_wrong: w[0] as u64,
+            ip_us: ip * 1e6,
+            ip_wrong: w[1] as u64,
+            wire_bytes,
+            header_bytes,
+        };
+        total_wrong += row.oop_wrong + row.ip_wrong;
+        if printer {
+            let law = coll.wire_law(n, bytes);
+            let wire_col = if law > 0.0 {
+                format!("{:.3}", row.wire_bytes / law)
+            } else {
+                "-".into()
+            };
+            let algo = match coll {
+                Coll::AllReduce => match c.all_reduce_algorithm(bytes) {
+                    ferroccl::Algorithm::Ring => "ring",
+                    _ => "rd",
+                },
+                Coll::ReduceScatter | Coll::AllGather => "ring",
+                _ => "chain",
+            };
+            let gb = |us: f64| bytes as f64 / (us * 1e-6) / 1e9;
+            let wrong_col = |w: u64| {
+                if a.check != 0 {
+                    w.to_string()
+                } else {
+                    "N/A".into()
+                }
+            };
+            println!(
+                "{:>12} {:>12} {:>8} {:>6} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6}   {:>8.2} {:>7.2} {:>7.2} {:>6} {:>7} {:>5}",
+                bytes,
+                count,
+                T::DTYPE.name(),
+                op_name,
+                root_col,
+                row.oop_us,
+                gb(row.oop_us),
+                gb(row.oop_us) * factor,
+                wrong_col(row.oop_wrong),
+                row.ip_us,
+                gb(row.ip_us),
+                gb(row.ip_us) * factor,
+                wrong_col(row.ip_wrong),
+                wire_col,
+                algo
+            );
+        }
+        rows.push(row);
+    }
+    if printer {
+        let avg_busbw = rows
+            .iter()
+            .map(|r| r.bytes as f64 / (r.ip_us * 1e-6) / 1e9 * factor)
+            .sum::<f64>()
+            / rows.len().max(1) as f64;
+        println!(
+            "# Out of bounds values : {} {}",
+            total_wrong,
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+        println!("# Avg bus bandwidth    : {avg_busbw:.4} ");
+        println!("#");
+        let law = match (a.law, coll.ring_law(n)) {
+            (Some(rate), Some(law)) => Some(print_law(&rows, law, rate, n)),
+            _ => None,
+        };
+        if let Some(path) = &a.json {
+            let meta = JsonMeta {
+                coll,
+                n,
+                tname,
+                dt: T::DTYPE,
+                op: op_name,
+                root: root_col,
+                factor,
+                law,
+            };
+            write_json(path, &meta, &rows)?;
+        }
+    }
+    Ok(total_wrong == 0)
+}
+
+struct JsonMeta<'a> {
+    coll: Coll,
+    n: usize,
+    tname: &'a str,
+    dt: DataType,
+    op: &'a str,
+    root: i64,
+    factor: f64,
+    law: Option<LawReport>,
+}
+
+/// What `--law` found: the law, the link rate it was given, and the fit (if any).
+struct LawReport {
+    law: RingLaw,
+    rate: f64,
+    fit: Option<Fit>,
+}
+
+impl LawReport {
+    /// α used for predictions: the fitted one, 0 when there is no fit.
+    fn alpha(&self) -> f64 {
+        self.fit.map_or(0.0, |f| f.alpha_s)
+    }
+
+    /// Predicted seconds for `bytes`: steps × α (fitted) + factor × S / RATE.
+    fn predict_s(&self, bytes: usize) -> f64 {
+        self.law
+            .predict_s(bytes as f64, self.alpha(), 1.0 / self.rate)
+    }
+}
+
+/// Prints the ring-law table (lines starting `law`) and the α-β fit, from the rows'
+/// in-place times.
+fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize) -> LawReport {
+    let points: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.bytes as f64, r.ip_us * 1e-6))
+        .collect();
+    let rep = LawReport {
+        law,
+        rate,
+        fit: crate::law::fit(&law, &points),
+    };
+    let (steps, fac) = (law.steps, law.factor);
+    println!(
+        "# ring law, n = {n}: t = {steps}·α + {fac:.4}·S/R with R = {:.4} Gbit/s and α the fitted α below{}; meas = in-place time",
+        rate * 8e-9,
+        if rep.fit.is_none() { " (no fit: α = 0)" } else { "" }
+    );
+    println!(
+        "#{:>3} {:>11} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9}",
+        "", "size", "payload", "law", "wire", "meas", "pred", "meas/pred"
+    );
+    println!(
+        "#{:>3} {:>11} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9}",
+        "", "(B)", "(B/rank)", "(B/rank)", "(x law)", "(us)", "(us)", ""
+    );
+    for r in rows {
+        let lb = law.bytes_per_rank(r.bytes as f64);
+        let pred_us = rep.predict_s(r.bytes) * 1e6;
+        println!(
+            "law {:>11} {:>12.0} {:>12.0} {:>7} {:>12.2} {:>12.2} {:>9.3}",
+            r.bytes,
+            r.wire_bytes,
+            lb,
+            if lb > 0.0 {
+                format!("{:.3}", r.wire_bytes / lb)
+            } else {
+                "-".into()
+            },
+            r.ip_us,
+            pred_us,
+            r.ip_us / pred_us
+        );
+    }
+    match rep.fit {
+        Some(f) => println!(
+            "# fit over {} sizes (least squares, α >= 0): alpha = {:.2} us, beta = {:.4} ns/B, 1/beta = {:.4} Gbit/s = {:.4} of RATE",
+            rows.len(),
+            f.alpha_s * 1e6,
+            f.beta_s_per_byte * 1e9,
+            f.link_bytes_per_s() * 8e-9,
+            f.link_bytes_per_s() / rate
+        ),
+        None => println!(
+            "# fit: not possible over these {} size(s) (needs two sizes and times that grow with size)",
+            rows.len()
+        ),
+    }
+    println!("#");
+    rep
+}
+
+fn write_json(path: &std::path::Path, m: &JsonMeta<'_>, rows: &[Row]) -> ferroccl::Result<()> {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "{{\n  \"tool\": \"ferroccl bench\",\n  \"collective\": \"{}\",\n  \"ranks\": {},\n  \"transport\": \"{}\",\n  \"dtype\": \"{}\",\n  \"op\": \"{}\",\n  \"root\": {},\n  \"bus_factor\": {},\n",
+        m.coll.name(),
+        m.n,
+        m.tname,
+        m.dt.name(),
+        m.op,
+        m.root,
+        m.factor
+    );
+    if let Some(l) = &m.law {
+        let _ = writeln!(
+            s,
+            "  \"law\": {{\"rate_bytes_per_s\": {}, \"steps\": {}, \"factor\": {}, \"meas\": \"ip_time_us\"}},",
+            l.rate, l.law.steps, l.law.factor
+        );
+        match l.fit {
+            Some(f) => {
+                let _ = writeln!(
+                    s,
+                    "  \"fit\": {{\"alpha_s\": {:e}, \"beta_s_per_byte\": {:e}, \"link_bytes_per_s\": {}, \"rate_bytes_per_s\": {}}},",
+                    f.alpha_s,
+                    f.beta_s_per_byte,
+                    f.link_bytes_per_s(),
+                    l.rate
+                );
+            }
+            None => s.push_str("  \"fit\": null,\n"),
+        }
+    }
+    s.push_str("  \"rows\": [\n");
+    for (i, r) in rows.iter().enumerate() {
+        let gb = |us: f64| r.bytes as f64 / (us * 1e-6) / 1e9;
+        if let Some(l) = &m.law {
+            let pred_us = l.predict_s(r.bytes) * 1e6;
+            let _ = write!(
+                s,
+                "    {{\"pred_time_us\": {:.3}, \"meas_over_pred\": {:.6}, ",
+                pred_us,
+                r.ip_us / pred_us
+            );
+        } else {
+            s.push_str("    {");
+        }
+        let _ = writeln!(
+            s,
+            "\"bytes\": {}, \"count\": {}, \"oop_time_us\": {:.3}, \"oop_algbw_gbs\": {:.6}, \"oop_busbw_gbs\": {:.6}, \"oop_wrong\": {}, \"ip_time_us\": {:.3}, \"ip_algbw_gbs\": {:.6}, \"ip_busbw_gbs\": {:.6}, \"ip_wrong\": {}, \"payload_bytes_sent_per_rank\": {:.1}, \"header_bytes_sent_per_rank\": {:.1}, \"wire_law_bytes\": {:.1}}}{}",
+            r.bytes,
+            r.count,
+            r.oop_us,
+            gb(r.oop_us),
+            gb(r.oop_us) * m.factor,
+            r.oop_wrong,
+            r.ip_us,
+            gb(r.ip_us),
+            gb(r.ip_us) * m.factor,
+            r.ip_wrong,
+            r.wire_bytes,
+            r.header_bytes,
+            m.coll.wire_law(m.n, r.bytes),
+            if i + 1 < rows.len() { "," } else { "" }
+        );
+    }
+    s.push_str("  ]\n}\n");
+    std::fs::write(path, s)
+        .map_err(|e| ferroccl::Error::io(format!("writing {}", path.display()), e))
+}

@@ -1,0 +1,211 @@
+//! The ring law and its α-β fit: pure arithmetic, no I/O.
+//!
+//! A ring collective over n ranks takes `steps` steps and sends, from every rank,
+//! `factor × S` payload bytes for a buffer of S bytes: all-reduce 2(n−1) steps and
+//! 2(n−1)/n × S (reduce-scatter, then all-gather), reduce-scatter and all-gather n−1
+//! steps and (n−1)/n × S (S the full, gathered size). On links of per-step latency α and
+//! per-byte time β its time is
+//!
+//! t = steps × α + factor × S × β,
+//!
+//! and on a link of rate R bytes/s, β = 1/R. [`fit`] finds α and β from measured
+//! times by least squares over the sizes (the line t = c + m × S, α = c / steps,
+//! β = m / factor); `ferroccl bench --law` prints it and `ferroccl plan` reads it back.
+//!
+//! ```
+//! use crate::law::{fit, RingLaw};
+//!
+//! let law = RingLaw::all_reduce(4);
+//! let (alpha, beta) = (20e-6, 8e-9);
+//! let points: Vec<(f64, f64)> = [1e6, 4e6, 16e6]
+//!     .iter()
+//!     .map(|&s| (s, law.predict_s(s, alpha, beta)))
+//!     .collect();
+//! let f = fit(&law, &points).unwrap();
+//! assert!((f.alpha_s - alpha).abs() < 1e-12 && (f.beta_s_per_byte - beta).abs() < 1e-18);
+//! ```
+
+/// Steps and bytes of one ring collective over a fixed number of ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RingLaw {
+    /// Sequential send-receive steps: 2(n−1) for all-reduce, n−1 for the halves.
+    pub steps: f64,
+    /// Payload bytes each rank sends per byte of buffer: 2(n−1)/n or (n−1)/n.
+    pub factor: f64,
+}
+
+impl RingLaw {
+    /// The ring all-reduce: 2(n−1) steps, 2(n−1)/n × S bytes per rank (nothing for n ≤ 1).
+    pub fn all_reduce(n: usize) -> Self {
+        let m = n.saturating_sub(1) as f64;
+        RingLaw {
+            steps: 2.0 * m,
+            factor: if n == 0 { 0.0 } else { 2.0 * m / n as f64 },
+        }
+    }
+
+    /// The ring reduce-scatter or all-gather: n−1 steps, (n−1)/n × S bytes per rank
+    /// (S the full buffer).
+    pub fn half(n: usize) -> Self {
+        let m = n.saturating_sub(1) as f64;
+        RingLaw {
+            steps: m,
+            factor: if n == 0 { 0.0 } else { m / n as f64 },
+        }
+    }
+
+    /// Payload bytes each rank sends for a buffer of `bytes`.
+    pub fn bytes_per_rank(&self, bytes: f64) -> f64 {
+        self.factor * bytes
+    }
+
+    /// Predicted seconds: steps × α + factor × S × β.
+    pub fn predict_s(&self, bytes: f64, alpha_s: f64, beta_s_per_byte: f64) -> f64 {
+        self.steps * alpha_s + self.factor * bytes * beta_s_per_byte
+    }
+}
+
+/// α and β fitted to measured times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fit {
+    /// Per-step latency in seconds (never negative: see [`fit_line`]).
+    pub alpha_s: f64,
+    /// Per-byte time in seconds; 1/β is the effective link bandwidth in bytes/s.
+    pub beta_s_per_byte: f64,
+}
+
+impl Fit {
+    /// The effective link bandwidth 1/β in bytes/s.
+    pub fn link_bytes_per_s(&self) -> f64 {
+        1.0 / self.beta_s_per_byte
+    }
+}
+
+/// Least-squares fit of `law` to `(bytes, seconds)` points. `None` when it cannot be
+/// done: fewer than two distinct sizes, a law with no steps or bytes (one rank), a
+/// non-finite point, or times that do not grow with size (β ≤ 0).
+pub fn fit(law: &RingLaw, points: &[(f64, f64)]) -> Option<Fit> {
+    if law.steps <= 0.0 || law.factor <= 0.0 || points.len() < 2 {
+        return None;
+    }
+    if points
+        .iter()
+        .any(|&(x, y)| !(x.is_finite() && y.is_finite()))
+    {
+        return None;
+    }
+    let (c, m) = fit_line(points.iter().copied())?;
+    let f = Fit {
+        alpha_s: c / law.steps,
+        beta_s_per_byte: m / law.factor,
+    };
+    (f.beta_s_per_byte.is_finite() && f.beta_s_per_byte > 0.0).then_some(f)
+}
+
+/// Least-squares line y = c + m·x with c ≥ 0 (when the free fit's intercept is
+/// negative, the constrained optimum is the line through the origin). `None` when
+/// every x is the same.
+pub fn fit_line(points: impl Iterator<Item = (f64, f64)> + Clone) -> Option<(f64, f64)> {
+    let k = points.clone().count() as f64;
+    let (sx, sy) = points
+        .clone()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / k, sy / k);
+    let (sxx, sxy) = points.clone().fold((0.0, 0.0), |(a, b), (x, y)| {
+        (a + (x - mx) * (x - mx), b + (x - mx) * (y - my))
+    });
+    if sxx <= 0.0 || sxx.is_nan() {
+        return None;
+    }
+    let m = sxy / sxx;
+    let c = my - m * mx;
+    if c >= 0.0 {
+        return Some((c, m));
+    }
+    let (xx, xy) = points.fold((0.0, 0.0), |(a, b), (x, y)| (a + x * x, b + x * y));
+    Some((0.0, xy / xx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rel(got: f64, want: f64, tol: f64) {
+        assert!(
+            (got - want).abs() <= tol * want.abs().max(1e-30),
+            "got {got}, want {want}"
+        );
+    }
+
+    #[test]
+    fn laws_by_hand() {
+        let a = RingLaw::all_reduce(4);
+        assert_eq!((a.steps, a.factor), (6.0, 1.5));
+        assert_eq!(a.bytes_per_rank(1024.0), 1536.0);
+        let h = RingLaw::half(4);
+        assert_eq!((h.steps, h.factor), (3.0, 0.75));
+        let two = RingLaw::all_reduce(2);
+        assert_eq!((two.steps, two.factor), (2.0, 1.0));
+        // 1 MiB over 2 ranks at 1 Gbit/s (125e6 B/s) with α = 50 µs: 2·50 µs + 2^20/125e6 s.
+        rel(
+            two.predict_s(1048576.0, 50e-6, 1.0 / 125e6),
+            100e-6 + 1048576.0 / 125e6,
+            1e-12,
+        );
+        let one = RingLaw::all_reduce(1);
+        assert_eq!((one.steps, one.factor), (0.0, 0.0));
+        assert_eq!(one.predict_s(1e9, 1.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn fit_recovers_hand_made_alpha_and_beta() {
+        for (law, alpha, beta) in [
+            (RingLaw::all_reduce(2), 40e-6, 8e-9),
+            (RingLaw::all_reduce(4), 25e-6, 1.0 / 125e6),
+            (RingLaw::all_reduce(3), 0.0, 1e-9),
+            (RingLaw::half(8), 1e-4, 2e-10),
+        ] {
+            let pts: Vec<_> = (20..27)
+                .map(|k| {
+                    let s = (1u64 << k) as f64;
+                    (s, law.predict_s(s, alpha, beta))
+                })
+                .collect();
+            let f = fit(&law, &pts).expect("fits");
+            assert!((f.alpha_s - alpha).abs() < 1e-9, "{f:?} vs α {alpha}");
+            rel(f.beta_s_per_byte, beta, 1e-9);
+            rel(f.link_bytes_per_s(), 1.0 / beta, 1e-9);
+        }
+    }
+
+    #[test]
+    fn fit_of_noisy_points_is_the_least_squares_line() {
+        // y = 1 + 2x measured as 1+2x ± 0.5 alternately: the symmetric noise cancels.
+        let pts = [(0.0, 0.5), (1.0, 3.5), (2.0, 4.5), (3.0, 7.5)];
+        let (c, m) = fit_line(pts.iter().copied()).expect("line");
+        // By hand: mean x 1.5, mean y 4.
+        let (sxx, sxy) = (5.0, 11.0); // Σ(x−1.5)² = 5, Σ(x−1.5)(y−4) = 11
+        rel(m, sxy / sxx, 1e-12);
+        rel(c, 4.0 - m * 1.5, 1e-12);
+    }
+
+    #[test]
+    fn negative_intercept_is_clamped_to_zero() {
+        // A line with intercept −1: the fit with α ≥ 0 goes through the origin.
+        let pts = [(1.0, 1.0), (2.0, 3.0), (3.0, 5.0)];
+        let (c, m) = fit_line(pts.iter().copied()).expect("line");
+        assert_eq!(c, 0.0);
+        rel(m, (1.0 + 6.0 + 15.0) / 14.0, 1e-12);
+    }
+
+    #[test]
+    fn impossible_fits_are_none() {
+        let law = RingLaw::all_reduce(2);
+        assert!(fit(&law, &[]).is_none());
+        assert!(fit(&law, &[(1e6, 1e-3)]).is_none());
+        assert!(fit(&law, &[(1e6, 1e-3), (1e6, 2e-3)]).is_none(), "one size");
+        assert!(fit(&law, &[(1e6, 2e-3), (2e6, 1e-3)]).is_none(), "β < 0");
+        assert!(fit(&law, &[(1e6, f64::NAN), (2e6, 1e-3)]).is_none());
+        assert!(fit(&RingLaw::all_reduce(1), &[(1e6, 1e-3), (2e6, 2e-3)]).is_none());
+    }
+}

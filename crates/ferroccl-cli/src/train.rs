@@ -1,0 +1,346 @@
+//! `ferroccl train`: data-parallel training of a small CNN on MNIST-format digits
+//! (see `ferroccl::train`), and `--scaling` reports across world sizes.
+
+use clap::Args;
+use ferroccl::ddp::{Decay, WireDtype};
+use ferroccl_candle::model::Precision;
+use ferroccl_candle::{DataSource, Resume, Summary, TrainConfig};
+use ferroccl::{Communicator, Config};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Data: a CSV (`.csv`/`.csv.gz`: 784 pixels then the label per row, e.g.
+    /// mnist_5k from tools/fetch-mnist) or a directory with the MNIST IDX files.
+    /// Without it, a built-in synthetic digit set.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Images in the synthetic set (without --data).
+    #[arg(long, default_value_t = 5000)]
+    synthetic: usize,
+    /// Share of the data held out for test accuracy.
+    #[arg(long, default_value_t = 0.1)]
+    test_fraction: f64,
+    /// Epochs.
+    #[arg(long, default_value_t = 2)]
+    epochs: u64,
+    /// Stop after this many optimizer steps.
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// Global batch: images per optimizer step over all ranks.
+    #[arg(short = 'b', long, default_value_t = 64)]
+    batch: usize,
+    /// Gradient accumulation: backward passes per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    accum: usize,
+    /// Learning rate for --base-batch; scaled linearly to the global batch.
+    #[arg(long, default_value_t = 0.05)]
+    lr: f64,
+    /// The batch --lr is tuned for.
+    #[arg(long, default_value_t = 64)]
+    base_batch: usize,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 20)]
+    warmup: u64,
+    /// Cosine decay to zero after warmup (default: constant).
+    #[arg(long)]
+    cosine: bool,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f32,
+    /// Weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f32,
+    /// Forward/backward precision: f32 or f16 (f32 master weights, dynamic loss
+    /// scaling); bf16 is refused on the CPU (candle has no bf16 matmul there).
+    #[arg(long, default_value = "f32")]
+    precision: String,
+    /// Initial loss scale for f16/bf16.
+    #[arg(long, default_value_t = 65536.0)]
+    loss_scale: f32,
+    /// Gradients on the wire: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    wire: String,
+    /// Bucket cap in KiB (PyTorch DDP: 25 MiB).
+    #[arg(long, default_value_t = 25 * 1024)]
+    bucket_kib: usize,
+    /// First bucket's cap in KiB (PyTorch DDP: 1 MiB).
+    #[arg(long, default_value_t = 1024)]
+    first_bucket_kib: usize,
+    /// Reduce gradients only after the whole backward (to measure what overlap hides).
+    #[arg(long)]
+    no_overlap: bool,
+    /// Network width multiplier (1: LeNet-5's 6/16/120 channels).
+    #[arg(long, default_value_t = 1)]
+    width: usize,
+    /// Random ±2-pixel translations of training images.
+    #[arg(long)]
+    augment: bool,
+    /// Seed of everything.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Directory where rank 0 writes checkpoints.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N steps (and always at the end).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
+    /// Checkpoints kept.
+    #[arg(long, default_value_t = 3)]
+    keep: usize,
+    /// Resume: from the newest checkpoint in --checkpoint-dir, or from the file given.
+    #[arg(long, num_args = 0..=1, default_missing_value = "")]
+    resume: Option<String>,
+    /// JSON-lines metrics (per rank and mean), appended by rank 0.
+    #[arg(long)]
+    metrics: Option<PathBuf>,
+    /// Steps between metrics records.
+    #[arg(long, default_value_t = 50)]
+    log_every: u64,
+    /// Write the run's summary as JSON here (rank 0).
+    #[arg(long)]
+    summary: Option<PathBuf>,
+    /// Ranks to start when not under a launcher.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    ranks: usize,
+    /// Run at each of these world sizes and report throughput, speedup, efficiency
+    /// and accuracy (e.g. 1,2,4); draws throughput against ranks into --plot.
+    #[arg(long, value_delimiter = ',')]
+    scaling: Option<Vec<usize>>,
+    /// SVG for --scaling.
+    #[arg(long, default_value = "scaling.svg")]
+    plot: PathBuf,
+    /// Seconds without progress before a collective fails.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+}
+
+pub fn main(a: TrainArgs) -> ExitCode {
+    let r = match &a.scaling {
+        Some(ns) => scaling(&a, ns),
+        None => run(&a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferroccl train: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn config(a: &TrainArgs) -> ferroccl::Result<TrainConfig> {
+    Ok(TrainConfig {
+        data: match &a.data {
+            Some(p) => DataSource::Path(p.clone()),
+            None => DataSource::Synthetic(a.synthetic),
+        },
+        test_fraction: a.test_fraction,
+        epochs: a.epochs,
+        max_steps: a.max_steps,
+        global_batch: a.batch,
+        accum: a.accum,
+        base_lr: a.lr,
+        base_batch: a.base_batch,
+        warmup_steps: a.warmup,
+        decay: if a.cosine {
+            Decay::Cosine
+        } else {
+            Decay::Constant
+        },
+        momentum: a.momentum,
+        weight_decay: a.weight_decay,
+        precision: Precision::parse(&a.precision)?,
+        loss_scale: a.loss_scale,
+        wire: WireDtype::parse(&a.wire)?,
+        bucket_bytes: a.bucket_kib.max(1) << 10,
+        first_bucket_bytes: a.first_bucket_kib.max(1) << 10,
+        overlap: !a.no_overlap,
+        width: a.width,
+        augment: a.augment,
+        seed: a.seed,
+        checkpoint_dir: a.checkpoint_dir.clone(),
+        checkpoint_every: a.checkpoint_every,
+        keep: a.keep,
+        resume: a.resume.as_ref().map(|r| {
+            if r.is_empty() {
+                Resume::Latest
+            } else {
+                Resume::File(PathBuf::from(r))
+            }
+        }),
+        metrics: a.metrics.clone(),
+        log_every: a.log_every,
+        progress: true,
+        ..TrainConfig::default()
+    })
+}
+
+/// candle's CPU kernels use a thread pool as wide as the machine; with several ranks
+/// on one machine that oversubscribes it many times over. Unless the user chose,
+/// give each rank its share of the cores.
+fn share_cores() {
+    if std::env::var("RAYON_NUM_THREADS").is_ok_and(|v| !v.trim().is_empty()) {
+        return;
+    }
+    let local = [
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+    .unwrap_or(1)
+    .max(1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Called before this process starts any other thread (edition 2021: safe fn).
+    std::env::set_var("RAYON_NUM_THREADS", (cores / local).max(1).to_string());
+}
+
+fn run(a: &TrainArgs) -> ferroccl::Result<()> {
+    let tc = config(a)?;
+    let comm = if ferroccl::rendezvous::detect_env()?.is_some() {
+        share_cores();
+        let mut c = Config::from_env()?;
+        c.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
+        Communicator::init(c)?
+    } else if a.ranks <= 1 {
+        let mut base = Config::new(0, 1, "");
+        base.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
+        Communicator::local_group(1, &base)?.remove(0)
+    } else {
+        return relaunch(a.ranks, &[], &[]);
+    };
+    let out = ferroccl_candle::train(&comm, &tc)?;
+    if comm.rank() == 0 {
+        let s = &out.summary;
+        println!(
+            "ranks {}  steps {} (this run {})  global batch {}  loss {:.4}  test accuracy {:.2}%",
+            s.world,
+            s.steps,
+            s.steps_run,
+            s.global_batch,
+            s.final_loss,
+            100.0 * s.test_accuracy
+        );
+        println!(
+            "throughput {:.0} images/s  compute {:.2} ms/step  exposed all-reduce {:.2} ms/step  buckets {}  skipped steps {}",
+            s.images_per_s,
+            1e3 * s.compute_s,
+            1e3 * s.comm_exposed_s,
+            s.buckets,
+            s.skipped_steps
+        );
+        if let Some(p) = &a.summary {
+            let j = serde_json::to_string_pretty(s).expect("summary serialises");
+            std::fs::write(p, j)
+                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Re-runs this command under our own launcher with `n` ranks, without the options
+/// in `drop` (and their values), with `extra` arguments appended.
+fn relaunch(n: usize, drop: &[&str], extra: &[String]) -> ferroccl::Result<()> {
+    let exe = std::env::current_exe()
+        .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
+    let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
+    let mut skip = false;
+    for arg in std::env::args_os().skip(1) {
+        if skip {
+            skip = false;
+            continue;
+        }
+        let s = arg.to_string_lossy();
+        if drop.iter().any(|d| s == *d) {
+            skip = true;
+            continue;
+        }
+        if drop.iter().any(|d| s.starts_with(&format!("{d}="))) {
+            continue;
+        }
+        cmd.push(arg);
+    }
+    cmd.extend(extra.iter().map(Into::into));
+    let opts = crate::launch::LaunchOptions {
+        bare_stdout_rank: Some(0),
+        ..Default::default()
+    };
+    crate::launch::run(n, &cmd, &opts).map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))
+}
+
+fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
+    if ns.is_empty() || ns.contains(&0) {
+        return Err(ferroccl::Error::InvalidArgument(
+            "--scaling takes world sizes of 1 or more, e.g. 1,2,4".into(),
+        ));
+    }
+    let tmp = std::env::temp_dir().join(format!("ferroccl-scaling-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| ferroccl::Error::io("creating a temporary directory", e))?;
+    let mut rows: Vec<Summary> = Vec::new();
+    for &n in ns {
+        let file = tmp.join(format!("summary-{n}.json"));
+        eprintln!("== {n} rank(s)");
+        relaunch(
+            n,
+            &["--scaling", "--plot", "--summary", "--ranks", "-n"],
+            &[
+                "--ranks".into(),
+                n.to_string(),
+                "--summary".into(),
+                file.display().to_string(),
+            ],
+        )?;
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| ferroccl::Error::io(format!("reading {}", file.display()), e))?;
+        rows.push(serde_json::from_str(&text).map_err(|e| {
+            ferroccl::Error::InvalidArgument(format!("summary of the {n}-rank run: {e}"))
+        })?);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    let base = &rows[0];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "scaling on {cores} cores, global batch {} (per rank: batch / ranks)",
+        a.batch
+    );
+    println!(
+        "{:>5} {:>12} {:>9} {:>11} {:>14} {:>16} {:>13}",
+        "ranks",
+        "images/s",
+        "speedup",
+        "efficiency",
+        "test accuracy",
+        "exposed ms/step",
+        "compute ms/step"
+    );
+    let mut pts = Vec::new();
+    for r in &rows {
+        let speedup = r.images_per_s / base.images_per_s;
+        let eff = speedup * base.world as f64 / r.world as f64;
+        println!(
+            "{:>5} {:>12.0} {:>9.2} {:>10.0}% {:>13.2}% {:>16.2} {:>13.2}",
+            r.world,
+            r.images_per_s,
+            speedup,
+            100.0 * eff,
+            100.0 * r.test_accuracy,
+            1e3 * r.comm_exposed_s,
+            1e3 * r.compute_s
+        );
+        pts.push((r.world as f64, r.images_per_s));
+    }
+    crate::plot::draw_xy(
+        &a.plot,
+        "ferroccl train: throughput against ranks",
+        "ranks",
+        "images/s (job)",
+        &pts,
+    )
+    .map_err(ferroccl::Error::InvalidArgument)?;
+    println!("plot: {}", a.plot.display());
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! Fault injection, deterministic and bounded in time: real rank processes running
+//! `ferroccl bench`, one of which is killed (-9) or stalled at seeded points of every
+//! collective; and a fake peer that completes the handshake and then lies. Every
+//! surviving rank must fail with a typed error within the deadline; none may hang or
+//! panic.
+
+use crate::common;
+
+use ferroccl::rendezvous::{StoreClient, StoreServer};
+use ferroccl::transport::tcp::{Hello, PROTOCOL_VERSION};
+use ferroccl::wire::HEADER_LEN;
+use ferroccl::{Communicator, Error, ReduceOp};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::proc::EXE;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `n` ranks of `ferroccl bench ARGS` with the torchrun environment.
+fn spawn_ranks(n: usize, args: &[&str]) -> Vec<Child> {
+    let port = free_port().to_string();
+    (0..n)
+        .map(|r| {
+            let mut c = Command::new(EXE);
+            c.arg("bench").args(args);
+            for v in common::proc::LAUNCHER_VARS {
+                c.env_remove(v);
+            }
+            c.env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn rank")
+        })
+        .collect()
+}
+
+/// Waits for `child` until `deadline`; kills it and returns None if it is still running.
+fn finish(mut child: Child, deadline: Instant) -> Option<(i32, String)> {
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            return Some((st.code().unwrap_or(-1), err));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// The typed errors a survivor may report, as `ferroccl bench` prints them.
+fn is_typed_failure(stderr: &str) -> bool {
+    stderr.contains("ferroccl bench:")
+        && [
+            "closed during",
+            "timed out",
+            "poisoned",
+            "protocol violation",
+            "mismatched",
+            "unreachable",
+            "did not publish",
+            "handshake",
+            "rendezvous:",
+            "failed during",
+        ]
+        .iter()
+        .any(|k| stderr.contains(k))
+}
+
+/// 5 collectives × 4 kill points = 20 injections of `kill -9` into a 3-rank job.
+#[test]
+fn kill_minus_nine_at_random_points_of_every_collective() {
+    let mut seed = 0x5eed_u64;
+    let mut injections = 0;
+    for coll in [
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "reduce",
+    ] {
+        for k in 0..4 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let delay = Duration::from_millis(150 + (seed >> 33) % 600);
+            let victim = ((seed >> 20) % 3) as usize;
+            // Long enough that the kill lands mid-run: many iterations, sizes up to 4 MiB.
+            let mut ranks = spawn_ranks(
+                3,
+                &[
+                    coll,
+                    "-b",
+                    "4K",
+                    "-e",
+                    "4M",
+                    "-f",
+                    "4",
+                    "-n",
+                    "400",
+                    "-w",
+                    "1",
+                    "-c",
+                    "0",
+                    "--timeout",
+                    "5",
+                    "--connect-timeout",
+                    "10",
+                ],
+            );
+            std::thread::sleep(delay);
+            signal(&ranks[victim], libc::SIGKILL);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let victim_child = ranks.remove(victim);
+            let _ = finish(victim_child, deadline);
+            for (i, child) in ranks.into_iter().enumerate() {
+                let rank = if i >= victim { i + 1 } else { i };
+                let ctx = format!(
+                    "{coll} injection {k}: rank {victim} killed after {delay:?}; rank {rank}"
+                );
+                let (code, err) = finish(child, deadline).unwrap_or_else(|| panic!("{ctx} hung"));
+                assert!(!err.contains("panicked"), "{ctx} panicked: {err}");
+                assert_ne!(code, 0, "{ctx} exited 0 although a peer died: {err}");
+                assert!(
+                    is_typed_failure(&err),
+                    "{ctx}: no typed error on stderr: {err}"
+                );
+            }
+            injections += 1;
+        }
+    }
+    assert_eq!(injections, 20);
+}
+
+/// A stalled rank (SIGSTOP): the others time out, and say the stalled rank does not
+/// answer; nobody hangs past the deadline.
+#[test]
+fn a_stalled_rank_is_named_by_the_timeout() {
+    let mut ranks = spawn_ranks(
+        3,
+        &[
+            "all_reduce",
+            "-b",
+            "64K",
+            "-e",
+            "1M",
+            "-n",
+            "2000",
+            "-w",
+            "1",
+            "-c",
+            "0",
+            "--timeout",
+            "1",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    signal(&ranks[1], libc::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stalled = ranks.remove(1);
+    for (i, child) in ranks.into_iter().enumerate() {
+        let rank = if i >= 1 { i + 1 } else { i };
+        let (code, err) = finish(child, deadline).unwrap_or_else(|| panic!("rank {rank} hung"));
+        assert_ne!(code, 0);
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(is_typed_failure(&err), "rank {rank}: {err}");
+        // The stalled rank's acceptor is stopped too: the status query finds nobody.
+        assert!(
+            err.contains("timed out") && err.contains("rank 1 unreachable"),
+            "rank {rank}: {err}"
+        );
+    }
+    signal(&stalled, libc::SIGKILL);
+    let _ = finish(stalled, Instant::now() + Duration::from_secs(5));
+}
+
+/// A fake rank 1 that completes the handshake with rank 0, reads rank 0's first
+/// frame header, and then misbehaves with `act`. Returns rank 0's error.
+fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+    let mut client =
+        StoreClient::connect(&store.local_addr().to_string(), Duration::from_secs(5)).unwrap();
+    let comm_id = client.join(1, 2).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    client
+        .set(
+            "addr/1",
+            listener.local_addr().unwrap().to_string().as_bytes(),
+        )
+        .unwrap();
+    let fake = std::thread::spawn(move || {
+        let mut s = common::accept_within(&listener, Duration::from_secs(20));
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 32];
+        s.read_exact(&mut b).unwrap();
+        let h = Hello::decode(&b).unwrap();
+        let reply = Hello {
+            version: PROTOCOL_VERSION,
+            status: 0,
+            comm_id,
+            rank: 1,
+            world_size: 2,
+            to_rank: 0,
+            channel: h.channel,
+            flags: 0,
+        };
+        s.write_all(&reply.encode()).unwrap();
+        let mut hdr = [0u8; HEADER_LEN];
+        let _ = s.read_exact(&mut hdr);
+        act(&mut s);
+        // Keep the socket open a while so only the act itself is the fault.
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let mut cfg = ferroccl::Config::new(0, 2, store.local_addr().to_string());
+    cfg.serve_store = false;
+    cfg.timeout = Duration::from_secs(3);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = Communicator::init(cfg)
+            .and_then(|c| c.all_reduce(&mut vec![1.0f32; 1 << 18], ReduceOp::Sum));
+        let _ = tx.send(r);
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("rank 0 returned within the deadline");
+    let _ = fake.join();
+    r.expect_err("rank 0 must fail")
+}
+
+#[test]
+fn a_peer_that_sends_garbage_is_a_protocol_error() {
+    let e = lying_peer(|s| {
+        let _ = s.write_all(&[0x5a; 4096]);
+    });
+    assert!(matches!(e, Error::Protocol { .. }), "{e}");
+    assert!(e.to_string().contains("magic"), "{e}");
+}
+
+#[test]
+fn a_short_frame_then_close_is_a_closed_peer() {
+    let e = lying_peer(|s| {
+        let _ = s.write_all(b"FCCD\x01\x00");
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    });
+    assert!(matches!(e, Error::PeerClosed { peer: 1, .. }), "{e}");
+}
+
+#[test]
+fn a_socket_closed_mid_payload_is_a_closed_peer() {
+    let e = lying_peer(|s| {
+        // A well-formed header for a big frame, half its payload, then hang up.
+        let mut hdr = ferroccl::wire::FrameHeader {
+            fp: ferroccl::wire::Fingerprint {
+                kind: ferroccl::wire::OpKind::AllReduce,
+                seq: 0,
+                dtype: ferroccl::DataType::F32,
+                op: Some(ReduceOp::Sum),
+                count: 1 << 18,
+                root: None,
+                algo: ferroccl::Algorithm::Ring,
+            },
+            step: 0,
+            seg: 0,
+            len: 1 << 19,
+        }
+        .encode();
+        hdr[0..4].copy_from_slice(b"FCCD");
+        let _ = s.write_all(&hdr);
+        let _ = s.write_all(&vec![0u8; 1 << 18]);
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    });
+    assert!(
+        matches!(
+            e,
+            Error::PeerClosed { peer: 1, .. } | Error::Protocol { .. }
+        ),
+        "{e}"
+    );
+}
+
+/// The store dies during rendezvous: a rank still looking for its peers fails with a
+/// typed error within its connect timeout.
+#[test]
+fn the_store_dying_during_rendezvous_is_a_typed_error() {
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+    let addr = store.local_addr().to_string();
+    let (tx, rx) = mpsc::channel();
+    // Rank 1 joins and waits for rank 2's address, which never comes.
+    let mut cfg = ferroccl::Config::new(1, 3, addr);
+    cfg.serve_store = false;
+    cfg.connect_timeout = Duration::from_secs(4);
+    std::thread::spawn(move || {
+        let _ = tx.send(Communicator::init(cfg).map(|_| ()));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    drop(store);
+    let t0 = Instant::now();
+    let r = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("returned within the deadline");
+    let e = r.expect_err("rendezvous cannot succeed without the store");
+    assert!(
+        matches!(
+            e,
+            Error::Rendezvous(_) | Error::StoreUnreachable { .. } | Error::Handshake { .. }
+        ),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}

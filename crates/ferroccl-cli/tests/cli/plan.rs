@@ -1,0 +1,642 @@
+//! `ferroccl plan` end to end: the real binary, its human report, `--json`, a TOML
+//! config, bench files written to a temp directory, and its error paths. No network;
+//! every run has a deadline.
+
+use crate::common;
+
+use common::proc::Output;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Runs `ferroccl ARGS`, killing it and failing if it outlives [`DEADLINE`].
+fn ferroccl(args: &[&str]) -> Output {
+    common::proc::ferroccl(args, DEADLINE)
+}
+
+fn plan(args: &[&str]) -> Output {
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    ferroccl(&all)
+}
+
+fn stdout(o: &Output) -> String {
+    o.stdout.clone()
+}
+
+fn stderr(o: &Output) -> String {
+    o.stderr.clone()
+}
+
+#[track_caller]
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
+    stdout(o)
+}
+
+#[track_caller]
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_str(&ok(o)).expect("--json output parses")
+}
+
+/// Fails unless the run exited 2 with `ferroccl plan: ` and every needle on stderr.
+#[track_caller]
+fn fails(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "stdout:\n{}\nstderr:\n{err}",
+        stdout(o)
+    );
+    assert!(err.starts_with("ferroccl plan: "), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr should mention {n:?}: {err}");
+    }
+}
+
+#[track_caller]
+fn num(v: &serde_json::Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+}
+
+#[track_caller]
+fn close(got: f64, want: f64, tol: f64) {
+    assert!(
+        (got - want).abs() <= tol * want.abs().max(1e-12),
+        "got {got}, want {want}"
+    );
+}
+
+/// A fresh directory for one test's files.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ferroccl-plan-{name}-{}-{:?}",
+        std::process::id(),
+        Instant::now()
+    ));
+    let dir = PathBuf::from(dir.to_string_lossy().replace(
+        |c: char| !(c.is_ascii_alphanumeric() || "/-_.".contains(c)),
+        "_",
+    ));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// The rows `ferroccl bench --json` writes, with in-place times from α and β exactly:
+/// t = 2(n-1)·α + 2(n-1)/n·S·β, S = 1 KiB .. 64 MiB.
+fn bench_json(n: usize, alpha: f64, beta: f64) -> String {
+    let nf = n as f64;
+    let factor = 2.0 * (nf - 1.0) / nf;
+    let rows: Vec<String> = (0..9)
+        .map(|j| {
+            let bytes = 1024u64 << (2 * j);
+            let t = (2.0 * (nf - 1.0) * alpha + factor * bytes as f64 * beta) * 1e6;
+            format!(
+                "    {{\"bytes\": {bytes}, \"count\": {}, \"oop_time_us\": {t}, \"oop_algbw_gbs\": 1.0, \"oop_busbw_gbs\": 1.0, \"oop_wrong\": 0, \"ip_time_us\": {t}, \"ip_algbw_gbs\": 1.0, \"ip_busbw_gbs\": 1.0, \"ip_wrong\": 0, \"payload_bytes_sent_per_rank\": 1.0, \"header_bytes_sent_per_rank\": 1.0}}",
+                bytes / 4
+            )
+        })
+        .collect();
+    format!(
+        "{{\n  \"tool\": \"ferroccl bench\",\n  \"collective\": \"all_reduce\",\n  \"ranks\": {n},\n  \"transport\": \"tcp\",\n  \"dtype\": \"float\",\n  \"op\": \"sum\",\n  \"bus_factor\": {factor},\n  \"rows\": [\n{}\n  ]\n}}\n",
+        rows.join(",\n")
+    )
+}
+
+/// Case A of the unit tests: 8 ranks × 32, ImageNet, 90 epochs, 400 samples/s,
+/// 25.6M f32 parameters on a 10 Gbit/s link.
+const CASE_A: &[&str] = &[
+    "--ranks",
+    "8",
+    "--per-rank-batch",
+    "32",
+    "--dataset-size",
+    "1281167",
+    "--epochs",
+    "90",
+    "--throughput",
+    "400",
+    "--base-lr",
+    "0.1",
+    "--base-batch",
+    "256",
+    "--warmup-epochs",
+    "5",
+    "--params",
+    "25.6M",
+    "--link",
+    "10Gbit",
+];
+
+#[test]
+fn human_report_shows_each_formula() {
+    let out = ok(&plan(CASE_A));
+    for needle in [
+        "ranks × per-rank batch × accumulation steps = 8 × 32 × 1 = 256",
+        "floor(dataset size / global batch) = floor(1281167 / 256) = 5004",
+        "(drop_last: 143 samples left out per epoch)",
+        "steps per epoch × epochs = 5004 × 90 = 450360",
+        "base lr × global batch / base batch = 0.1 × 256 / 256 = 0.1",
+        "ceil(warmup epochs × steps per epoch) = ceil(5 × 5004) = 25020",
+        // ring bytes 2·7/8·102.4e6 = 179.2e6 B; at 1.25e9 B/s: 0.14336 s; f16 halves it
+        "2(N-1)/N × S = 2 × 7 / 8 × 102.4 MB = 179.2 MB",
+        "2(N-1)·α + 2(N-1)/N·S·β = 14 × 0 s + 179.2 MB × 0.8 ns/B = 143.36 ms  (used)",
+        "89.6 MB × 0.8 ns/B = 71.68 ms",
+        "min(overlap × comm, compute) = min(0 × 143.36 ms, 80 ms) = 0 s",
+        "(compute + visible comm) / (1 − overhead) = (80 ms + 143.36 ms) / (1 − 0) = 223.36 ms",
+        "visible comm / step time = 143.36 ms / 223.36 ms = 64.1834 %",
+        "8 × 32 × 1 / 223.36 ms = 1146.13 samples/s",
+        "speedup / ranks = 2.86533 / 8 = 35.8166 %",
+        "5004 × 223.36 ms = 1117.69 s (18m 38s)",
+        "= 100592 s (1d 03h 56m 32s)",
+        "1/β = 1.25 GB/s (10 Gbit/s)",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+}
+
+#[test]
+fn json_has_the_numbers() {
+    let mut args = CASE_A.to_vec();
+    args.push("--json");
+    let v = json(&plan(&args));
+    assert_eq!(v["global_batch"], 256);
+    assert_eq!(v["steps_per_epoch"], 5004);
+    assert_eq!(v["total_steps"], 450_360);
+    assert_eq!(v["warmup_steps"], 25_020);
+    assert_eq!(v["input"]["ranks"], 8);
+    assert_eq!(v["input"]["link"]["source"], "--link 10Gbit");
+    for (key, want) in [
+        ("scaled_lr", 0.1),
+        ("compute_s", 0.08),
+        ("grad_bytes", 102.4e6),
+        ("ring_bytes_per_rank", 179.2e6),
+        ("link_bytes_per_s", 1.25e9),
+        ("comm_s", 0.14336),
+        ("comm_f32_s", 0.14336),
+        ("comm_f16_s", 0.07168),
+        ("visible_comm_s", 0.14336),
+        ("step_s", 0.22336),
+        ("throughput", 256.0 / 0.22336),
+        ("speedup", 256.0 / 0.22336 / 400.0),
+        ("efficiency", 0.08 / 0.22336),
+        ("comm_share", 0.14336 / 0.22336),
+        ("epoch_s", 1117.69344),
+        ("total_s", 100592.4096),
+    ] {
+        close(num(&v, key), want, 1e-12);
+    }
+}
+
+#[test]
+fn json_case_b_with_accumulation_amp_bf16_and_overlap() {
+    // G = 4·64·2 = 512; compute = 128 / 1000 / 2 = 0.064 s; S = 10e6 × 2 = 20e6 B;
+    // comm = 2·3·10 µs + 2·3/4·20e6 / 12.5e9 = 2.46 ms; visible = 2.46 ms × 0.25 =
+    // 0.615 ms; step = 0.064615 / 0.9 s; throughput = 460.8 / 0.064615 samples/s.
+    let v = json(&plan(&[
+        "-n",
+        "4",
+        "--batch",
+        "64",
+        "--accum",
+        "2",
+        "--dataset-size",
+        "100K",
+        "--epochs",
+        "3",
+        "--throughput",
+        "1000",
+        "--amp-speedup",
+        "2",
+        "--params",
+        "10M",
+        "--grad-dtype",
+        "bf16",
+        "--link",
+        "12.5GB/s",
+        "--alpha-us",
+        "10",
+        "--overlap",
+        "0.75",
+        "--overhead",
+        "0.1",
+        "--json",
+    ]));
+    assert_eq!(v["global_batch"], 512);
+    assert_eq!(v["steps_per_epoch"], 195);
+    assert!(v["scaled_lr"].is_null());
+    close(num(&v, "alpha_s"), 10e-6, 1e-12);
+    close(num(&v, "comm_s"), 2.46e-3, 1e-12);
+    close(num(&v, "comm_f32_s"), 4.86e-3, 1e-12);
+    close(num(&v, "visible_comm_s"), 0.615e-3, 1e-9);
+    close(num(&v, "step_s"), 0.064615 / 0.9, 1e-12);
+    close(num(&v, "throughput"), 460.8 / 0.064615, 1e-12);
+    close(num(&v, "total_s"), 585.0 * 0.064615 / 0.9, 1e-12);
+}
+
+#[test]
+fn one_rank_means_no_communication() {
+    let v = json(&plan(&[
+        "-n",
+        "1",
+        "--batch",
+        "32",
+        "--dataset-size",
+        "1000",
+        "--throughput",
+        "400",
+        "--params",
+        "25.6M",
+        "--link",
+        "1Gbit",
+        "--alpha-us",
+        "50",
+        "--json",
+    ]));
+    assert_eq!(num(&v, "comm_s"), 0.0);
+    assert_eq!(num(&v, "ring_bytes_per_rank"), 0.0);
+    close(num(&v, "speedup"), 1.0, 1e-12);
+    close(num(&v, "efficiency"), 1.0, 1e-12);
+}
+
+#[test]
+fn bench_file_fit_is_used_and_printed() {
+    let dir = temp_dir("bench");
+    let file = dir.join("bench.json");
+    // α = 25 µs, β = 0.8 ns/B (10 Gbit/s) at n = 4; the plan then runs at n = 8.
+    std::fs::write(&file, bench_json(4, 25e-6, 0.8e-9)).expect("write fixture");
+    let f = file.to_str().expect("utf-8 path");
+    let common = [
+        "-n",
+        "8",
+        "--batch",
+        "32",
+        "--dataset-size",
+        "1281167",
+        "--throughput",
+        "400",
+        "--params",
+        "25.6M",
+        "--bench",
+        f,
+    ];
+    let mut args = common.to_vec();
+    args.push("--json");
+    let v = json(&plan(&args));
+    close(num(&v, "alpha_s"), 25e-6, 1e-6);
+    close(num(&v, "beta_s_per_byte"), 0.8e-9, 1e-6);
+    // comm = 14 × 25 µs + 179.2e6 × 0.8e-9 = 0.00035 + 0.14336 = 0.14371 s
+    close(num(&v, "comm_s"), 0.14371, 1e-6);
+    let human = ok(&plan(&common));
+    for needle in [
+        "least-squares fit",
+        "9 in-place rows, n = 4",
+        "α = 25 µs, β = 0.8 ns/B, 1/β = 1.25 GB/s (10 Gbit/s)",
+        "14 × 25 µs + 179.2 MB × 0.8 ns/B = 143.71 ms",
+    ] {
+        assert!(human.contains(needle), "missing {needle:?} in\n{human}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn real_bench_json_feeds_plan() {
+    // What `ferroccl bench --json` really writes (threads, ring only), read by plan.
+    // The sizes span 64x so the fitted per-byte time is positive on any sane machine;
+    // on a badly overloaded one the fit may still come out non-positive, which plan
+    // must then refuse with its typed error: the format was read either way.
+    let dir = temp_dir("realbench");
+    let file = dir.join("b.json");
+    let f = file.to_str().expect("utf-8 path");
+    let b = ferroccl(&[
+        "bench",
+        "--transport",
+        "local",
+        "--ranks",
+        "2",
+        "-b",
+        "256K",
+        "-e",
+        "16M",
+        "-f",
+        "4",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--small-message-bytes",
+        "0",
+        "--json",
+        f,
+    ]);
+    ok(&b);
+    let out = plan(&[
+        "-n",
+        "2",
+        "--batch",
+        "8",
+        "--dataset-size",
+        "800",
+        "--throughput",
+        "100",
+        "--params",
+        "1M",
+        "--bench",
+        f,
+        "--json",
+    ]);
+    if out.status.success() {
+        let v = json(&out);
+        assert!(num(&v, "beta_s_per_byte") > 0.0);
+        assert!(num(&v, "alpha_s") >= 0.0);
+    } else {
+        fails(&out, &["which is not positive"]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_law_prints_the_fit_and_plan_reads_it() {
+    // `--law` adds the ring-law table and a `fit` object that `plan --bench` uses.
+    let dir = temp_dir("lawbench");
+    let file = dir.join("law.json");
+    let f = file.to_str().expect("utf-8 path");
+    let b = ferroccl(&[
+        "bench",
+        "--transport",
+        "local",
+        "--ranks",
+        "3",
+        "-b",
+        "96K",
+        "-e",
+        "384K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--law",
+        "1gbit",
+        "--json",
+        f,
+    ]);
+    let out = ok(&b);
+    assert!(out.contains("small_message_bytes = 0"), "{out}");
+    let law_rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with("law "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(law_rows.len(), 3, "96K, 192K, 384K:\n{out}");
+    for r in &law_rows {
+        // law size payload law wire meas pred meas/pred
+        let size: f64 = r[1].parse().expect("size");
+        let payload: f64 = r[2].parse().expect("payload");
+        assert_eq!(payload, size * 4.0 / 3.0, "ring law bytes: {r:?}");
+        assert_eq!(r[4], "1.000", "{r:?}");
+    }
+    assert!(out.contains("# fit over 3 sizes"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("bench json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid json");
+    assert_eq!(v["law"]["rate_bytes_per_s"].as_f64(), Some(125e6), "{text}");
+    assert_eq!(v["fit"]["rate_bytes_per_s"].as_f64(), Some(125e6), "{text}");
+    let beta = v["fit"]["beta_s_per_byte"].as_f64().expect("fit.beta");
+    let alpha = v["fit"]["alpha_s"].as_f64().expect("fit.alpha");
+    assert!(beta > 0.0 && alpha >= 0.0, "{text}");
+    close(
+        v["fit"]["link_bytes_per_s"].as_f64().expect("link"),
+        1.0 / beta,
+        1e-9,
+    );
+    assert!(v["rows"][0]["meas_over_pred"].as_f64().expect("ratio") > 0.0);
+    let p = plan(&[
+        "-n",
+        "3",
+        "--batch",
+        "8",
+        "--dataset-size",
+        "800",
+        "--throughput",
+        "100",
+        "--params",
+        "1M",
+        "--bench",
+        f,
+    ]);
+    let report = ok(&p);
+    assert!(report.contains("its fit object"), "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_law_refuses_bad_rates_and_chains() {
+    for (args, needle) in [
+        (&["--ranks", "2", "--law", "fast"][..], "--law"),
+        (&["--ranks", "2", "--law", "10G"][..], "unknown unit"),
+        (&["--ranks", "2", "--law", "0gbit"][..], "positive"),
+        (
+            &["broadcast", "--ranks", "2", "--law", "1gbit"][..],
+            "ring collectives",
+        ),
+        (&["--ranks", "1", "--law", "1gbit"][..], "at least 2 ranks"),
+    ] {
+        let mut a = vec!["bench", "--transport", "local"];
+        a.extend_from_slice(args);
+        let o = ferroccl(&a);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{a:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{a:?} should mention {needle:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn bad_bench_files() {
+    let dir = temp_dir("badbench");
+    let base = [
+        "-n",
+        "2",
+        "--batch",
+        "8",
+        "--dataset-size",
+        "800",
+        "--throughput",
+        "100",
+        "--params",
+        "1M",
+    ];
+    let cases = [
+        (
+            "garbage.json",
+            "this is not json",
+            "not a `ferroccl bench --json` file",
+        ),
+        (
+            "norows.json",
+            r#"{"ranks": 4, "bus_factor": 1.5}"#,
+            "no `rows`",
+        ),
+        (
+            "flat.json",
+            r#"{"ranks": 4, "rows": [{"bytes": 1024, "ip_time_us": 50}, {"bytes": 4096, "ip_time_us": 40}]}"#,
+            "not positive",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let file = dir.join(name);
+        std::fs::write(&file, text).expect("write");
+        let f = file.to_str().expect("utf-8 path");
+        let mut args = base.to_vec();
+        args.extend(["--bench", f]);
+        fails(&plan(&args), &["configuration: bench file", name, needle]);
+    }
+    let missing = dir.join("absent.json");
+    let mut args = base.to_vec();
+    args.extend(["--bench", missing.to_str().expect("utf-8")]);
+    fails(&plan(&args), &["reading bench file", "absent.json"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn toml_config_and_flag_override() {
+    let dir = temp_dir("toml");
+    std::fs::write(dir.join("bench.json"), bench_json(4, 25e-6, 0.8e-9)).expect("write");
+    let cfg = dir.join("plan.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+ranks = 8
+per_rank_batch = 32
+dataset_size = "1.281167M"
+epochs = 90
+throughput = 400.0
+base_lr = 0.1
+base_batch = 256
+warmup_epochs = 5
+params = 25_600_000
+grad_dtype = "f32"
+link = "10Gbit"
+"#,
+    )
+    .expect("write config");
+    let c = cfg.to_str().expect("utf-8");
+    let v = json(&plan(&["--config", c, "--json"]));
+    assert_eq!(v["global_batch"], 256);
+    assert_eq!(v["steps_per_epoch"], 5004);
+    close(num(&v, "step_s"), 0.22336, 1e-12);
+
+    // Flags win: 16 ranks, and --compute-ms replaces the file's throughput.
+    // G = 512; compute = 50 ms; ring = 2·15/16·102.4e6 = 192e6 B → 0.1536 s
+    let v = json(&plan(&[
+        "--config",
+        c,
+        "-n",
+        "16",
+        "--compute-ms",
+        "50",
+        "--json",
+    ]));
+    assert_eq!(v["global_batch"], 512);
+    close(num(&v, "compute_s"), 0.05, 1e-12);
+    close(num(&v, "comm_s"), 0.1536, 1e-12);
+
+    // --bench replaces the file's link; a relative path in a file is relative to it.
+    std::fs::write(
+        dir.join("bench.toml"),
+        "ranks = 8\nper_rank_batch = 32\ndataset_size = 1281167\nthroughput = 400\nparams = \"25.6M\"\nbench = \"bench.json\"\n",
+    )
+    .expect("write");
+    let v = json(&plan(&[
+        "--config",
+        dir.join("bench.toml").to_str().expect("utf-8"),
+        "--json",
+    ]));
+    close(num(&v, "alpha_s"), 25e-6, 1e-6);
+    let v = json(&plan(&[
+        "--config",
+        c,
+        "--bench",
+        dir.join("bench.json").to_str().expect("utf-8"),
+        "--json",
+    ]));
+    close(num(&v, "alpha_s"), 25e-6, 1e-6);
+
+    // Unknown keys are refused by name.
+    let typo = dir.join("typo.toml");
+    std::fs::write(&typo, "ranks = 8\nbatch_size = 32\n").expect("write");
+    fails(
+        &plan(&["--config", typo.to_str().expect("utf-8")]),
+        &["configuration: config file", "typo.toml", "batch_size"],
+    );
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "ranks = \n").expect("write");
+    fails(
+        &plan(&["--config", broken.to_str().expect("utf-8")]),
+        &["broken.toml"],
+    );
+    fails(
+        &plan(&["--config", dir.join("nope.toml").to_str().expect("utf-8")]),
+        &["reading config file", "nope.toml"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_input_errors() {
+    let with = |flag: &str, value: &str| {
+        let mut args: Vec<&str> = CASE_A.to_vec();
+        match args.iter().position(|a| *a == flag) {
+            Some(k) => args[k + 1] = value,
+            None => args.extend([flag, value]),
+        }
+        plan(&args)
+    };
+    fails(
+        &with("--ranks", "0"),
+        &["invalid argument", "--ranks must be at least 1, got 0"],
+    );
+    fails(
+        &with("--per-rank-batch", "0"),
+        &["--per-rank-batch", "got 0"],
+    );
+    fails(
+        &with("--accumulation-steps", "0"),
+        &["--accumulation-steps", "got 0"],
+    );
+    fails(&with("--dataset-size", "0"), &["--dataset-size", "got 0"]);
+    fails(
+        &with("--throughput", "0"),
+        &["--throughput", "positive", "got 0"],
+    );
+    fails(&with("--throughput", "-3"), &["--throughput", "got -3"]);
+    fails(&with("--link", "0Gbit"), &["--link", "positive", "0Gbit"]);
+    fails(&with("--link", "-10Gbit"), &["--link", "positive"]);
+    fails(&with("--link", "10"), &["--link", "no unit"]);
+    fails(&with("--overlap", "1.5"), &["--overlap", "[0, 1]", "1.5"]);
+    fails(&with("--overlap", "-0.5"), &["--overlap", "-0.5"]);
+    fails(&with("--overhead", "1"), &["--overhead", "[0, 1)"]);
+    fails(&with("--amp-speedup", "0"), &["--amp-speedup"]);
+    fails(&with("--grad-dtype", "int8"), &["--grad-dtype", "int8"]);
+    fails(&with("--params", "0"), &["--params", "got 0"]);
+    fails(
+        &with("--compute-ms", "50"),
+        &["--throughput", "--compute-ms", "not both"],
+    );
+    fails(
+        &with("--bench", "x.json"),
+        &["--link", "--bench", "not both"],
+    );
+    fails(&plan(&["-n", "4"]), &["missing --per-rank-batch"]);
+}

@@ -1,0 +1,164 @@
+//! `ferroccl train` end to end: real processes started by its own launcher, metrics
+//! JSON lines, checkpoints, resume, `--scaling`, and its refusals. Every run has a
+//! deadline.
+
+use crate::common;
+
+use common::proc::ferroccl;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ferroccl-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `ferroccl ARGS`, failing the test (with its output) unless it succeeds.
+fn ok(args: &[&str]) -> common::proc::Output {
+    let o = ferroccl(args, DEADLINE);
+    assert!(
+        o.status.success(),
+        "{args:?}\nstdout:\n{}\nstderr:\n{}",
+        o.stdout,
+        o.stderr
+    );
+    o
+}
+
+const SMALL: [&str; 8] = [
+    "train",
+    "--synthetic",
+    "400",
+    "--epochs",
+    "1",
+    "-b",
+    "16",
+    "--log-every",
+];
+
+#[test]
+fn two_processes_train_write_metrics_checkpoints_and_resume() {
+    let d = temp_dir("run");
+    let (metrics, summary, ck) = (d.join("m.jsonl"), d.join("s.json"), d.join("ck"));
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "5",
+        "-n",
+        "2",
+        "--max-steps",
+        "10",
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--summary",
+        summary.to_str().unwrap(),
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+    ]);
+    let o = ok(&args);
+    assert!(o.stdout.contains("ranks 2  steps 10"), "{}", o.stdout);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(s["steps"], 10);
+    assert_eq!(s["world"], 2);
+    // Two logged intervals (steps 5 and 10), each: one line per rank and the mean.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["rank", "rank", "mean", "rank", "rank", "mean"]);
+    assert_eq!(lines[3]["rank"], 0);
+    assert_eq!(lines[4]["rank"], 1);
+    assert_eq!(lines[5]["step"], 10);
+    let (l0, l1, mean) = (
+        lines[3]["loss"].as_f64().unwrap(),
+        lines[4]["loss"].as_f64().unwrap(),
+        lines[5]["loss"].as_f64().unwrap(),
+    );
+    assert!((mean - (l0 + l1) / 2.0).abs() < 1e-9);
+    assert!(ck.join("ckpt-0000000010.fcc").exists());
+
+    // Resume: continues from step 10 to 20.
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "5",
+        "-n",
+        "2",
+        "--max-steps",
+        "20",
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--resume",
+    ]);
+    let o = ok(&args);
+    assert!(o.stdout.contains("steps 20 (this run 10)"), "{}", o.stdout);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn scaling_reports_each_world_size_and_draws_the_plot() {
+    let d = temp_dir("scaling");
+    let svg = d.join("s.svg");
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "5",
+        "--max-steps",
+        "4",
+        "--scaling",
+        "1,2",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let o = ok(&args);
+    let rows: Vec<Vec<&str>> = o
+        .stdout
+        .lines()
+        .skip_while(|l| !l.contains("images/s") || !l.trim_start().starts_with("ranks"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("plot:"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", o.stdout);
+    assert_eq!(rows[0][0], "1");
+    assert_eq!(rows[1][0], "2");
+    assert_eq!(rows[0][2], "1.00");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn bad_runs_are_refused_clearly() {
+    let d = temp_dir("bad");
+    let csv = d.join("bad.csv");
+    std::fs::write(&csv, "1,2,3\n").unwrap();
+    let csv = csv.to_str().unwrap().to_string();
+    for (args, needle) in [
+        (vec!["train", "-b", "15", "-n", "2"], "multiple of ranks"),
+        (vec!["train", "--precision", "f8"], "unknown precision"),
+        (vec!["train", "--precision", "bf16"], "no bf16 matmul"),
+        (
+            vec!["train", "--wire", "int4"],
+            "unknown gradient wire type",
+        ),
+        (
+            vec!["train", "--data", "/nonexistent/mnist.csv"],
+            "/nonexistent/mnist.csv",
+        ),
+        (vec!["train", "--data", &csv], "784 pixels then the label"),
+        (
+            vec!["train", "--scaling", "0,2"],
+            "world sizes of 1 or more",
+        ),
+    ] {
+        let o = ferroccl(&args, DEADLINE);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

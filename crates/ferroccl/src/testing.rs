@@ -1,0 +1,265 @@
+//! Test support: the one rank-spawning harness (N ranks as threads over the in-process
+//! transport, simulated RDMA queue pairs, or loopback TCP with a real store), with a
+//! deadline on everything so that a hang fails in seconds, and small helpers for tests
+//! that play a peer by hand.
+//!
+//! Not part of the API (hidden from the docs, no stability promise): it exists for this
+//! workspace's test suites and examples.
+#![allow(missing_docs, clippy::missing_panics_doc)]
+
+use crate::rendezvous::StoreServer;
+use crate::transport::rdma::sim::{self, SimParams};
+use crate::{Communicator, Config};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How the ranks are linked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Net {
+    /// In-process pipes.
+    Local,
+    /// Loopback TCP with a real rendezvous store.
+    Tcp,
+    /// Simulated RDMA queue pairs (the RDMA protocol without hardware).
+    RdmaSim(SimParams),
+}
+
+/// `n` communicators over simulated RDMA queue pairs shaped by `p`.
+pub fn rdma_sim_group(
+    n: usize,
+    base: &Config,
+    p: SimParams,
+) -> crate::Result<Vec<Communicator>> {
+    sim::group(n, p)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, links)| {
+            let mut cfg = base.clone();
+            cfg.rank = r;
+            cfg.local_rank = r;
+            cfg.world_size = n;
+            Communicator::with_links(cfg, links)
+        })
+        .collect()
+}
+
+/// A config suited to tests: short timeouts so a hang fails in seconds.
+pub fn test_config() -> Config {
+    let mut c = Config::new(0, 1, "127.0.0.1:0");
+    c.timeout = Duration::from_secs(10);
+    c.connect_timeout = Duration::from_secs(10);
+    c
+}
+
+/// What went wrong in a run: the first rank to fail and its error, or a hang.
+#[derive(Debug)]
+pub struct RunError {
+    pub rank: Option<usize>,
+    pub message: String,
+    pub error: Option<Box<crate::Error>>,
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.rank {
+            Some(r) => write!(f, "rank {r}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+type Outcomes<R> = mpsc::Receiver<(usize, crate::Result<R>)>;
+
+/// Starts `n` rank threads linked by `net`, each running `body`; every rank reports
+/// `(rank, outcome)` on the returned channel. The store (TCP) must live as long as the
+/// ranks: the caller keeps the returned handle.
+fn spawn_ranks<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    body: F,
+) -> crate::Result<(Outcomes<R>, Option<StoreServer>)>
+where
+    R: Send + 'static,
+    F: Fn(&mut Communicator) -> crate::Result<R> + Send + Sync + 'static,
+{
+    let body = Arc::new(body);
+    let (tx, rx) = mpsc::channel();
+    let mut store = None;
+    match net {
+        Net::Local | Net::RdmaSim(_) => {
+            let comms = match net {
+                Net::RdmaSim(p) => rdma_sim_group(n, base, p),
+                _ => Communicator::local_group(n, base),
+            }?;
+            for mut c in comms {
+                let (tx, body) = (tx.clone(), body.clone());
+                std::thread::spawn(move || {
+                    let r = body(&mut c);
+                    let _ = tx.send((c.rank(), r));
+                });
+            }
+        }
+        Net::Tcp => {
+            let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), n)?;
+            let addr = server.local_addr().to_string();
+            store = Some(server);
+            for r in 0..n {
+                let mut cfg = base.clone();
+                cfg.rank = r;
+                cfg.local_rank = r;
+                cfg.world_size = n;
+                cfg.master_addr = addr.clone();
+                cfg.serve_store = false;
+                let (tx, body) = (tx.clone(), body.clone());
+                std::thread::spawn(move || {
+                    let out = Communicator::init(cfg).and_then(|mut c| body(&mut c));
+                    let _ = tx.send((r, out));
+                });
+            }
+        }
+    }
+    Ok((rx, store))
+}
+
+/// Runs `body` on `n` ranks linked by `net`, each rank in its own thread, and returns
+/// every rank's result in rank order. Fails with the first error (by time) or when the
+/// deadline passes.
+pub fn run<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    deadline: Duration,
+    body: F,
+) -> Result<Vec<R>, RunError>
+where
+    R: Send + 'static,
+    F: Fn(&mut Communicator) -> crate::Result<R> + Send + Sync + 'static,
+{
+    let (rx, _store) = spawn_ranks(n, net, base, body).map_err(|e| RunError {
+        rank: None,
+        message: e.to_string(),
+        error: Some(Box::new(e)),
+    })?;
+    let end = Instant::now() + deadline;
+    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
+    let mut done = 0;
+    while done < n {
+        let left = end.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, Ok(v))) => {
+                out[r] = Some(v);
+                done += 1;
+            }
+            Ok((r, Err(e))) => {
+                return Err(RunError {
+                    rank: Some(r),
+                    message: e.to_string(),
+                    error: Some(Box::new(e)),
+                })
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let pending: Vec<usize> = (0..n).filter(|&r| out[r].is_none()).collect();
+                return Err(RunError {
+                    rank: None,
+                    message: format!(
+                        "deadline of {deadline:?} passed; ranks {pending:?} still running"
+                    ),
+                    error: None,
+                });
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let pending: Vec<usize> = (0..n).filter(|&r| out[r].is_none()).collect();
+                return Err(RunError {
+                    rank: None,
+                    message: format!("ranks {pending:?} panicked"),
+                    error: None,
+                });
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|v| v.expect("every rank reported"))
+        .collect())
+}
+
+/// Like [`run`] but collects every rank's outcome, errors included, waiting until
+/// all have reported or the deadline passes (for tests where all ranks must fail).
+pub fn run_all<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    deadline: Duration,
+    body: F,
+) -> Vec<Option<crate::Result<R>>>
+where
+    R: Send + 'static,
+    F: Fn(&mut Communicator) -> crate::Result<R> + Send + Sync + 'static,
+{
+    let (rx, _store) = spawn_ranks(n, net, base, body).expect("ranks start");
+    let end = Instant::now() + deadline;
+    let mut out: Vec<Option<crate::Result<R>>> = (0..n).map(|_| None).collect();
+    for _ in 0..n {
+        match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok((r, v)) => out[r] = Some(v),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Runs `f` on a thread and fails the test if it panics or has not finished within
+/// `limit` (for single calls that could hang: a driver load, a connect).
+pub fn with_deadline<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("did not finish within {limit:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("panicked (see above)"),
+    }
+}
+
+/// Every rank's error from a [`run_all`], failing the test if a rank succeeded or did
+/// not finish in time (for tests where every rank must fail).
+pub fn all_errors<R: std::fmt::Debug>(
+    out: Vec<Option<crate::Result<R>>>,
+    what: &str,
+) -> Vec<crate::Error> {
+    out.into_iter()
+        .enumerate()
+        .map(|(r, o)| match o {
+            Some(Err(e)) => e,
+            Some(Ok(v)) => panic!("{what}: rank {r} succeeded: {v:?}"),
+            None => panic!("{what}: rank {r} did not finish in time"),
+        })
+        .collect()
+}
+
+/// Accepts one connection on `listener` within `limit`, or panics saying so (a fake
+/// peer must never block a test forever when the real rank never dials).
+pub fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::net::TcpStream {
+    listener
+        .set_nonblocking(true)
+        .expect("non-blocking listener");
+    let end = Instant::now() + limit;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).expect("blocking stream");
+                return s;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("no connection within {limit:?}: {e}"),
+        }
+    }
+}

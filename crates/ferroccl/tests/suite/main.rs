@@ -1,0 +1,22 @@
+//! The library's test suite: one binary, so linking is paid once. Each module is one
+//! area; `cargo test -p ferroccl --test suite AREA::` runs one.
+
+#[macro_use]
+mod common;
+
+mod allreduce;
+mod auth;
+mod collectives;
+mod ddp;
+#[cfg(feature = "cuda")]
+mod cuda_device;
+#[cfg(feature = "cuda")]
+mod cuda_ipc_plan;
+#[cfg(feature = "cuda")]
+mod cuda_kernels;
+mod faults;
+mod fuzz_wire;
+mod handshake;
+mod rdma_proto;
+mod rdma_sim;
+mod rendezvous;
