@@ -11,15 +11,17 @@
 pub mod data;
 pub mod model;
 
-use ferroccl::Communicator;
+use data::{Dataset, PIXELS, SIDE};
 use ferroccl::ddp::buckets::{DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
 use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir, Tensor as CkptTensor};
 use ferroccl::ddp::metrics::{check_same_steps, Record};
 use ferroccl::ddp::scaler::{all_finite, ScaleAction};
-use ferroccl::ddp::{Decay, DistributedSampler, GradReducer, LossScaler, LrSchedule, Rng, WireDtype};
-use ferroccl::{Error, Result};
+use ferroccl::ddp::{
+    Decay, DistributedSampler, GradReducer, LossScaler, LrSchedule, Rng, WireDtype,
+};
+use ferroccl::Communicator;
 use ferroccl::ReduceOp;
-use data::{Dataset, PIXELS, SIDE};
+use ferroccl::{Error, Result};
 use model::{ce, LeNet, Precision};
 use serde::{Deserialize, Serialize};
 use std::io::Write;

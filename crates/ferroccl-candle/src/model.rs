@@ -18,9 +18,9 @@
 //! gradient with respect to `out` is exactly `g`). After each segment its gradients
 //! can go on the wire while the earlier segments are still being differentiated.
 
+use candle_core::{DType, Device, Tensor, Var, D};
 use ferroccl::ddp::Rng;
 use ferroccl::{Error, Result};
-use candle_core::{DType, Device, Tensor, Var, D};
 use std::ops::Range;
 
 /// Maps a candle error to ours, naming what we were doing.

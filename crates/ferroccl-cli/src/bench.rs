@@ -12,8 +12,8 @@
 #[cfg(feature = "cuda")]
 mod device;
 
-use clap::Args;
 use crate::law::{Fit, RingLaw};
+use clap::Args;
 use ferroccl::transport::TransportKind;
 use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
 use std::fmt::Write as _;

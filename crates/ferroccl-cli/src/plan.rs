@@ -7,8 +7,8 @@
 //! `bench` path in the file is relative to the file. The formulas live in
 //! `ferroccl::plan`.
 
-use clap::Args;
 use crate::planner::{self as plan, Compute, GradDtype, Gradient, Link, PlanInput, Warmup};
+use clap::Args;
 use ferroccl::{Error, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};

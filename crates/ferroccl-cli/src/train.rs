@@ -3,9 +3,9 @@
 
 use clap::Args;
 use ferroccl::ddp::{Decay, WireDtype};
+use ferroccl::{Communicator, Config};
 use ferroccl_candle::model::Precision;
 use ferroccl_candle::{DataSource, Resume, Summary, TrainConfig};
-use ferroccl::{Communicator, Config};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

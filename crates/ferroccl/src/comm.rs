@@ -4,6 +4,7 @@ use crate::engine::{Dst, Engine, In, Out};
 use crate::error::{Error, Result};
 use crate::reduce::{self, check_op, DataType, Element, ReduceOp};
 use crate::rendezvous::{self, StoreClient, StoreServer};
+use crate::sync::{lock, wait};
 use crate::transport::tcp::{self, ConnectCtx, TcpOptions};
 use crate::transport::{local, Channel, Links, TransportKind};
 use crate::wire::{Algorithm, Fingerprint, OpKind, WireStats};
@@ -15,7 +16,7 @@ use std::mem::size_of;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Default for [`Config::timeout`].
@@ -234,10 +235,6 @@ impl Completion {
         *lock(&self.state) = Some(r);
         self.cv.notify_all();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A raw pointer that may travel to the worker thread. The scope (or the blocking
@@ -505,7 +502,7 @@ impl Communicator {
     fn wait_idle(&self) {
         let mut q = lock(&self.shared.queue);
         while q.pending > 0 {
-            q = self.shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            q = wait(&self.shared.cv, q);
         }
     }
 
@@ -1095,7 +1092,7 @@ impl<T> Pending<T> {
                 *st = Some(Ok(()));
                 return r;
             }
-            st = self.done.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = wait(&self.done.cv, st);
         }
     }
 
@@ -1199,7 +1196,7 @@ fn worker(shared: &Shared) {
                 if q.shutdown {
                     return;
                 }
-                q = shared.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                q = wait(&shared.cv, q);
             }
         };
         run_job(shared, job);
@@ -1273,7 +1270,7 @@ impl<'s, T> Handle<'s, T> {
                 // this handle (consumed here) was its only holder.
                 return r.map(|()| unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) });
             }
-            st = self.done.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = wait(&self.done.cv, st);
         }
     }
 

@@ -208,40 +208,42 @@ impl Engine {
         ins: &[In],
         on_recv: &mut dyn FnMut(usize, Option<&mut [u8]>),
     ) -> Result<()> {
-        self.beacon.set(fp.seq, fp.kind.code());
-        let scratch_need = ins
-            .iter()
-            .filter(|i| matches!(i.dst, Dst::Scratch))
-            .map(|i| i.len)
-            .max()
-            .unwrap_or(0);
-        self.scratch_bytes(scratch_need);
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let r = self.stream_inner(ch, fp, base, outs, ins, on_recv, &mut scratch);
-        self.scratch = scratch;
-        match r {
-            Err(Error::Timeout {
-                rank,
-                op,
-                after,
-                waiting_for,
-                ..
-            }) => {
-                let waited: Vec<usize> = outs
-                    .iter()
-                    .map(|o| o.peer)
-                    .chain(ins.iter().map(|i| i.peer))
-                    .collect();
-                let peers = self.where_are_peers(fp, &waited);
+        unsafe {
+            self.beacon.set(fp.seq, fp.kind.code());
+            let scratch_need = ins
+                .iter()
+                .filter(|i| matches!(i.dst, Dst::Scratch))
+                .map(|i| i.len)
+                .max()
+                .unwrap_or(0);
+            self.scratch_bytes(scratch_need);
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let r = self.stream_inner(ch, fp, base, outs, ins, on_recv, &mut scratch);
+            self.scratch = scratch;
+            match r {
                 Err(Error::Timeout {
                     rank,
                     op,
                     after,
                     waiting_for,
-                    peers,
-                })
+                    ..
+                }) => {
+                    let waited: Vec<usize> = outs
+                        .iter()
+                        .map(|o| o.peer)
+                        .chain(ins.iter().map(|i| i.peer))
+                        .collect();
+                    let peers = self.where_are_peers(fp, &waited);
+                    Err(Error::Timeout {
+                        rank,
+                        op,
+                        after,
+                        waiting_for,
+                        peers,
+                    })
+                }
+                r => r,
             }
-            r => r,
         }
     }
 
@@ -305,102 +307,104 @@ impl Engine {
         on_recv: &mut dyn FnMut(usize, Option<&mut [u8]>),
         scratch: &mut [u64],
     ) -> Result<()> {
-        let rank = self.rank;
-        let scratch_ptr: *mut u8 = scratch.as_mut_ptr().cast();
-        let header = |fp: &Fingerprint, step: u32, seg: u32, len: usize| FrameHeader {
-            fp: *fp,
-            step,
-            seg,
-            len: len as u32,
-        };
-        let (mut si, mut ri) = (0usize, 0usize);
-        let mut out: Option<OutFrame> = None;
-        let mut inp: Option<InFrame> = None;
-        let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
-        while si < outs.len() || ri < ins.len() {
-            let mut progressed = false;
-            while si < outs.len() {
-                let o = &outs[si];
-                if out.is_none() {
-                    if o.after_recv.is_some_and(|d| ri <= d) {
+        unsafe {
+            let rank = self.rank;
+            let scratch_ptr: *mut u8 = scratch.as_mut_ptr().cast();
+            let header = |fp: &Fingerprint, step: u32, seg: u32, len: usize| FrameHeader {
+                fp: *fp,
+                step,
+                seg,
+                len: len as u32,
+            };
+            let (mut si, mut ri) = (0usize, 0usize);
+            let mut out: Option<OutFrame> = None;
+            let mut inp: Option<InFrame> = None;
+            let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
+            while si < outs.len() || ri < ins.len() {
+                let mut progressed = false;
+                while si < outs.len() {
+                    let o = &outs[si];
+                    if out.is_none() {
+                        if o.after_recv.is_some_and(|d| ri <= d) {
+                            break;
+                        }
+                        // SAFETY: in bounds and unaliased by the caller's contract.
+                        out = Some(OutFrame::new(
+                            &header(fp, o.step, o.seg, o.len),
+                            base.add(o.off),
+                            o.len,
+                        ));
+                    }
+                    let Some(frame) = out.as_mut() else { break };
+                    let peer = self.link(ch, o.peer)?;
+                    let (moved, done) = frame
+                        .progress(peer)
+                        .map_err(|e| frame_error(rank, e, o.peer, fp))?;
+                    progressed |= moved > 0;
+                    if !done {
                         break;
                     }
-                    // SAFETY: in bounds and unaliased by the caller's contract.
-                    out = Some(OutFrame::new(
-                        &header(fp, o.step, o.seg, o.len),
-                        base.add(o.off),
-                        o.len,
-                    ));
+                    out = None;
+                    si += 1;
+                    progressed = true;
                 }
-                let Some(frame) = out.as_mut() else { break };
-                let peer = self.link(ch, o.peer)?;
-                let (moved, done) = frame
-                    .progress(peer)
-                    .map_err(|e| frame_error(rank, e, o.peer, fp))?;
-                progressed |= moved > 0;
-                if !done {
-                    break;
-                }
-                out = None;
-                si += 1;
-                progressed = true;
-            }
-            while ri < ins.len() {
-                let i = &ins[ri];
-                if inp.is_none() {
-                    if i.after_send.is_some_and(|d| si <= d) {
-                        break;
-                    }
-                    let dst = match i.dst {
-                        Dst::Buf(off) => base.add(off),
-                        Dst::Scratch => scratch_ptr,
-                    };
-                    // SAFETY: `dst` has room for the frame (scratch was sized for the
-                    // largest) and nothing else touches it until the frame completes.
-                    inp = Some(InFrame::new(header(fp, i.step, i.seg, i.len), dst));
-                }
-                let Some(frame) = inp.as_mut() else { break };
-                let peer = self.link(ch, i.peer)?;
-                let (moved, done) = frame
-                    .progress(peer)
-                    .map_err(|e| frame_error(rank, e, i.peer, fp))?;
-                progressed |= moved > 0;
-                if !done {
-                    break;
-                }
-                inp = None;
-                let data = match i.dst {
-                    Dst::Scratch => Some(std::slice::from_raw_parts_mut(scratch_ptr, i.len)),
-                    Dst::Buf(_) => None,
-                };
-                on_recv(ri, data);
-                ri += 1;
-                progressed = true;
-            }
-            if si == outs.len() && ri == ins.len() {
-                break;
-            }
-            if progressed {
-                pacer.moved();
-                continue;
-            }
-            pacer.idle(&mut *self.waiter, rank, fp, || {
-                if ri < ins.len() && (si == outs.len() || inp.is_some()) {
+                while ri < ins.len() {
                     let i = &ins[ri];
-                    format!(
-                        "data from rank {} (step {}, segment {})",
-                        i.peer, i.step, i.seg
-                    )
-                } else {
-                    let o = &outs[si.min(outs.len() - 1)];
-                    format!(
-                        "rank {} to take data (step {}, segment {})",
-                        o.peer, o.step, o.seg
-                    )
+                    if inp.is_none() {
+                        if i.after_send.is_some_and(|d| si <= d) {
+                            break;
+                        }
+                        let dst = match i.dst {
+                            Dst::Buf(off) => base.add(off),
+                            Dst::Scratch => scratch_ptr,
+                        };
+                        // SAFETY: `dst` has room for the frame (scratch was sized for the
+                        // largest) and nothing else touches it until the frame completes.
+                        inp = Some(InFrame::new(header(fp, i.step, i.seg, i.len), dst));
+                    }
+                    let Some(frame) = inp.as_mut() else { break };
+                    let peer = self.link(ch, i.peer)?;
+                    let (moved, done) = frame
+                        .progress(peer)
+                        .map_err(|e| frame_error(rank, e, i.peer, fp))?;
+                    progressed |= moved > 0;
+                    if !done {
+                        break;
+                    }
+                    inp = None;
+                    let data = match i.dst {
+                        Dst::Scratch => Some(std::slice::from_raw_parts_mut(scratch_ptr, i.len)),
+                        Dst::Buf(_) => None,
+                    };
+                    on_recv(ri, data);
+                    ri += 1;
+                    progressed = true;
                 }
-            })?;
+                if si == outs.len() && ri == ins.len() {
+                    break;
+                }
+                if progressed {
+                    pacer.moved();
+                    continue;
+                }
+                pacer.idle(&mut *self.waiter, rank, fp, || {
+                    if ri < ins.len() && (si == outs.len() || inp.is_some()) {
+                        let i = &ins[ri];
+                        format!(
+                            "data from rank {} (step {}, segment {})",
+                            i.peer, i.step, i.seg
+                        )
+                    } else {
+                        let o = &outs[si.min(outs.len() - 1)];
+                        format!(
+                            "rank {} to take data (step {}, segment {})",
+                            o.peer, o.step, o.seg
+                        )
+                    }
+                })?;
+            }
+            Ok(())
         }
-        Ok(())
     }
 }
 

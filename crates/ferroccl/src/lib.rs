@@ -60,9 +60,10 @@ pub mod reduce;
 pub mod rendezvous;
 mod ring;
 pub mod schedule;
-pub mod transport;
+mod sync;
 #[doc(hidden)]
 pub mod testing;
+pub mod transport;
 pub mod wire;
 
 pub use comm::{AbortHandle, Communicator, Config, Handle, Pending, Scope};

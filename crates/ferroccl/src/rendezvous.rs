@@ -43,13 +43,14 @@
 //! counter returns e.g. `b"3"`.
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -806,12 +807,6 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const SERVER_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Stack of a connection thread; it holds no large buffers on the stack.
 const CONN_STACK: usize = 256 * 1024;
-
-/// Locks, ignoring poisoning: the store's state stays consistent across any panic
-/// (every update is a single map operation).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 #[derive(Default)]
 struct State {

@@ -26,11 +26,7 @@ pub enum Net {
 }
 
 /// `n` communicators over simulated RDMA queue pairs shaped by `p`.
-pub fn rdma_sim_group(
-    n: usize,
-    base: &Config,
-    p: SimParams,
-) -> crate::Result<Vec<Communicator>> {
+pub fn rdma_sim_group(n: usize, base: &Config, p: SimParams) -> crate::Result<Vec<Communicator>> {
     sim::group(n, p)?
         .into_iter()
         .enumerate()

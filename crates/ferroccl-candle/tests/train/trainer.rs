@@ -5,9 +5,9 @@
 use ferroccl::ddp::metrics::check_same_steps;
 use ferroccl::ddp::WireDtype;
 use ferroccl::testing::{all_errors, run, run_all, test_config, Net};
+use ferroccl::Error;
 use ferroccl_candle::model::Precision;
 use ferroccl_candle::{train, DataSource, Resume, TrainConfig};
-use ferroccl::Error;
 use std::path::PathBuf;
 use std::time::Duration;
 

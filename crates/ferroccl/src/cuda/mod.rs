@@ -28,6 +28,7 @@ pub mod nvrtc;
 
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
+use crate::sync::lock;
 pub use cudarc;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
@@ -156,10 +157,7 @@ impl Device {
     /// for the device a buffer lives on).
     pub fn shared(ordinal: usize) -> Result<Arc<Device>> {
         static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
-        let mut map = DEVICES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(DEVICES.get_or_init(Default::default));
         if let Some(d) = map.get(&ordinal) {
             return Ok(d.clone());
         }
@@ -213,7 +211,7 @@ impl Kernels {
         let cache = CACHE.get_or_init(Default::default);
         // Held across the compile so that two threads do not compile twice; a poisoned
         // lock only means another thread panicked mid-insert, and the map is still valid.
-        let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(cache);
         if let Some(k) = map.get(&dev.ordinal) {
             return Ok(k.clone());
         }

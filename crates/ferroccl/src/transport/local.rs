@@ -5,9 +5,10 @@
 //! over TCP, deterministically and without ports.
 
 use super::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
+use crate::sync::{lock, wait_timeout_while};
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Bytes a pipe holds before writes would block (like a socket buffer).
@@ -32,12 +33,6 @@ impl Bell {
         *g = g.wrapping_add(1);
         self.cv.notify_all();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic in another rank's thread must not cascade into this one: the data is
-    // plain bytes and stays consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 struct LocalLink {
@@ -138,11 +133,7 @@ impl Waiter for LocalWaiter {
     fn wait(&mut self, timeout: Duration) -> std::io::Result<()> {
         let g = lock(&self.bell.generation);
         let seen = self.seen;
-        let (g, _) = self
-            .bell
-            .cv
-            .wait_timeout_while(g, timeout, |g| *g == seen)
-            .unwrap_or_else(|e| e.into_inner());
+        let g = wait_timeout_while(&self.bell.cv, g, timeout, |g| *g == seen);
         self.seen = *g;
         Ok(())
     }

@@ -14,6 +14,7 @@
 use super::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
 use crate::error::{Error, Result};
 use crate::rendezvous::StoreClient;
+use crate::sync::lock;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::{HashMap, HashSet};
@@ -418,7 +419,7 @@ struct AcceptState {
 }
 
 fn lock_state(a: &Accepted) -> MutexGuard<'_, AcceptState> {
-    a.state.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&a.state)
 }
 
 /// Accepts until told to stop; each connection's handshake runs on its own short-lived

@@ -7,13 +7,13 @@ mod common;
 mod allreduce;
 mod auth;
 mod collectives;
-mod ddp;
 #[cfg(feature = "cuda")]
 mod cuda_device;
 #[cfg(feature = "cuda")]
 mod cuda_ipc_plan;
 #[cfg(feature = "cuda")]
 mod cuda_kernels;
+mod ddp;
 mod faults;
 mod fuzz_wire;
 mod handshake;

@@ -41,9 +41,10 @@
 
 use super::proto::{Completion, Endpoint, Params, WorkRequest};
 use super::{QueuePair, RdmaLink};
+use crate::sync::{lock, wait_timeout_while};
 use crate::transport::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Shape and timing of a simulated fabric.
@@ -70,10 +71,6 @@ impl Default for SimParams {
             seed: 0x5eed,
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn splitmix(x: &mut u64) -> u64 {
@@ -445,10 +442,7 @@ impl Waiter for SimWaiter {
         let bell = &self.fabric.bells[self.rank];
         let g = lock(&bell.generation);
         let seen = self.seen;
-        let (g, _) = bell
-            .cv
-            .wait_timeout_while(g, timeout, |g| *g == seen)
-            .unwrap_or_else(|e| e.into_inner());
+        let g = wait_timeout_while(&bell.cv, g, timeout, |g| *g == seen);
         self.seen = *g;
         Ok(())
     }

@@ -71,9 +71,10 @@ use super::proto::Params;
 use super::RdmaLink;
 use crate::error::{Error, Result};
 use crate::rendezvous::StoreClient;
+use crate::sync::lock;
 use crate::transport::{check_peer, Beacon, Channel, Connector, Link, Links, Waiter};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod driver;
@@ -125,10 +126,6 @@ pub fn classify(list: std::io::Result<usize>) -> Result<usize> {
 /// Wraps `ibv_get_device_list(3)` and `ibv_open_device(3)`.
 pub fn probe() -> Result<String> {
     driver::probe()
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How often the beacon thread looks for a new operation to publish.
