@@ -1,0 +1,359 @@
+//! Element types, reduction operators, and the CPU reduction kernels.
+//!
+//! A collective moves bytes; this module gives them meaning. [`Element`] is implemented
+//! for the seven supported types (sealed: the wire format depends on the set), and
+//! [`reduce_into`] is the one kernel the algorithms call: `dst[i] = dst[i] op src[i]`.
+//!
+//! Semantics worth knowing:
+//! - `f16`/`bf16` are widened to `f32`, combined, and rounded back once per call, so a
+//!   pairwise step never loses more than one rounding.
+//! - Integer `Sum` and `Prod` wrap on overflow (two's complement), as in NCCL and MPI.
+//!   That makes them associative, so every rank and every ring order agree exactly.
+//! - `Avg` is the sum divided by the world size, applied once by the rank that owns the
+//!   fully reduced chunk, so all ranks receive the same bits. It is defined for floating
+//!   types only: for integers it is refused with [`Error::UnsupportedOp`], because a
+//!   wrapped sum divided by `n` is silently wrong long before the mean itself overflows.
+//!   Reduce with `Sum` and divide in a wider type instead.
+//! - `Min`/`Max` on floats follow IEEE `minNum`/`maxNum` (`f32::min`): a NaN loses to a number.
+
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+use std::fmt;
+
+/// A reduction operator, as in NCCL (`ncclSum`, ...) and MPI (`MPI_SUM`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// Elementwise sum.
+    Sum,
+    /// Elementwise product.
+    Prod,
+    /// Elementwise minimum.
+    Min,
+    /// Elementwise maximum.
+    Max,
+    /// Sum divided by the world size (floating types only).
+    Avg,
+}
+
+impl ReduceOp {
+    /// Every operator, for tests and sweeps.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
+    /// The name nccl-tests prints (`sum`, `prod`, `min`, `max`, `avg`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+        }
+    }
+
+    /// Parses the nccl-tests name.
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "sum" => ReduceOp::Sum,
+            "prod" => ReduceOp::Prod,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            "avg" => ReduceOp::Avg,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown reduction {s:?}: expected sum, prod, min, max or avg"
+                )))
+            }
+        })
+    }
+
+    // The wire header (comm.rs) will read this; until it lands only the tests do.
+    #[allow(dead_code)]
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Min => 2,
+            ReduceOp::Max => 3,
+            ReduceOp::Avg => 4,
+        }
+    }
+
+    // The wire header (comm.rs) will read this; until it lands only the tests do.
+    #[allow(dead_code)]
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
+        Self::ALL.get(c as usize).copied()
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The element type of a buffer, carried on the wire so ranks can check they agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DataType {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary64.
+    F64,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+    /// Unsigned byte.
+    U8,
+}
+
+impl DataType {
+    /// Every type, for tests and sweeps.
+    pub const ALL: [DataType; 7] = [
+        DataType::F32,
+        DataType::F64,
+        DataType::F16,
+        DataType::BF16,
+        DataType::I32,
+        DataType::I64,
+        DataType::U8,
+    ];
+
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            DataType::F32 | DataType::I32 => 4,
+            DataType::F64 | DataType::I64 => 8,
+            DataType::F16 | DataType::BF16 => 2,
+            DataType::U8 => 1,
+        }
+    }
+
+    /// True for the floating-point types.
+    pub fn is_float(self) -> bool {
+        matches!(
+            self,
+            DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16
+        )
+    }
+
+    /// The name nccl-tests prints (`float`, `double`, `half`, `bfloat16`, `int32`, `int64`, `uint8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::F32 => "float",
+            DataType::F64 => "double",
+            DataType::F16 => "half",
+            DataType::BF16 => "bfloat16",
+            DataType::I32 => "int32",
+            DataType::I64 => "int64",
+            DataType::U8 => "uint8",
+        }
+    }
+
+    /// Parses nccl-tests names and the Rust ones (`float`/`f32`, `half`/`f16`, ...).
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "float" | "f32" | "float32" => DataType::F32,
+            "double" | "f64" | "float64" => DataType::F64,
+            "half" | "f16" | "float16" => DataType::F16,
+            "bfloat16" | "bf16" => DataType::BF16,
+            "int32" | "i32" | "int" => DataType::I32,
+            "int64" | "i64" => DataType::I64,
+            "uint8" | "u8" => DataType::U8,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown data type {s:?}: expected float, double, half, bfloat16, int32, int64 or uint8"
+                )))
+            }
+        })
+    }
+
+    // The wire header (comm.rs) will read this; until it lands only the tests do.
+    #[allow(dead_code)]
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            DataType::F32 => 0,
+            DataType::F64 => 1,
+            DataType::F16 => 2,
+            DataType::BF16 => 3,
+            DataType::I32 => 4,
+            DataType::I64 => 5,
+            DataType::U8 => 6,
+        }
+    }
+
+    // The wire header (comm.rs) will read this; until it lands only the tests do.
+    #[allow(dead_code)]
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
+        Self::ALL.get(c as usize).copied()
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Checks that `op` is defined for `dtype` (today: `Avg` needs a floating type).
+pub fn check_op(dtype: DataType, op: ReduceOp) -> Result<()> {
+    if op == ReduceOp::Avg && !dtype.is_float() {
+        return Err(Error::UnsupportedOp {
+            op,
+            dtype,
+            why: "integer averages are refused because a wrapped sum divided by the world size is silently wrong; reduce with Sum and divide in a wider type",
+        });
+    }
+    Ok(())
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A type a collective can carry and reduce. Implemented for `f32`, `f64`,
+/// [`half::f16`], [`half::bf16`], `i32`, `i64` and `u8`; sealed because the wire
+/// format names each type.
+pub trait Element:
+    bytemuck::Pod + Send + Sync + PartialEq + fmt::Debug + Default + sealed::Sealed + 'static
+{
+    /// The tag this type has on the wire.
+    const DTYPE: DataType;
+    /// Exact widening (for integers beyond 2^53, the nearest f64).
+    fn to_f64(self) -> f64;
+    /// Rounds (floats) or wraps after truncation (integers) from f64.
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $dt:expr, |$a:ident| $to:expr, |$v:ident| $from:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DataType = $dt;
+            #[inline]
+            fn to_f64(self) -> f64 {
+                let $a = self;
+                $to
+            }
+            #[inline]
+            fn from_f64($v: f64) -> Self {
+                $from
+            }
+        }
+    };
+}
+
+element!(f32, DataType::F32, |a| a as f64, |v| v as f32);
+element!(f64, DataType::F64, |a| a, |v| v);
+element!(f16, DataType::F16, |a| a.to_f64(), |v| f16::from_f64(v));
+element!(bf16, DataType::BF16, |a| a.to_f64(), |v| bf16::from_f64(v));
+element!(i32, DataType::I32, |a| a as f64, |v| v as i64 as i32);
+element!(i64, DataType::I64, |a| a as f64, |v| v as i64);
+element!(u8, DataType::U8, |a| a as f64, |v| v as i64 as u8);
+
+/// `dst[i] = dst[i] op src[i]` for every `i`. `Avg` combines like `Sum`; the division
+/// happens once, in [`finish_avg`].
+///
+/// # Panics
+/// If the slices differ in length (an internal invariant: the algorithms size both).
+pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
+    assert_eq!(dst.len(), src.len(), "reduce_into: length mismatch");
+    let (d, s) = (
+        bytemuck::cast_slice_mut::<T, u8>(dst),
+        bytemuck::cast_slice::<T, u8>(src),
+    );
+    kernels::reduce_bytes(T::DTYPE, op, d, s);
+}
+
+/// Divides every element by `n` (the last step of `Avg`). No-op for non-float types.
+pub fn finish_avg<T: Element>(dst: &mut [T], n: usize) {
+    kernels::scale_bytes(T::DTYPE, bytemuck::cast_slice_mut::<T, u8>(dst), n);
+}
+
+pub(crate) mod kernels;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_op_refuses_avg_for_every_integer_type() {
+        let mut refused = Vec::new();
+        for dtype in DataType::ALL {
+            for op in ReduceOp::ALL {
+                match check_op(dtype, op) {
+                    Ok(()) => assert!(
+                        dtype.is_float() || op != ReduceOp::Avg,
+                        "{op} on {dtype} must be refused"
+                    ),
+                    Err(Error::UnsupportedOp {
+                        op: o, dtype: d, ..
+                    }) => {
+                        assert_eq!((o, d), (op, dtype), "the error names the request");
+                        assert_eq!(
+                            op,
+                            ReduceOp::Avg,
+                            "only Avg is refused, not {op} on {dtype}"
+                        );
+                        assert!(!dtype.is_float(), "Avg on {dtype} is defined");
+                        refused.push(dtype);
+                    }
+                    Err(e) => panic!("unexpected error for {op} on {dtype}: {e}"),
+                }
+            }
+        }
+        assert_eq!(refused, [DataType::I32, DataType::I64, DataType::U8]);
+    }
+
+    #[test]
+    fn names_parse_back() {
+        for dt in DataType::ALL {
+            assert_eq!(DataType::parse(dt.name()).ok(), Some(dt));
+            assert_eq!(DataType::parse(&dt.name().to_uppercase()).ok(), Some(dt));
+            assert_eq!(dt.to_string(), dt.name());
+            assert_eq!(DataType::from_code(dt.code()), Some(dt));
+        }
+        for (alias, dt) in [
+            ("f32", DataType::F32),
+            ("float32", DataType::F32),
+            ("f64", DataType::F64),
+            ("float64", DataType::F64),
+            ("f16", DataType::F16),
+            ("float16", DataType::F16),
+            ("bf16", DataType::BF16),
+            ("i32", DataType::I32),
+            ("int", DataType::I32),
+            ("i64", DataType::I64),
+            ("u8", DataType::U8),
+        ] {
+            assert_eq!(DataType::parse(alias).ok(), Some(dt), "{alias}");
+        }
+        assert!(matches!(
+            DataType::parse("float8"),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(DataType::from_code(DataType::ALL.len() as u8), None);
+        for op in ReduceOp::ALL {
+            assert_eq!(ReduceOp::parse(op.name()).ok(), Some(op));
+            assert_eq!(ReduceOp::parse(&op.name().to_uppercase()).ok(), Some(op));
+            assert_eq!(op.to_string(), op.name());
+            assert_eq!(ReduceOp::from_code(op.code()), Some(op));
+        }
+        assert!(matches!(
+            ReduceOp::parse("mean"),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(ReduceOp::from_code(ReduceOp::ALL.len() as u8), None);
+    }
+}
