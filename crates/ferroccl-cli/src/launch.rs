@@ -234,7 +234,10 @@ fn signal_suffix(sig: i32) -> String {
 
 /// A fresh random job token: 32 bytes from the OS, as hex.
 fn new_token() -> String {
-    let (a, b) = (ferroccl::auth::nonce(), ferroccl::auth::nonce());
+    let (a, b) = (
+        ferroccl::rendezvous::auth::nonce(),
+        ferroccl::rendezvous::auth::nonce(),
+    );
     a.iter()
         .chain(b.iter())
         .map(|x| format!("{x:02x}"))

@@ -47,7 +47,6 @@
 //! sequence number; see [`Communicator`] for how a failure poisons a communicator.
 #![deny(missing_docs)]
 
-pub mod auth;
 mod broadcast;
 pub mod comm;
 #[cfg(feature = "cuda")]

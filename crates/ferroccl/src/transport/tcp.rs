@@ -13,7 +13,7 @@
 
 use super::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
 use crate::error::{Error, Result};
-use crate::rendezvous::StoreClient;
+use crate::rendezvous::{auth, StoreClient};
 use crate::sync::lock;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -61,7 +61,7 @@ pub struct Hello {
 }
 
 /// [`Hello::flags`] bit: the sender authenticates with the job token (HMAC
-/// challenge-response after the hello; see [`crate::auth`]).
+/// challenge-response after the hello; see [`crate::rendezvous::auth`]).
 pub const FLAG_AUTH: u16 = 1;
 
 /// Refusal codes carried in [`Hello::status`].
@@ -362,7 +362,7 @@ fn accept_with_proof(
     s: &mut TcpStream,
     me: &Identity,
     request: &[u8; HELLO_LEN],
-    dialer_nonce: &[u8; crate::auth::NONCE_LEN],
+    dialer_nonce: &[u8; auth::NONCE_LEN],
     reply: &[u8; HELLO_LEN],
     deadline: Instant,
 ) -> std::result::Result<(), String> {
@@ -371,17 +371,17 @@ fn accept_with_proof(
             .write_all(reply)
             .map_err(|e| format!("handshake reply failed: {e}"));
     };
-    let ours = crate::auth::nonce();
+    let ours = auth::nonce();
     let transcript: [&[u8]; 4] = [request, reply, dialer_nonce, &ours];
     let mut out = reply.to_vec();
     out.extend_from_slice(&ours);
-    out.extend_from_slice(&crate::auth::mac(token, ACCEPTOR_PROOF, &transcript));
+    out.extend_from_slice(&auth::mac(token, ACCEPTOR_PROOF, &transcript));
     s.write_all(&out)
         .map_err(|e| format!("handshake reply failed: {e}"))?;
-    let mut proof = [0u8; crate::auth::MAC_LEN];
+    let mut proof = [0u8; auth::MAC_LEN];
     read_exact_by(s, &mut proof, deadline)
         .map_err(|e| format!("no proof of the job token ({e})"))?;
-    if !crate::auth::verify(token, DIALER_PROOF, &transcript, &proof) {
+    if !auth::verify(token, DIALER_PROOF, &transcript, &proof) {
         let _ = s.write_all(&[0]);
         return Err(
             "wrong proof of the job token (another job, or a different FERROCCL_TOKEN)".into(),
@@ -486,7 +486,7 @@ fn handshake_incoming(
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     let wants_auth = h.flags & FLAG_AUTH != 0;
-    let mut dialer_nonce = [0u8; crate::auth::NONCE_LEN];
+    let mut dialer_nonce = [0u8; auth::NONCE_LEN];
     if wants_auth {
         if let Err(e) = read_exact_by(&mut s, &mut dialer_nonce, deadline) {
             return refuse_with(
@@ -610,7 +610,7 @@ impl TcpConnector {
         let me = self.ctx.rank;
         let io = |e: io::Error| hs_err(who, format!("handshake I/O failed: {e}"));
         let request = self.hello(p, ch, 0).encode();
-        let ours = crate::auth::nonce();
+        let ours = auth::nonce();
         let mut out = request.to_vec();
         if self.ctx.token.is_some() {
             out.extend_from_slice(&ours);
@@ -661,18 +661,18 @@ impl TcpConnector {
         if h.flags & FLAG_AUTH == 0 {
             return Err(hs_err(who, "answered without the job token's proof"));
         }
-        let mut theirs = [0u8; crate::auth::NONCE_LEN];
-        let mut proof = [0u8; crate::auth::MAC_LEN];
+        let mut theirs = [0u8; auth::NONCE_LEN];
+        let mut proof = [0u8; auth::MAC_LEN];
         read_exact_by(s, &mut theirs, deadline).map_err(io)?;
         read_exact_by(s, &mut proof, deadline).map_err(io)?;
         let transcript: [&[u8]; 4] = [&request, &reply, &ours, &theirs];
-        if !crate::auth::verify(token, ACCEPTOR_PROOF, &transcript, &proof) {
+        if !auth::verify(token, ACCEPTOR_PROOF, &transcript, &proof) {
             return Err(hs_err(
                 who,
                 "could not prove the job token: another job, or a different FERROCCL_TOKEN",
             ));
         }
-        s.write_all(&crate::auth::mac(token, DIALER_PROOF, &transcript))
+        s.write_all(&auth::mac(token, DIALER_PROOF, &transcript))
             .map_err(io)?;
         let mut verdict = [0u8; 1];
         read_exact_by(s, &mut verdict, deadline).map_err(io)?;

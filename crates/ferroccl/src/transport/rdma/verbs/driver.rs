@@ -565,7 +565,7 @@ impl VerbsQp {
                     .map_err(|e| Error::io(what("posting the initial receive requests"), e))?;
             }
         }
-        let n = crate::auth::nonce();
+        let n = crate::rendezvous::auth::nonce();
         let psn = u32::from_le_bytes([n[0], n[1], n[2], 0]);
         let local = ConnRecord {
             link,

@@ -1,0 +1,337 @@
+//! A rank's connection to the store: connect with retry and backoff, the client's side
+//! of the job-token exchange, and JOIN, SET, GET and ADD.
+
+use super::proto::{
+    encode_request, read_response, ErrorCode, ReadError, Request, Response, MAX_KEY_LEN,
+    MAX_VALUE_LEN,
+};
+use crate::error::{Error, Result};
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// First pause between connection attempts; it doubles up to [`MAX_BACKOFF`].
+const INITIAL_BACKOFF: Duration = Duration::from_millis(10);
+/// Longest pause between connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+/// How long a JOIN, SET or ADD may wait for its reply, and any request for its send.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How much longer than its own timeout a GET waits for the reply.
+const GET_MARGIN: Duration = Duration::from_secs(5);
+
+/// A connection to the store.
+///
+/// Every call has a deadline. After an I/O or protocol failure the connection is
+/// broken and later calls fail at once; connect again to go on.
+pub struct StoreClient {
+    stream: TcpStream,
+    local: SocketAddr,
+    addr: String,
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for StoreClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreClient")
+            .field("addr", &self.addr)
+            .field("local", &self.local)
+            .field("broken", &self.broken)
+            .finish()
+    }
+}
+
+/// Why one connection attempt failed.
+enum Attempt {
+    /// Worth retrying (refused, unreachable, name not resolvable yet).
+    Retry(String),
+    /// Retrying cannot help (the address is malformed).
+    Fatal(Error),
+}
+
+fn try_connect(addr: &str, timeout: Duration) -> std::result::Result<TcpStream, Attempt> {
+    let resolved: Vec<SocketAddr> = match addr.to_socket_addrs() {
+        Ok(it) => it.collect(),
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+            return Err(Attempt::Fatal(Error::InvalidArgument(format!(
+                "rendezvous store address '{addr}' is not host:port: {e}"
+            ))))
+        }
+        Err(e) => return Err(Attempt::Retry(format!("resolving {addr}: {e}"))),
+    };
+    let mut last = format!("{addr} resolved to no addresses");
+    for sa in resolved {
+        match TcpStream::connect_timeout(&sa, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = format!("connecting to {sa}: {e}"),
+        }
+    }
+    Err(Attempt::Retry(last))
+}
+
+impl StoreClient {
+    /// Connects to `addr` (`host:port`), retrying until `deadline` passes.
+    ///
+    /// Refused or unreachable connections are retried with a backoff from 10 ms to
+    /// 250 ms while rank 0 comes up; when `deadline` has passed the result is
+    /// [`Error::StoreUnreachable`] with the last error. A malformed address is
+    /// [`Error::InvalidArgument`] at once.
+    pub fn connect(addr: &str, deadline: Duration) -> Result<Self> {
+        Self::connect_with_token(addr, deadline, None)
+    }
+
+    /// [`StoreClient::connect`], then proves the job `token` to the store and checks
+    /// that the store knows it too (HMAC challenge-response; the token never travels).
+    pub fn connect_with_token(
+        addr: &str,
+        deadline: Duration,
+        token: Option<&[u8]>,
+    ) -> Result<Self> {
+        let mut c = Self::connect_plain(addr, deadline)?;
+        if let Some(token) = token {
+            c.prove(token)?;
+        }
+        Ok(c)
+    }
+
+    fn prove(&mut self, token: &[u8]) -> Result<()> {
+        let what = "authenticating with the job token";
+        let client = super::auth::nonce();
+        let (server, mac) =
+            match self.call(what, &Request::Auth { nonce: client }, REPLY_TIMEOUT)? {
+                Response::Challenge { nonce, mac } => (nonce, mac),
+                other => return Err(self.unexpected(what, &other)),
+            };
+        if !super::auth::verify(token, "ferroccl store server", &[&client, &server], &mac) {
+            let message = format!(
+                "the store at {} could not prove the job token: a store of another job, or a different FERROCCL_TOKEN",
+                self.addr
+            );
+            self.broken = Some(message.clone());
+            return Err(Error::Rendezvous(message));
+        }
+        let proof = super::auth::mac(token, "ferroccl store client", &[&client, &server]);
+        match self.call(what, &Request::Proof { mac: proof }, REPLY_TIMEOUT)? {
+            Response::Done => Ok(()),
+            other => Err(self.unexpected(what, &other)),
+        }
+    }
+
+    fn connect_plain(addr: &str, deadline: Duration) -> Result<Self> {
+        let start = Instant::now();
+        let mut backoff = INITIAL_BACKOFF;
+        loop {
+            let remaining = deadline.saturating_sub(start.elapsed());
+            let per_attempt = remaining.max(Duration::from_millis(10));
+            let detail = match try_connect(addr, per_attempt) {
+                Ok(stream) => return Self::from_stream(addr, stream),
+                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Retry(detail)) => detail,
+            };
+            let elapsed = start.elapsed();
+            if elapsed >= deadline {
+                return Err(Error::StoreUnreachable {
+                    addr: addr.to_owned(),
+                    after: elapsed,
+                    detail,
+                });
+            }
+            tracing::trace!(addr, %detail, "rendezvous store not reachable yet; retrying");
+            std::thread::sleep(backoff.min(deadline - elapsed));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn from_stream(addr: &str, stream: TcpStream) -> Result<Self> {
+        let context =
+            |what: &str, e| Error::io(format!("{what} to the rendezvous store at {addr}"), e);
+        stream
+            .set_nodelay(true)
+            .map_err(|e| context("setting TCP_NODELAY on the connection", e))?;
+        stream
+            .set_write_timeout(Some(REPLY_TIMEOUT))
+            .map_err(|e| context("setting a write timeout on the connection", e))?;
+        let local = stream
+            .local_addr()
+            .map_err(|e| context("reading the local address of the connection", e))?;
+        Ok(Self {
+            stream,
+            local,
+            addr: addr.to_owned(),
+            broken: None,
+        })
+    }
+
+    /// Joins as `rank` of `world_size`; returns the communicator id of the job.
+    ///
+    /// A `world_size` that differs from the store's is [`Error::Env`] (the launcher
+    /// environments of the ranks disagree); an out-of-range or duplicate rank is
+    /// [`Error::Rendezvous`].
+    pub fn join(&mut self, rank: usize, world_size: usize) -> Result<u64> {
+        let what = format!("JOIN as rank {rank} of {world_size}");
+        let request = Request::Join {
+            rank: rank as u64,
+            world_size: world_size as u64,
+        };
+        match self.call(&what, &request, REPLY_TIMEOUT)? {
+            Response::Joined { comm_id } => Ok(comm_id),
+            other => Err(self.unexpected(&what, &other)),
+        }
+    }
+
+    /// Publishes `value` under `key`, replacing any earlier value.
+    ///
+    /// A key over [`MAX_KEY_LEN`] or a value over [`MAX_VALUE_LEN`] bytes is
+    /// [`Error::InvalidArgument`], and nothing is sent.
+    pub fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        check_key(key)?;
+        if value.len() > MAX_VALUE_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "value of {} bytes for key '{key}' exceeds the store's limit of {MAX_VALUE_LEN} bytes",
+                value.len()
+            )));
+        }
+        let what = format!("SET '{key}'");
+        let request = Request::Set {
+            key: key.to_owned(),
+            value: value.to_vec(),
+        };
+        match self.call(&what, &request, REPLY_TIMEOUT)? {
+            Response::Done => Ok(()),
+            other => Err(self.unexpected(&what, &other)),
+        }
+    }
+
+    /// Returns the value of `key`, waiting up to `timeout` for some rank to set it.
+    ///
+    /// The store does the waiting; a key still unset at `timeout` is
+    /// [`Error::Rendezvous`].
+    pub fn get(&mut self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        check_key(key)?;
+        let what = format!("GET '{key}'");
+        let request = Request::Get {
+            key: key.to_owned(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.call(&what, &request, timeout.saturating_add(GET_MARGIN))? {
+            Response::Value(v) => Ok(v),
+            other => Err(self.unexpected(&what, &other)),
+        }
+    }
+
+    /// Adds `delta` to the counter under `key` (absent counts as 0) and returns the new
+    /// value. Atomic across ranks, so it can count arrivals at a barrier.
+    ///
+    /// The counter is stored as decimal ASCII, so [`get`](Self::get) reads it too; a key
+    /// holding anything else, or an overflow, is [`Error::Rendezvous`].
+    pub fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+        check_key(key)?;
+        let what = format!("ADD '{key}'");
+        let request = Request::Add {
+            key: key.to_owned(),
+            delta,
+        };
+        match self.call(&what, &request, REPLY_TIMEOUT)? {
+            Response::Count(n) => Ok(n),
+            other => Err(self.unexpected(&what, &other)),
+        }
+    }
+
+    /// The local address of the connection: the interface through which this host
+    /// reaches the store, and so the one to publish for peers.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Sends one request and reads its reply, turning ERROR replies into errors.
+    fn call(&mut self, what: &str, request: &Request, reply_timeout: Duration) -> Result<Response> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Rendezvous(format!(
+                "{what}: the connection to the store at {} broke earlier ({why}); connect again",
+                self.addr
+            )));
+        }
+        let response = match self.exchange(what, request, reply_timeout) {
+            Ok(response) => response,
+            Err(e) => {
+                self.broken = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        let Response::Error { code, message } = response else {
+            return Ok(response);
+        };
+        let code = ErrorCode::from_u8(code);
+        if code.is_none_or(ErrorCode::closes_connection) {
+            self.broken = Some(message.clone());
+        }
+        Err(match code {
+            Some(ErrorCode::WorldSize) => Error::Env(message),
+            _ => Error::Rendezvous(format!("{what}: {message}")),
+        })
+    }
+
+    fn exchange(
+        &mut self,
+        what: &str,
+        request: &Request,
+        reply_timeout: Duration,
+    ) -> Result<Response> {
+        let addr = &self.addr;
+        self.stream
+            .set_read_timeout(Some(reply_timeout))
+            .map_err(|e| Error::io(format!("{what}: setting a read timeout"), e))?;
+        self.stream
+            .write_all(&encode_request(request))
+            .map_err(|e| Error::io(format!("{what}: sending to the store at {addr}"), e))?;
+        read_response(&mut self.stream).map_err(|e| match e {
+            ReadError::Closed => Error::Rendezvous(format!(
+                "{what}: the store at {addr} closed the connection (did rank 0 exit?)"
+            )),
+            ReadError::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Error::Rendezvous(format!(
+                    "{what}: the store at {addr} did not answer within {reply_timeout:?}"
+                ))
+            }
+            ReadError::Io(e) => Error::io(
+                format!("{what}: reading the reply of the store at {addr}"),
+                e,
+            ),
+            ReadError::Wire(w) => Error::Rendezvous(format!(
+                "{what}: the store at {addr} sent a bad reply: {}",
+                w.message
+            )),
+        })
+    }
+
+    fn unexpected(&mut self, what: &str, response: &Response) -> Error {
+        let kind = match response {
+            Response::Joined { .. } => "JOINED",
+            Response::Done => "DONE",
+            Response::Value(_) => "VALUE",
+            Response::Count(_) => "COUNT",
+            Response::Challenge { .. } => "CHALLENGE",
+            Response::Error { .. } => "ERROR",
+        };
+        let message = format!(
+            "{what}: the store at {} answered with an unexpected {kind} reply",
+            self.addr
+        );
+        self.broken = Some(message.clone());
+        Error::Rendezvous(message)
+    }
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "key of {} bytes exceeds the store's limit of {MAX_KEY_LEN} bytes",
+            key.len()
+        )));
+    }
+    Ok(())
+}

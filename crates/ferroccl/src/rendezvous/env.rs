@@ -1,0 +1,422 @@
+//! The launcher environment: who am I, how many are we, where is rank 0.
+//!
+//! The only place in the crate that reads launcher environment variables.
+
+use crate::error::{Error, Result};
+
+/// What the launcher told this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// This process's rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of ranks in the job.
+    pub world_size: usize,
+    /// Rank among the processes on this host, when the launcher says.
+    pub local_rank: Option<usize>,
+    /// `MASTER_ADDR`, when set.
+    pub master_addr: Option<String>,
+    /// `MASTER_PORT`, when set.
+    pub master_port: Option<u16>,
+    /// Which launcher the variables came from: `torchrun`, `openmpi`, `pmi`, `slurm`.
+    pub source: &'static str,
+    /// `FERROCCL_TOKEN`, the job token, when set (see [`crate::rendezvous::auth`]).
+    pub token: Option<String>,
+    /// `FERROCCL_RDMA_GID_INDEX`: the GID table index the RDMA transport routes with
+    /// (RoCE v2 setups often need one other than 0; `show_gids` lists them).
+    pub rdma_gid_index: Option<u8>,
+}
+
+/// The variables one launcher family sets.
+struct Family {
+    source: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    /// Whether the size variable without the rank variable is a contradiction. Slurm's
+    /// `salloc` exports `SLURM_NTASKS` into the allocation's interactive shell, where no
+    /// task exists yet, so for Slurm it only means "not started by srun".
+    lone_size_is_error: bool,
+}
+
+/// Launcher families, in order of precedence.
+const FAMILIES: [Family; 4] = [
+    Family {
+        source: "torchrun",
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_rank: "LOCAL_RANK",
+        lone_size_is_error: true,
+    },
+    Family {
+        source: "openmpi",
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        lone_size_is_error: true,
+    },
+    Family {
+        source: "pmi",
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: "MPI_LOCALRANKID",
+        lone_size_is_error: true,
+    },
+    Family {
+        source: "slurm",
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        lone_size_is_error: false,
+    },
+];
+
+/// Reads the launcher environment of this process; `Ok(None)` when no launcher set one.
+pub fn detect_env() -> Result<Option<LaunchEnv>> {
+    detect_from(|k| std::env::var(k).ok())
+}
+
+/// [`detect_env`] over any variable lookup (for tests).
+///
+/// The first family whose rank variable is set wins: torchrun (`RANK`, `WORLD_SIZE`,
+/// `LOCAL_RANK`), Open MPI (`OMPI_COMM_WORLD_*`), PMI (`PMI_RANK`, `PMI_SIZE`,
+/// `MPI_LOCALRANKID`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
+/// `MASTER_ADDR` and `MASTER_PORT` are read whatever the family. Values are trimmed, and
+/// a variable set to the empty string counts as unset. Anything incomplete or out of
+/// range is an [`Error::Env`] naming the variables.
+pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> {
+    let var = |name: &str| {
+        get(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    for fam in &FAMILIES {
+        let (rank, size) = match (var(fam.rank), var(fam.size)) {
+            (Some(rank), Some(size)) => (rank, size),
+            (None, None) => continue,
+            (None, Some(_)) if !fam.lone_size_is_error => continue,
+            (None, Some(size)) => {
+                return Err(Error::Env(format!(
+                "{}={size} is set but {} is not; {} sets both, so the environment is incomplete",
+                fam.size, fam.rank, fam.source
+            )))
+            }
+            (Some(rank), None) => {
+                return Err(Error::Env(format!(
+                "{}={rank} is set but {} is not; {} sets both, so the environment is incomplete",
+                fam.rank, fam.size, fam.source
+            )))
+            }
+        };
+        let rank = parse_index(fam.rank, &rank)?;
+        let world_size = parse_index(fam.size, &size)?;
+        if world_size == 0 {
+            return Err(Error::Env(format!(
+                "{}=0: a job needs at least one rank",
+                fam.size
+            )));
+        }
+        if rank >= world_size {
+            return Err(Error::Env(format!(
+                "{}={rank} is out of range for {}={world_size} (ranks are 0..{world_size})",
+                fam.rank, fam.size
+            )));
+        }
+        let local_rank = match var(fam.local_rank) {
+            None => None,
+            Some(v) => {
+                let local = parse_index(fam.local_rank, &v)?;
+                if local >= world_size {
+                    return Err(Error::Env(format!(
+                        "{}={local} is not below {}={world_size}",
+                        fam.local_rank, fam.size
+                    )));
+                }
+                Some(local)
+            }
+        };
+        let master_port = var("MASTER_PORT").map(|p| parse_port(&p)).transpose()?;
+        let rdma_gid_index = var("FERROCCL_RDMA_GID_INDEX")
+            .map(|v| {
+                v.trim().parse::<u8>().map_err(|_| {
+                    Error::Env(format!(
+                        "FERROCCL_RDMA_GID_INDEX='{v}' is not a GID table index (0..=255)"
+                    ))
+                })
+            })
+            .transpose()?;
+        return Ok(Some(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            master_addr: var("MASTER_ADDR"),
+            master_port,
+            source: fam.source,
+            token: var("FERROCCL_TOKEN"),
+            rdma_gid_index,
+        }));
+    }
+    Ok(None)
+}
+
+/// Parses a rank, size or local rank.
+fn parse_index(name: &str, value: &str) -> Result<usize> {
+    if let Some(digits) = value.strip_prefix('-') {
+        if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(Error::Env(format!(
+                "{name}={value} is negative; it must be a non-negative integer"
+            )));
+        }
+    }
+    value.parse::<usize>().map_err(|e| {
+        let why = match e.kind() {
+            std::num::IntErrorKind::PosOverflow => "is too large",
+            _ => "is not a non-negative integer",
+        };
+        Error::Env(format!("{name}='{value}' {why}"))
+    })
+}
+
+/// Parses `MASTER_PORT`.
+fn parse_port(value: &str) -> Result<u16> {
+    match value.parse::<u16>() {
+        Ok(0) => Err(Error::Env(
+            "MASTER_PORT=0 is not usable: rank 0 serves the store on a fixed port that every \
+             rank must know in advance"
+                .into(),
+        )),
+        Ok(port) => Ok(port),
+        Err(_) => Err(Error::Env(format!(
+            "MASTER_PORT='{value}' is not a TCP port (1..=65535)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    type Vars = Vec<(&'static str, &'static str)>;
+
+    fn detect(vars: &[(&str, &str)]) -> Result<Option<LaunchEnv>> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        detect_from(|k| map.get(k).cloned())
+    }
+
+    fn env(
+        source: &'static str,
+        rank: usize,
+        world_size: usize,
+        local_rank: Option<usize>,
+    ) -> LaunchEnv {
+        LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            master_addr: None,
+            master_port: None,
+            source,
+            token: None,
+            rdma_gid_index: None,
+        }
+    }
+
+    #[test]
+    fn rdma_gid_index_is_read_and_checked() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "2")];
+        let get = |extra: &[(&str, &str)]| {
+            let map: HashMap<String, String> = base
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            detect_from(|k| map.get(k).cloned())
+        };
+        assert_eq!(get(&[]).unwrap().unwrap().rdma_gid_index, None);
+        let e = get(&[("FERROCCL_RDMA_GID_INDEX", "3")]).unwrap().unwrap();
+        assert_eq!(e.rdma_gid_index, Some(3));
+        let bad = get(&[("FERROCCL_RDMA_GID_INDEX", "300")]).unwrap_err();
+        assert!(
+            bad.to_string().contains("FERROCCL_RDMA_GID_INDEX='300'"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn env_detects_each_family_in_order_of_precedence() {
+        let torch = [("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1")];
+        let ompi = [
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ];
+        let pmi = [
+            ("PMI_RANK", "3"),
+            ("PMI_SIZE", "6"),
+            ("MPI_LOCALRANKID", "2"),
+        ];
+        let slurm = [
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "7"),
+            ("SLURM_LOCALID", "3"),
+        ];
+        let all: Vec<_> = [&torch[..], &ompi, &pmi, &slurm].concat();
+        let cases: Vec<(Vars, Option<LaunchEnv>)> = vec![
+            (vec![], None),
+            (torch.to_vec(), Some(env("torchrun", 1, 4, Some(1)))),
+            (ompi.to_vec(), Some(env("openmpi", 2, 8, Some(0)))),
+            (pmi.to_vec(), Some(env("pmi", 3, 6, Some(2)))),
+            (slurm.to_vec(), Some(env("slurm", 5, 7, Some(3)))),
+            (all.clone(), Some(env("torchrun", 1, 4, Some(1)))),
+            (all[3..].to_vec(), Some(env("openmpi", 2, 8, Some(0)))),
+            (all[6..].to_vec(), Some(env("pmi", 3, 6, Some(2)))),
+            // PMI without MPI_LOCALRANKID, torchrun without LOCAL_RANK.
+            (pmi[..2].to_vec(), Some(env("pmi", 3, 6, None))),
+            (torch[..2].to_vec(), Some(env("torchrun", 1, 4, None))),
+            // Values are trimmed; an empty variable counts as unset.
+            (
+                vec![("RANK", " 0 "), ("WORLD_SIZE", "1\n")],
+                Some(env("torchrun", 0, 1, None)),
+            ),
+            (vec![("RANK", ""), ("WORLD_SIZE", "")], None),
+            // salloc exports SLURM_NTASKS without a task id: not a launch.
+            (vec![("SLURM_NTASKS", "4")], None),
+            // A local rank from another family is not mixed in.
+            (
+                vec![("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("SLURM_LOCALID", "1")],
+                Some(env("pmi", 0, 2, None)),
+            ),
+        ];
+        for (vars, want) in cases {
+            let got = detect(&vars);
+            assert_eq!(got.as_ref().ok(), Some(&want), "for {vars:?} got {got:?}");
+        }
+    }
+
+    #[test]
+    fn env_reads_master_whatever_the_family() {
+        for family in [
+            [("RANK", "0"), ("WORLD_SIZE", "2")],
+            [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")],
+            [("PMI_RANK", "0"), ("PMI_SIZE", "2")],
+            [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
+        ] {
+            let mut vars = family.to_vec();
+            vars.push(("MASTER_ADDR", "node17.cluster"));
+            vars.push(("MASTER_PORT", "29500"));
+            let got = detect(&vars).ok().flatten();
+            let got = got.unwrap_or_else(|| panic!("nothing detected from {vars:?}"));
+            assert_eq!(got.master_addr.as_deref(), Some("node17.cluster"));
+            assert_eq!(got.master_port, Some(29500));
+        }
+    }
+
+    #[test]
+    fn env_errors_name_the_variables() {
+        // (variables, substrings the Error::Env message must contain)
+        let cases: Vec<(Vars, Vec<&str>)> = vec![
+            (vec![("RANK", "0")], vec!["RANK=0", "WORLD_SIZE"]),
+            (vec![("WORLD_SIZE", "4")], vec!["WORLD_SIZE=4", "RANK"]),
+            // torchrun's contradiction is reported even when Slurm variables are set.
+            (
+                vec![
+                    ("WORLD_SIZE", "4"),
+                    ("SLURM_PROCID", "0"),
+                    ("SLURM_NTASKS", "4"),
+                ],
+                vec!["WORLD_SIZE=4", "RANK"],
+            ),
+            (
+                vec![("OMPI_COMM_WORLD_RANK", "1")],
+                vec!["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"],
+            ),
+            (
+                vec![("OMPI_COMM_WORLD_SIZE", "2")],
+                vec!["OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"],
+            ),
+            (vec![("PMI_SIZE", "2")], vec!["PMI_SIZE", "PMI_RANK"]),
+            (vec![("PMI_RANK", "2")], vec!["PMI_RANK", "PMI_SIZE"]),
+            (
+                vec![("SLURM_PROCID", "2")],
+                vec!["SLURM_PROCID", "SLURM_NTASKS"],
+            ),
+            (
+                vec![("RANK", "abc"), ("WORLD_SIZE", "4")],
+                vec!["RANK='abc'", "integer"],
+            ),
+            (
+                vec![("RANK", "1.5"), ("WORLD_SIZE", "4")],
+                vec!["RANK='1.5'"],
+            ),
+            (
+                vec![("RANK", "-1"), ("WORLD_SIZE", "4")],
+                vec!["RANK=-1", "negative"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "-4")],
+                vec!["WORLD_SIZE=-4", "negative"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "99999999999999999999999")],
+                vec!["WORLD_SIZE", "too large"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "0")],
+                vec!["WORLD_SIZE=0"],
+            ),
+            (
+                vec![("RANK", "4"), ("WORLD_SIZE", "4")],
+                vec!["RANK=4", "WORLD_SIZE=4"],
+            ),
+            (
+                vec![("SLURM_PROCID", "9"), ("SLURM_NTASKS", "3")],
+                vec!["SLURM_PROCID=9", "SLURM_NTASKS=3"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "4")],
+                vec!["LOCAL_RANK=4", "WORLD_SIZE=4"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "x")],
+                vec!["LOCAL_RANK='x'"],
+            ),
+            (
+                vec![
+                    ("PMI_RANK", "0"),
+                    ("PMI_SIZE", "2"),
+                    ("MPI_LOCALRANKID", "-1"),
+                ],
+                vec!["MPI_LOCALRANKID=-1"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_PORT", "http")],
+                vec!["MASTER_PORT='http'"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_PORT", "70000")],
+                vec!["MASTER_PORT='70000'"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_PORT", "-1")],
+                vec!["MASTER_PORT='-1'"],
+            ),
+            (
+                vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_PORT", "0")],
+                vec!["MASTER_PORT=0"],
+            ),
+        ];
+        for (vars, needles) in cases {
+            match detect(&vars) {
+                Err(Error::Env(msg)) => {
+                    for needle in needles {
+                        assert!(msg.contains(needle), "{vars:?}: '{msg}' lacks '{needle}'");
+                    }
+                }
+                other => panic!("{vars:?}: expected Error::Env, got {other:?}"),
+            }
+        }
+    }
+}

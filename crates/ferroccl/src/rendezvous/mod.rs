@@ -1,0 +1,61 @@
+//! Who am I, and where are my peers.
+//!
+//! [`detect_env`] reads the launcher's environment (torchrun, Slurm, Open MPI, PMI); this
+//! module is the only place in the crate that reads environment variables. The
+//! [`StoreServer`] is a small TCP key-value store that rank 0 serves at
+//! `MASTER_ADDR:MASTER_PORT`; every rank joins it with a [`StoreClient`], publishes its
+//! listening address and looks up its peers'.
+//!
+//! # Wire protocol (version 1)
+//!
+//! Every message, both ways, is one frame: a 12-byte header then a body. Integers are
+//! little-endian.
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  magic, the bytes "FCRV"
+//!      4     2  protocol version (1)
+//!      6     1  kind (below)
+//!      7     1  reserved, must be 0
+//!      8     4  body length in bytes
+//!     12     *  body
+//! ```
+//!
+//! | kind   | direction | body                                                   |
+//! |--------|-----------|--------------------------------------------------------|
+//! | `0x01` JOIN   | request | rank `u64`, world size `u64`                     |
+//! | `0x02` SET    | request | key length `u32`, key (UTF-8), value (the rest)  |
+//! | `0x03` GET    | request | key length `u32`, key, timeout in ms `u64`       |
+//! | `0x04` ADD    | request | key length `u32`, key, delta `i64`               |
+//! | `0x81` JOINED | reply   | communicator id `u64`                            |
+//! | `0x82` DONE   | reply   | empty (answers SET)                              |
+//! | `0x83` VALUE  | reply   | the value (answers GET)                          |
+//! | `0x84` COUNT  | reply   | new counter value `i64` (answers ADD)            |
+//! | `0xFF` ERROR  | reply   | error code `u8`, message (UTF-8, the rest)       |
+//!
+//! Each body length is checked against the largest body its kind can have before
+//! anything is allocated; keys are at most [`MAX_KEY_LEN`] bytes and values at most
+//! [`MAX_VALUE_LEN`]. A peer with the wrong magic or version, an unknown kind, an
+//! oversized or malformed frame gets an ERROR frame (when it can still be written) and
+//! its connection is closed; everyone else is served on.
+//!
+//! ADD keeps its counter in the same key space as SET, as decimal ASCII, so a GET of a
+//! counter returns e.g. `b"3"`.
+//!
+//! # Layout
+//!
+//! `env.rs` reads the launcher environment; `proto.rs` is the wire protocol above, pure
+//! encoding and decoding; `server.rs` is the [`StoreServer`] and `client.rs` the
+//! [`StoreClient`]; [`auth`] is the job-token challenge-response that both of them, and
+//! the TCP transport between ranks, use.
+
+pub mod auth;
+mod client;
+mod env;
+mod proto;
+mod server;
+
+pub use client::StoreClient;
+pub use env::{detect_env, detect_from, LaunchEnv};
+pub use proto::{MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use server::StoreServer;
