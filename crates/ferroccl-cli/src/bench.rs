@@ -142,19 +142,19 @@ pub fn main(a: BenchArgs) -> ExitCode {
 fn config_for(a: &BenchArgs, base: Config) -> Config {
     let mut c = base;
     if let Some(s) = a.segment_bytes {
-        c.segment_bytes = s;
+        c.tuning.segment_bytes = s;
     }
-    c.timeout = Duration::from_secs_f64(a.timeout.max(0.001));
-    c.connect_timeout = Duration::from_secs_f64(a.connect_timeout.max(0.001));
+    c.tuning.timeout = Duration::from_secs_f64(a.timeout.max(0.001));
+    c.tuning.connect_timeout = Duration::from_secs_f64(a.connect_timeout.max(0.001));
     if let Some(b) = a.small_message_bytes {
-        c.small_message_bytes = b;
+        c.tuning.small_message_bytes = b;
     }
     if let Some(us) = a.busy_poll_us {
-        c.busy_poll = Duration::from_micros(us);
+        c.tuning.busy_poll = Duration::from_micros(us);
     }
     if a.law.is_some() {
         // The law is the ring's: recursive doubling would follow another one.
-        c.small_message_bytes = 0;
+        c.tuning.small_message_bytes = 0;
     }
     c
 }
@@ -272,24 +272,20 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         ));
     }
 
-    if transport == TransportKind::Rdma {
-        // Say at once, once, when this machine has no RDMA device.
-        ferroccl::transport::rdma::probe()?;
+    if !matches!(transport, TransportKind::Tcp | TransportKind::Local) {
+        // Say at once, once, when this build or machine lacks the transport.
+        ferroccl::transport::builtin(transport)?.probe(&Config::default())?;
     }
     check_device(&a, transport)?;
     if ferroccl::rendezvous::detect_env()?.is_some() {
         let mut cfg = config_for(&a, Config::from_env()?);
-        if transport == TransportKind::Rdma {
-            cfg.transport = transport;
+        if transport != TransportKind::Local {
+            cfg.transport.kind = transport;
         }
-        #[cfg(feature = "cuda")]
-        if transport == TransportKind::CudaIpc {
-            cfg.transport = transport;
-        }
-        if a.root >= cfg.world_size {
+        if a.root >= cfg.job.world_size {
             return Err(ferroccl::Error::InvalidArgument(format!(
                 "-r {} is not a rank of {} ranks",
-                a.root, cfg.world_size
+                a.root, cfg.job.world_size
             )));
         }
         let comm = Communicator::init(cfg)?;
@@ -308,7 +304,7 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
     }
     match transport {
         TransportKind::Local => {
-            let base = config_for(&a, Config::new(0, 1, ""));
+            let base = config_for(&a, Config::default());
             let comms = Communicator::local_group(a.ranks, &base)?;
             let results: Vec<ferroccl::Result<bool>> = std::thread::scope(|s| {
                 let hs: Vec<_> = comms
@@ -358,11 +354,8 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
 /// `--device cuda` and `--transport cuda-ipc` need the `cuda` feature and a GPU: say
 /// which is missing, at once, with the typed error.
 fn check_device(a: &BenchArgs, transport: TransportKind) -> ferroccl::Result<()> {
-    let _ = transport;
     if a.device != "cuda" {
-        #[cfg(feature = "cuda")]
         if transport == TransportKind::CudaIpc {
-            ferroccl::cuda::probe()?;
             return Err(ferroccl::Error::InvalidArgument(
                 "--transport cuda-ipc moves device buffers: add --device cuda".into(),
             ));
@@ -643,9 +636,9 @@ fn bench_typed<T: Element>(
         println!(
             "# ferroccl bench: {}, {n} ranks, transport {tname}, segment {} B, busy-poll {:?}, timeout {:?}",
             coll.name(),
-            c.config().segment_bytes,
-            c.config().busy_poll,
-            c.config().timeout
+            c.config().tuning.segment_bytes,
+            c.config().tuning.busy_poll,
+            c.config().tuning.timeout
         );
         println!(
             "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timing: {}",
@@ -679,7 +672,7 @@ fn bench_typed<T: Element>(
         } else if coll == Coll::AllReduce {
             println!(
                 "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
-                c.config().small_message_bytes
+                c.config().tuning.small_message_bytes
             );
         }
         let blank = ["", "", "", "", ""];

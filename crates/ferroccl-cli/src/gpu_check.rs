@@ -75,7 +75,7 @@ mod imp {
     use ferroccl::cuda::cudarc::driver::{result, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
     use ferroccl::cuda::{self, mem, nvrtc, Device, DeviceReducer};
     use ferroccl::reduce::{check_op, finish_avg, reduce_into};
-    use ferroccl::transport::cuda_ipc::busbw_limit_fraction;
+    use ferroccl::testing::internals::busbw_limit_fraction;
     use ferroccl::transport::TransportKind;
     use ferroccl::{Communicator, Config, DataType, Element, Error, ReduceOp, Result};
     use serde_json::json;
@@ -515,7 +515,7 @@ mod imp {
     /// 4 KiB .. max, plus an uneven count; rank 0 writes the rows to `out`.
     fn ipc_worker(a: &GpuCheckArgs, out: &std::path::Path) -> Result<bool> {
         let mut cfg = Config::from_env()?;
-        cfg.transport = TransportKind::CudaIpc;
+        cfg.transport.kind = TransportKind::CudaIpc;
         let comm = Communicator::init(cfg)?;
         let dev = Device::shared(a.gpu)?;
         let stream = dev.stream().clone();

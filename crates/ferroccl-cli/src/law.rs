@@ -12,7 +12,7 @@
 //! times by least squares over the sizes (the line t = c + m × S, α = c / steps,
 //! β = m / factor); `ferroccl bench --law` prints it and `ferroccl plan` reads it back.
 //!
-//! ```
+//! ```text
 //! use crate::law::{fit, RingLaw};
 //!
 //! let law = RingLaw::all_reduce(4);

@@ -203,11 +203,11 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     let comm = if ferroccl::rendezvous::detect_env()?.is_some() {
         share_cores();
         let mut c = Config::from_env()?;
-        c.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
+        c.tuning.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
         Communicator::init(c)?
     } else if a.ranks <= 1 {
         let mut base = Config::new(0, 1, "");
-        base.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
+        base.tuning.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
         Communicator::local_group(1, &base)?.remove(0)
     } else {
         return relaunch(a.ranks, &[], &[]);

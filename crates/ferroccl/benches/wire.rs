@@ -3,7 +3,7 @@
 //! (one frame per step) to see the fingerprint's share of small-message latency.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use ferroccl::wire::{Fingerprint, FrameHeader, OpKind};
+use ferroccl::testing::internals::{Fingerprint, FrameHeader, OpKind};
 use ferroccl::{Algorithm, DataType, ReduceOp};
 
 fn header() -> FrameHeader {

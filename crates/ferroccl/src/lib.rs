@@ -14,7 +14,7 @@
 //!
 //! // Four ranks as threads of this process; under a launcher each process would call
 //! // `Communicator::from_env()` instead.
-//! let comms = Communicator::local_group(4, &Config::new(0, 1, "")).unwrap();
+//! let comms = Communicator::local_group(4, &Config::default()).unwrap();
 //! std::thread::scope(|t| {
 //!     for comm in comms {
 //!         t.spawn(move || -> ferroccl::Result<()> {
@@ -47,25 +47,27 @@
 //! sequence number; see [`Communicator`] for how a failure poisons a communicator.
 #![deny(missing_docs)]
 
-mod broadcast;
-pub mod comm;
+pub(crate) mod algo;
+mod comm;
+pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod ddp;
-mod doubling;
 mod engine;
 pub mod error;
 pub mod reduce;
 pub mod rendezvous;
-mod ring;
-pub mod schedule;
 mod sync;
+mod sys;
 #[doc(hidden)]
 pub mod testing;
 pub mod transport;
-pub mod wire;
+pub(crate) mod wire;
 
-pub use comm::{AbortHandle, Communicator, Config, Handle, Pending, Scope};
+pub use algo::Algorithm;
+pub use comm::{AbortHandle, Communicator, Handle, Pending, Scope};
+pub use config::{Clock, Config, ConfigBuilder, TransportKind};
 pub use error::{Error, Result};
+pub use half;
 pub use reduce::{DataType, Element, ReduceOp};
-pub use wire::{Algorithm, WireStats};
+pub use wire::WireStats;

@@ -8,7 +8,10 @@
 #![allow(missing_docs, clippy::missing_panics_doc)]
 
 use crate::rendezvous::StoreServer;
-use crate::transport::rdma::sim::{self, SimParams};
+use crate::transport::memsim;
+pub use crate::transport::memsim::SimMemParams;
+use crate::transport::rdma::sim;
+pub use crate::transport::rdma::sim::SimParams;
 use crate::{Communicator, Config};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -23,6 +26,18 @@ pub enum Net {
     Tcp,
     /// Simulated RDMA queue pairs (the RDMA protocol without hardware).
     RdmaSim(SimParams),
+    /// Memory peers over host memory with a GPU stream's timing (the pull executor
+    /// CUDA IPC uses, without a GPU).
+    MemSim(SimMemParams),
+}
+
+/// `n` communicators over simulated memory peers paced by `p`.
+pub fn memsim_group(n: usize, base: &Config, p: SimMemParams) -> crate::Result<Vec<Communicator>> {
+    memsim::group(n, p)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, links)| Communicator::with_links(base.for_rank(r, n), links))
+        .collect()
 }
 
 /// `n` communicators over simulated RDMA queue pairs shaped by `p`.
@@ -30,21 +45,36 @@ pub fn rdma_sim_group(n: usize, base: &Config, p: SimParams) -> crate::Result<Ve
     sim::group(n, p)?
         .into_iter()
         .enumerate()
-        .map(|(r, links)| {
-            let mut cfg = base.clone();
-            cfg.rank = r;
-            cfg.local_rank = r;
-            cfg.world_size = n;
-            Communicator::with_links(cfg, links)
-        })
+        .map(|(r, links)| Communicator::with_links(base.for_rank(r, n), links))
         .collect()
+}
+
+/// Advances `clock` (a [`crate::Clock::manual`]) by a second every 10 ms of real time
+/// from when `go()` first holds until `stop()` does (or a minute has passed): collective
+/// timeouts on that clock fire only then, whatever the machine's load, and a test that
+/// needs a timeout gets one as soon as the ranks are where it wants them.
+pub fn ticker(
+    clock: crate::Clock,
+    go: impl Fn() -> bool + Send + 'static,
+    stop: impl Fn() -> bool + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let end = Instant::now() + Duration::from_secs(60);
+        while !go() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        while !stop() && Instant::now() < end {
+            clock.advance(Duration::from_secs(1));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
 }
 
 /// A config suited to tests: short timeouts so a hang fails in seconds.
 pub fn test_config() -> Config {
     let mut c = Config::new(0, 1, "127.0.0.1:0");
-    c.timeout = Duration::from_secs(10);
-    c.connect_timeout = Duration::from_secs(10);
+    c.tuning.timeout = Duration::from_secs(10);
+    c.tuning.connect_timeout = Duration::from_secs(10);
     c
 }
 
@@ -84,9 +114,10 @@ where
     let (tx, rx) = mpsc::channel();
     let mut store = None;
     match net {
-        Net::Local | Net::RdmaSim(_) => {
+        Net::Local | Net::RdmaSim(_) | Net::MemSim(_) => {
             let comms = match net {
                 Net::RdmaSim(p) => rdma_sim_group(n, base, p),
+                Net::MemSim(p) => memsim_group(n, base, p),
                 _ => Communicator::local_group(n, base),
             }?;
             for mut c in comms {
@@ -102,12 +133,9 @@ where
             let addr = server.local_addr().to_string();
             store = Some(server);
             for r in 0..n {
-                let mut cfg = base.clone();
-                cfg.rank = r;
-                cfg.local_rank = r;
-                cfg.world_size = n;
-                cfg.master_addr = addr.clone();
-                cfg.serve_store = false;
+                let mut cfg = base.for_rank(r, n);
+                cfg.job.master_addr = addr.clone();
+                cfg.job.serve_store = false;
                 let (tx, body) = (tx.clone(), body.clone());
                 std::thread::spawn(move || {
                     let out = Communicator::init(cfg).and_then(|mut c| body(&mut c));
@@ -258,4 +286,19 @@ pub fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::
             Err(e) => panic!("no connection within {limit:?}: {e}"),
         }
     }
+}
+
+/// Internals that the workspace's tests, benches and the CLI's `gpu-check` reach into:
+/// wire formats (to play a peer by hand), the ring schedule, the RDMA protocol core
+/// and its simulated queue pair.
+pub mod internals {
+    pub use crate::algo::schedule;
+    pub use crate::rendezvous::auth;
+    #[cfg(feature = "cuda")]
+    pub use crate::transport::cuda_ipc::busbw_limit_fraction;
+    #[cfg(feature = "rdma")]
+    pub use crate::transport::rdma::verbs as rdma_verbs;
+    pub use crate::transport::rdma::{probe as rdma_probe, proto as rdma_proto, sim as rdma_sim};
+    pub use crate::transport::tcp::{Hello, FLAG_AUTH, PROTOCOL_VERSION};
+    pub use crate::wire::{Fingerprint, FrameHeader, OpKind, HEADER_LEN};
 }

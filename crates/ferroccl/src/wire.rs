@@ -24,6 +24,7 @@
 //! | 32..36 | segment |
 //! | 36..40 | payload bytes |
 
+use crate::algo::Algorithm;
 use crate::reduce::{DataType, ReduceOp};
 use crate::transport::{Link, LinkError};
 use std::fmt;
@@ -81,51 +82,6 @@ impl OpKind {
     }
     pub(crate) fn from_code(c: u8) -> Option<Self> {
         Self::ALL.get((c as usize).checked_sub(1)?).copied()
-    }
-}
-
-/// How a collective moves its data. Chosen identically on every rank from the call's
-/// size and the [`crate::Config`]; carried on the wire so a disagreement is reported.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Algorithm {
-    /// Ring: bandwidth-optimal, `2(n-1)` latency-bound steps.
-    Ring,
-    /// Recursive doubling: `log2(n)` steps (plus two when `n` is not a power of two),
-    /// sending the whole buffer at each; latency-optimal for small messages.
-    RecursiveDoubling,
-    /// A pipelined chain along the ring (broadcast, reduce).
-    Chain,
-    /// Straight to one peer (send/recv).
-    Direct,
-}
-
-impl Algorithm {
-    /// The name used in messages and bench output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::Ring => "ring",
-            Algorithm::RecursiveDoubling => "recursive doubling",
-            Algorithm::Chain => "chain",
-            Algorithm::Direct => "direct",
-        }
-    }
-    fn code(self) -> u8 {
-        match self {
-            Algorithm::Ring => 0,
-            Algorithm::RecursiveDoubling => 1,
-            Algorithm::Chain => 2,
-            Algorithm::Direct => 3,
-        }
-    }
-    fn from_code(c: u8) -> Option<Self> {
-        match c {
-            0 => Some(Algorithm::Ring),
-            1 => Some(Algorithm::RecursiveDoubling),
-            2 => Some(Algorithm::Chain),
-            3 => Some(Algorithm::Direct),
-            _ => None,
-        }
     }
 }
 
@@ -302,50 +258,43 @@ impl From<LinkError> for FrameError {
     }
 }
 
-/// A frame being written: header then payload, resumable after a partial write.
-///
-/// The payload is a raw range because the ring reads it out of a buffer whose other
-/// ranges are being written at the same time (by the receive side, on disjoint bytes).
+/// A frame being written: header then payload, resumable after a partial write. The
+/// payload is handed in at every call (the same bytes each time), so the frame holds
+/// no reference into the buffer between calls.
 pub(crate) struct OutFrame {
     header: [u8; HEADER_LEN],
     hdr_done: usize,
-    data: *const u8,
     len: usize,
     done: usize,
 }
 
-// SAFETY: the pointer is only dereferenced by the thread driving the collective that
-// owns the buffer; OutFrame is never shared.
-unsafe impl Send for OutFrame {}
-
 impl OutFrame {
-    /// # Safety
-    /// `data..data+len` must stay valid and unmodified until the frame completes or is dropped.
-    pub unsafe fn new(h: &FrameHeader, data: *const u8, len: usize) -> Self {
-        debug_assert_eq!(h.len as usize, len);
+    /// A frame with header `h` (whose `len` is the payload's).
+    pub fn new(h: &FrameHeader) -> Self {
         OutFrame {
             header: h.encode(),
             hdr_done: 0,
-            data,
-            len,
+            len: h.len as usize,
             done: 0,
         }
     }
 
-    /// Writes what the link takes. Returns `(bytes moved, complete)`.
-    pub fn progress(&mut self, peer: &mut Peer) -> Result<(usize, bool), FrameError> {
+    /// Writes what the link takes of the header and `payload` (the frame's whole
+    /// payload). Returns `(bytes moved, complete)`.
+    pub fn progress(
+        &mut self,
+        peer: &mut Peer,
+        payload: &[u8],
+    ) -> Result<(usize, bool), FrameError> {
+        debug_assert_eq!(payload.len(), self.len);
         let mut moved = 0;
         loop {
             if self.hdr_done == HEADER_LEN && self.done == self.len {
                 return Ok((moved, true));
             }
-            // SAFETY: guaranteed by `new`'s contract.
-            let payload = unsafe {
-                std::slice::from_raw_parts(self.data.add(self.done), self.len - self.done)
-            };
             let bufs = [
                 IoSlice::new(&self.header[self.hdr_done..]),
-                IoSlice::new(payload),
+                IoSlice::new(&payload[self.done..]),
             ];
             let n = peer.link.try_write(&bufs)?;
             if n == 0 {
@@ -367,36 +316,35 @@ pub(crate) struct InFrame {
     header: [u8; HEADER_LEN],
     hdr_done: usize,
     checked: bool,
-    data: *mut u8,
     len: usize,
     done: usize,
 }
 
-// SAFETY: as for OutFrame.
-unsafe impl Send for InFrame {}
-
 impl InFrame {
-    /// # Safety
-    /// `data..data+len` must stay valid, and untouched by anyone else, until the frame
-    /// completes or is dropped.
-    pub unsafe fn new(expected: FrameHeader, data: *mut u8) -> Self {
+    /// A frame expected to carry header `expected`.
+    pub fn new(expected: FrameHeader) -> Self {
         InFrame {
             expected,
             header: [0; HEADER_LEN],
             hdr_done: 0,
             checked: false,
-            data,
             len: expected.len as usize,
             done: 0,
         }
     }
 
-    /// Reads what the link has. Returns `(bytes moved, complete)`.
+    /// Reads what the link has into `dst` (the frame's whole payload destination).
+    /// Returns `(bytes moved, complete)`.
     ///
     /// Header and payload are read with one vectored call, so a small frame costs one
     /// system call; the header is checked as soon as it is complete, before the frame
     /// counts as received.
-    pub fn progress(&mut self, peer: &mut Peer) -> Result<(usize, bool), FrameError> {
+    pub fn progress(
+        &mut self,
+        peer: &mut Peer,
+        dst: &mut [u8],
+    ) -> Result<(usize, bool), FrameError> {
+        debug_assert_eq!(dst.len(), self.len);
         let mut moved = 0;
         loop {
             if self.hdr_done == HEADER_LEN && !self.checked {
@@ -412,13 +360,9 @@ impl InFrame {
             if self.checked && self.done == self.len {
                 return Ok((moved, true));
             }
-            // SAFETY: guaranteed by `new`'s contract.
-            let payload = unsafe {
-                std::slice::from_raw_parts_mut(self.data.add(self.done), self.len - self.done)
-            };
             let mut bufs = [
                 IoSliceMut::new(&mut self.header[self.hdr_done..]),
-                IoSliceMut::new(payload),
+                IoSliceMut::new(&mut dst[self.done..]),
             ];
             let n = peer.link.try_read(&mut bufs)?;
             if n == 0 {

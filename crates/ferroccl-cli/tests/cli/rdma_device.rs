@@ -10,6 +10,9 @@ use ferroccl::{Communicator, Config, Error};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Whether this build has the RDMA transport.
+const BUILT: bool = cfg!(feature = "rdma");
+
 /// What the error must say on this build.
 #[cfg(feature = "rdma")]
 const MISSING: &str = "no RDMA device found";
@@ -19,35 +22,34 @@ const MISSING: &str = "\"rdma\" feature";
 fn rdma_config() -> Config {
     // A store address nobody serves: the error must come before any rendezvous.
     let mut c = Config::new(0, 2, "127.0.0.1:9");
-    c.transport = TransportKind::Rdma;
-    c.serve_store = false;
-    c.connect_timeout = Duration::from_secs(3);
+    c.transport.kind = TransportKind::Rdma;
+    c.job.serve_store = false;
+    c.tuning.connect_timeout = Duration::from_secs(3);
     c
 }
 
 #[test]
-fn parse_rdma_follows_the_feature() {
-    let r = TransportKind::parse("rdma");
-    if cfg!(feature = "rdma") {
-        assert_eq!(r.unwrap(), TransportKind::Rdma);
-    } else {
-        let e = r.unwrap_err();
-        assert!(
+fn the_rdma_transport_follows_the_feature() {
+    // The name always parses; whether the transport is built in is the registry's
+    // answer, and without the feature it names the feature.
+    assert_eq!(TransportKind::parse("rdma").unwrap(), TransportKind::Rdma);
+    assert_eq!(TransportKind::Rdma.name(), "rdma");
+    let built = ferroccl::transport::builtin(TransportKind::Rdma);
+    assert_eq!(built.is_ok(), BUILT, "the registry follows the feature");
+    match built {
+        Ok(t) => assert_eq!(t.name(), "rdma"),
+        Err(e) => assert!(
             matches!(&e, Error::Unavailable { why, .. } if why.contains(MISSING)),
             "{e}"
-        );
+        ),
     }
-    assert_eq!(TransportKind::Rdma.name(), "rdma");
 }
 
+/// The error comes before any rendezvous: the store address is nobody's, so a
+/// rendezvous would have failed with `StoreUnreachable` instead.
 #[test]
 fn init_without_rdma_is_a_typed_error_at_once() {
-    let t0 = Instant::now();
     let e = Communicator::init(rdma_config()).unwrap_err();
-    assert!(
-        t0.elapsed() < Duration::from_secs(2),
-        "failed before rendezvous"
-    );
     match &e {
         Error::Unavailable { what, why } => {
             assert_eq!(what, "transport rdma");
@@ -55,13 +57,13 @@ fn init_without_rdma_is_a_typed_error_at_once() {
         }
         other => panic!("expected Unavailable, got {other}"),
     }
-    assert!(ferroccl::transport::rdma::probe().is_err());
+    assert!(ferroccl::testing::internals::rdma_probe().is_err());
 }
 
 #[cfg(feature = "rdma")]
 #[test]
 fn both_no_device_outcomes_read_the_same() {
-    use ferroccl::transport::rdma::verbs::classify;
+    use ferroccl::testing::internals::rdma_verbs::classify;
     let enosys = classify(Err(std::io::Error::from_raw_os_error(libc::ENOSYS))).unwrap_err();
     let empty = classify(Ok(0)).unwrap_err();
     for e in [enosys, empty] {
@@ -119,7 +121,7 @@ fn bench_with_rdma_prints_the_error_and_fails() {
 #[test]
 fn verbs_endpoint_without_a_device_is_the_typed_error() {
     use ferroccl::rendezvous::{StoreClient, StoreServer};
-    use ferroccl::transport::rdma::{proto::Params, verbs};
+    use ferroccl::testing::internals::{rdma_proto::Params, rdma_verbs as verbs};
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 1).unwrap();
     let ctx = |params| verbs::VerbsCtx {
         rank: 0,
@@ -130,7 +132,6 @@ fn verbs_endpoint_without_a_device_is_the_typed_error() {
         params,
         gid_index: 0,
     };
-    let t0 = Instant::now();
     let bad = Params {
         slots: 0,
         ..Params::default()
@@ -148,5 +149,4 @@ fn verbs_endpoint_without_a_device_is_the_typed_error() {
         Err(e) => panic!("expected Unavailable, got {e}"),
         Ok(_) => panic!("this test assumes a machine without RDMA devices"),
     }
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }

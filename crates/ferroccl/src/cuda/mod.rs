@@ -20,11 +20,19 @@
 //!   under `site-packages/nvidia/cu13/{lib,include}`.
 //! - [`DeviceReducer`] launches `kernel(dtype, op)` on a stream, grid sized from the SM
 //!   count (grid-stride loops inside).
-//! - [`collectives`] adds device-buffer collectives to [`crate::Communicator`].
+//! - `ipc`: CUDA IPC handles (memory and events), for the `cuda-ipc` transport.
+//! - `staging`: device buffers over host transports (pinned staging, device combine).
+//!
+//! The device-buffer collectives themselves (`all_reduce_device` and friends) are
+//! methods of [`crate::Communicator`]. This layer knows nothing of transports or
+//! communicators.
 
-pub mod collectives;
+pub(crate) mod ipc;
+#[doc(hidden)]
 pub mod mem;
+#[doc(hidden)]
 pub mod nvrtc;
+pub(crate) mod staging;
 
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};

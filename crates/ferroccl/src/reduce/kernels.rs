@@ -151,6 +151,7 @@ pub(super) trait Binary<T: Copy>: Sized {
     #[cfg(target_arch = "x86_64")]
     #[inline]
     unsafe fn zip_avx2(d: &mut [T], s: &[T]) {
+        // SAFETY: this function's contract: the CPU has the features it is compiled for.
         unsafe { x86::zip::<T, Self>(d, s) }
     }
 }
@@ -208,6 +209,7 @@ macro_rules! min_max_float {
             #[cfg(target_arch = "x86_64")]
             #[inline]
             unsafe fn zip_avx2(d: &mut [$t], s: &[$t]) {
+                // SAFETY: this function's contract: the CPU has the features it is compiled for.
                 unsafe { x86::$avx2::<false>(d, s) }
             }
         }
@@ -223,6 +225,7 @@ macro_rules! min_max_float {
             #[cfg(target_arch = "x86_64")]
             #[inline]
             unsafe fn zip_avx2(d: &mut [$t], s: &[$t]) {
+                // SAFETY: this function's contract: the CPU has the features it is compiled for.
                 unsafe { x86::$avx2::<true>(d, s) }
             }
         }
@@ -259,6 +262,7 @@ impl Binary<i64> for Min {
     #[cfg(target_arch = "x86_64")]
     #[inline]
     unsafe fn zip_avx2(d: &mut [i64], s: &[i64]) {
+        // SAFETY: this function's contract: the CPU has the features it is compiled for.
         unsafe { x86::min_max_epi64::<false>(d, s) }
     }
 }
@@ -270,6 +274,7 @@ impl Binary<i64> for Max {
     #[cfg(target_arch = "x86_64")]
     #[inline]
     unsafe fn zip_avx2(d: &mut [i64], s: &[i64]) {
+        // SAFETY: this function's contract: the CPU has the features it is compiled for.
         unsafe { x86::min_max_epi64::<true>(d, s) }
     }
 }
@@ -576,6 +581,7 @@ mod x86 {
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn zip_block<O: Binary<f32>>(d: &mut [f16], s: &[f16]) {
         let (mut x, mut y) = ([0f32; BLOCK], [0f32; BLOCK]);
+        // SAFETY: this function's contract: the CPU has the features it is compiled for.
         unsafe {
             widen(d, &mut x);
             widen(s, &mut y);
@@ -589,6 +595,7 @@ mod x86 {
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn div_block(d: &mut [f16], n: f32) {
         let mut x = [0f32; BLOCK];
+        // SAFETY: this function's contract: the CPU has the features it is compiled for.
         unsafe {
             widen(d, &mut x);
             div_body(&mut x, n);
@@ -608,12 +615,14 @@ mod x86 {
     pub(super) unsafe fn f16_div(d: &mut [f16], n: f32) {
         let mut dc = d.chunks_exact_mut(BLOCK);
         for a in &mut dc {
+            // SAFETY: this function's contract: the CPU has the features it is compiled for.
             unsafe { div_block(a, n) };
         }
         let ta = dc.into_remainder();
         if !ta.is_empty() {
             let mut pa = [f16::ZERO; BLOCK];
             pa[..ta.len()].copy_from_slice(ta);
+            // SAFETY: this function's contract: the CPU has the features it is compiled for.
             unsafe { div_block(&mut pa, n) };
             ta.copy_from_slice(&pa[..ta.len()]);
         }

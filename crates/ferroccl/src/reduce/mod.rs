@@ -283,6 +283,58 @@ pub fn finish_avg<T: Element>(dst: &mut [T], n: usize) {
 
 pub(crate) mod kernels;
 
+/// How received bytes are combined into the local buffer: the CPU kernels
+/// ([`HostCombine`]), or a device's (`cuda`). The engine calls it as frames arrive;
+/// a failure (a device error) ends the operation with that error.
+pub(crate) trait Combine {
+    /// `dst = dst op src`, elementwise over whole elements.
+    fn reduce(&mut self, dst: &mut [u8], src: &[u8]) -> Result<()>;
+    /// Runs once on bytes whose reduction is complete: `Avg`'s division.
+    fn finish(&mut self, dst: &mut [u8]) -> Result<()>;
+}
+
+/// [`Combine`] with the CPU kernels, for `op` on elements of `dtype` over `world_size`
+/// ranks.
+pub(crate) struct HostCombine {
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub world_size: usize,
+}
+
+impl Combine for HostCombine {
+    fn reduce(&mut self, dst: &mut [u8], src: &[u8]) -> Result<()> {
+        kernels::reduce_bytes(self.dtype, self.op, dst, src);
+        Ok(())
+    }
+
+    fn finish(&mut self, dst: &mut [u8]) -> Result<()> {
+        if self.op == ReduceOp::Avg {
+            kernels::scale_bytes(self.dtype, dst, self.world_size);
+        }
+        Ok(())
+    }
+}
+
+/// [`Combine`] for collectives that only move data (broadcast, all-gather, send/recv,
+/// and the barrier, whose frames are empty): combining bytes is a bug, reported as an
+/// error.
+pub(crate) struct NoCombine;
+
+impl Combine for NoCombine {
+    fn reduce(&mut self, dst: &mut [u8], _: &[u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(
+            "internal: a data-moving collective tried to combine".into(),
+        ))
+    }
+
+    fn finish(&mut self, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

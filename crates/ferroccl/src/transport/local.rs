@@ -171,13 +171,7 @@ impl Connector for LocalConnector {
         channel: Channel,
         _deadline: Instant,
     ) -> crate::Result<Box<dyn Link>> {
-        let n = self.fabric.bells.len();
-        if peer >= n || peer == self.rank {
-            return Err(crate::Error::InvalidArgument(format!(
-                "rank {} cannot link to rank {peer} in a group of {n}",
-                self.rank
-            )));
-        }
+        super::check_peer(self.rank, peer, self.fabric.bells.len())?;
         Ok(Box::new(LocalLink {
             peer,
             tx: self.fabric.pipe(self.rank, peer, channel),
@@ -210,17 +204,17 @@ pub fn group(n: usize, capacity: usize) -> Vec<Links> {
     (0..n)
         .map(|r| {
             let seen = *lock(&fabric.bells[r].generation);
-            Links {
-                waiter: Box::new(LocalWaiter {
-                    bell: fabric.bells[r].clone(),
-                    seen,
-                }),
-                connector: Box::new(LocalConnector {
+            Links::new(
+                Box::new(LocalConnector {
                     rank: r,
                     fabric: fabric.clone(),
                 }),
-                beacon: fabric.beacons[r].clone(),
-            }
+                Box::new(LocalWaiter {
+                    bell: fabric.bells[r].clone(),
+                    seen,
+                }),
+                fabric.beacons[r].clone(),
+            )
         })
         .collect()
 }

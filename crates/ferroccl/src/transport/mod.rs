@@ -11,19 +11,36 @@
 //! and lives in [`crate::wire`]; a transport only moves bytes. Algorithms see neither:
 //! they see a [`crate::Communicator`].
 //!
-//! Implementations: [`tcp`] (mio + socket2) and [`local`] (in-process pipes, for tests
-//! and threads in one process).
+//! A transport whose peers can read each other's memory (CUDA IPC) offers
+//! [`MemPeers`] as well; the engine then runs the same plans by reading the senders'
+//! memory instead of moving bytes through links.
+//!
+//! Making a rank's links is one call, [`Transport::connect`], after the rendezvous;
+//! [`builtin`] names the transports of this library, and a transport of your own is
+//! passed to [`crate::Communicator::init_with`]. Adding a transport touches no
+//! algorithm and not `Communicator::init`.
+//!
+//! Implementations: `tcp` (mio + socket2), `local` (in-process pipes, for threads in
+//! one process), `rdma` (verbs; its protocol core and a simulated queue pair always
+//! built), `cuda_ipc` (feature `cuda`), and `memsim` (host memory shared by threads,
+//! with the timing of a GPU stream: the pull executor's test bed).
 
+use crate::config::Config;
+use crate::reduce::{DataType, ReduceOp};
+use crate::rendezvous::StoreClient;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use crate::config::TransportKind;
+
 #[cfg(feature = "cuda")]
-pub mod cuda_ipc;
-pub mod local;
-pub mod rdma;
-pub mod tcp;
+pub(crate) mod cuda_ipc;
+pub(crate) mod local;
+pub(crate) mod memsim;
+pub(crate) mod rdma;
+pub(crate) mod tcp;
 
 /// Why a link could not move bytes.
 #[derive(Debug)]
@@ -154,8 +171,10 @@ pub(crate) fn check_peer(rank: usize, peer: usize, world_size: usize) -> crate::
     Ok(())
 }
 
-/// A rank's way to make links, the waiter that wakes when any of them may move, and
-/// the beacon through which peers can ask what it is doing.
+/// A rank's way to make links, the waiter that wakes when any of them may move, the
+/// beacon through which peers can ask what it is doing, and — for a transport whose
+/// peers read each other's memory — its [`MemPeers`].
+#[non_exhaustive]
 pub struct Links {
     /// Makes links.
     pub connector: Box<dyn Connector>,
@@ -163,61 +182,193 @@ pub struct Links {
     pub waiter: Box<dyn Waiter>,
     /// This rank's current operation, as peers see it.
     pub beacon: Arc<Beacon>,
+    /// Peers whose memory this rank reads, if the transport has them.
+    pub mem: Option<Box<dyn MemPeers>>,
 }
 
-/// Which transport a communicator uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+impl Links {
+    /// Links made by `connector`, woken by `waiter`, answering status queries from
+    /// `beacon`.
+    pub fn new(
+        connector: Box<dyn Connector>,
+        waiter: Box<dyn Waiter>,
+        beacon: Arc<Beacon>,
+    ) -> Self {
+        Links {
+            connector,
+            waiter,
+            beacon,
+            mem: None,
+        }
+    }
+
+    /// These links with memory peers too.
+    pub fn with_memory(mut self, mem: Box<dyn MemPeers>) -> Self {
+        self.mem = Some(mem);
+        self
+    }
+}
+
+/// A way to link the ranks of a job: what [`crate::Communicator::init_with`] asks to
+/// make a rank's links once the rank has joined the job's rendezvous store.
+///
+/// The contract: [`Transport::connect`] returns [`Links`] whose [`Connector`] makes
+/// a [`Link`] to any other rank on demand (within the deadline it is given), whose
+/// [`Waiter`] wakes when any of those links may move bytes, and whose [`Beacon`] is
+/// answered to peers asking this rank's current operation. Addresses are exchanged
+/// through the store ([`Joined::store`]); every rank calls `connect` once.
+pub trait Transport: Send + Sync {
+    /// The name in messages (`tcp`, `rdma`, ...).
+    fn name(&self) -> &str;
+
+    /// Checks, before any rendezvous, that this transport can run here: a missing
+    /// device or feature fails at once, without touching the store. The default
+    /// accepts.
+    fn probe(&self, cfg: &Config) -> crate::Result<()> {
+        let _ = cfg;
+        Ok(())
+    }
+
+    /// Makes this rank's links.
+    fn connect(&self, job: Joined) -> crate::Result<Links>;
+}
+
+/// What a [`Transport`] gets to link a rank: the rank's config, the job's communicator
+/// id (the same on every rank, fresh per job) and a connection to the store.
 #[non_exhaustive]
-pub enum TransportKind {
-    /// TCP sockets (the default), one connection per neighbour.
-    #[default]
-    Tcp,
-    /// In-process pipes: only for ranks that are threads of one process
-    /// ([`crate::Communicator::local_group`]).
-    Local,
-    /// RDMA verbs ([`rdma`]): needs the `rdma` feature and an RDMA device; without
-    /// either, [`crate::Communicator::init`] says which is missing.
-    Rdma,
-    /// CUDA IPC ([`cuda_ipc`], feature `cuda`): the device-buffer collectives read the
-    /// neighbours' GPU memory directly; host-buffer ones run over TCP links, which this
-    /// transport also makes. Ranks must share one node (one GPU or several).
-    #[cfg(feature = "cuda")]
-    CudaIpc,
+pub struct Joined {
+    /// The rank's configuration (`config.job.rank`, `config.job.world_size`, options).
+    pub config: Config,
+    /// The job's communicator id, for handshakes that must refuse other jobs.
+    pub comm_id: u64,
+    /// A connection to the job's store, for exchanging addresses.
+    pub store: StoreClient,
 }
 
-impl TransportKind {
-    /// Parses a CLI name: `tcp`, `local`, and `rdma` in builds with the `rdma` feature;
-    /// names of transports not built in are refused with [`crate::Error::Unavailable`].
-    pub fn parse(s: &str) -> crate::Result<Self> {
-        match s {
-            "tcp" => Ok(TransportKind::Tcp),
-            "local" => Ok(TransportKind::Local),
-            #[cfg(feature = "rdma")]
-            "rdma" | "ibverbs" => Ok(TransportKind::Rdma),
-            #[cfg(not(feature = "rdma"))]
-            "rdma" | "ibverbs" => Err(rdma::not_built(s)),
-            #[cfg(feature = "cuda")]
-            "cuda-ipc" | "cuda_ipc" => Ok(TransportKind::CudaIpc),
-            #[cfg(not(feature = "cuda"))]
-            "cuda-ipc" | "cuda_ipc" => Err(crate::Error::Unavailable {
-                what: format!("transport {s}"),
-                why: "this build has no CUDA IPC transport (it arrives with the \"cuda\" feature)"
-                    .into(),
-            }),
-            _ => Err(crate::Error::InvalidArgument(format!(
-                "unknown transport {s:?}: expected tcp or local"
-            ))),
-        }
+impl Joined {
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.config.job.rank
     }
 
-    /// The CLI name.
-    pub fn name(self) -> &'static str {
-        match self {
-            TransportKind::Tcp => "tcp",
-            TransportKind::Local => "local",
-            TransportKind::Rdma => "rdma",
-            #[cfg(feature = "cuda")]
-            TransportKind::CudaIpc => "cuda-ipc",
-        }
+    /// Ranks in the job.
+    pub fn world_size(&self) -> usize {
+        self.config.job.world_size
     }
+
+    /// Another connection to the job's store, for a transport that exchanges more
+    /// later (CUDA IPC trades memory handles at its first device call).
+    pub fn store_connection(&self) -> crate::Result<StoreClient> {
+        StoreClient::connect_with_token(
+            &self.config.job.master_addr,
+            self.config.tuning.connect_timeout,
+            self.config.job.token.as_deref(),
+        )
+    }
+}
+
+/// The transport of this library named `kind`, or [`crate::Error::Unavailable`] when
+/// this build lacks it (`rdma`, `cuda-ipc` are cargo features) and a configuration
+/// error for `local`, which links threads ([`crate::Communicator::local_group`]).
+pub fn builtin(kind: TransportKind) -> crate::Result<Box<dyn Transport>> {
+    match kind {
+        TransportKind::Tcp => Ok(Box::new(tcp::Tcp)),
+        TransportKind::Local => Err(crate::Error::Config(
+            "the local transport links threads of one process: use Communicator::local_group"
+                .into(),
+        )),
+        TransportKind::Rdma => rdma::transport(),
+        #[cfg(feature = "cuda")]
+        TransportKind::CudaIpc => Ok(Box::new(cuda_ipc::CudaIpc)),
+        #[cfg(not(feature = "cuda"))]
+        TransportKind::CudaIpc => Err(crate::Error::Unavailable {
+            what: "transport cuda-ipc".into(),
+            why: "this build has no CUDA IPC transport (it arrives with the \"cuda\" feature)"
+                .into(),
+        }),
+    }
+}
+
+/// A region of memory a [`MemPeers`] operation names, by byte offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Region {
+    /// The call's input buffer.
+    Input(usize),
+    /// The call's output buffer.
+    Output(usize),
+    /// This rank's workspace.
+    Mine(usize),
+    /// Rank `.0`'s workspace, as mapped here.
+    Peer(usize, usize),
+}
+
+/// The user buffers of one call on memory peers, as addresses in the memory space the
+/// transport works in (device pointers for CUDA IPC, host addresses for a host-memory
+/// transport). The caller keeps them valid, and untouched by anything else, until the
+/// call returns.
+#[derive(Clone, Debug)]
+pub struct CallMem {
+    /// Which memory the addresses are in (the CUDA device ordinal; 0 for host memory).
+    pub space: usize,
+    /// The input buffer.
+    pub input: u64,
+    /// Its length in bytes.
+    pub input_len: usize,
+    /// The output buffer (may equal `input`).
+    pub output: u64,
+    /// Its length in bytes.
+    pub output_len: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction, for calls that combine.
+    pub op: Option<ReduceOp>,
+    /// Ranks in the job (Avg divides by it).
+    pub world_size: usize,
+}
+
+/// Peers whose memory this rank reads directly: the contract of the pull executor.
+///
+/// Operations are *enqueued* (a GPU runs them later, in order, on one stream); only
+/// [`MemPeers::end`] waits for them. Ordering across ranks is explicit: a rank
+/// [`publish`](MemPeers::publish)es a counter value after enqueueing work, its peers
+/// read it with [`progress`](MemPeers::progress) and, once it is high enough, call
+/// [`order_after`](MemPeers::order_after) so that their later work runs after the
+/// published work has completed. An implementation must never let a peer observe a
+/// counter value before the work enqueued ahead of it can be ordered after.
+pub trait MemPeers: Send {
+    /// Whether the call buffers are host memory (host collectives then run here too).
+    fn host_memory(&self) -> bool;
+
+    /// Starts a call on `mem`: this rank's workspace holds at least `bytes`, and the
+    /// workspaces of `peers` are mapped. Every rank calls it at the same call with the
+    /// same `bytes` (growing may trade handles through the store).
+    fn begin(&mut self, mem: &CallMem, bytes: usize, peers: &[usize]) -> crate::Result<()>;
+
+    /// Enqueues `dst = src` for `len` bytes.
+    fn copy(&mut self, dst: Region, src: Region, len: usize) -> crate::Result<()>;
+
+    /// Enqueues `dst = a op b` for `len` bytes (the call's dtype and op; `Avg` combines
+    /// as `Sum`), then, when `finish`, `Avg`'s division of `dst`, then `also = dst`.
+    fn combine(
+        &mut self,
+        dst: Region,
+        also: Option<Region>,
+        a: Region,
+        b: Region,
+        len: usize,
+        finish: bool,
+    ) -> crate::Result<()>;
+
+    /// Publishes `value` as this rank's progress, ordered after everything enqueued.
+    fn publish(&mut self, value: u64) -> crate::Result<()>;
+
+    /// `peer`'s published progress (0 before its first call).
+    fn progress(&self, peer: usize) -> u64;
+
+    /// Orders this rank's later work after the work `peer` had enqueued when it
+    /// published the value last seen.
+    fn order_after(&mut self, peer: usize) -> crate::Result<()>;
+
+    /// Waits until everything enqueued has completed.
+    fn end(&mut self) -> crate::Result<()>;
 }

@@ -9,9 +9,9 @@
 //! a refusal and a log line, and does not disturb the job.
 //!
 //! Data sockets get `TCP_NODELAY` and large kernel buffers (see
-//! [`TcpOptions::socket_buffer`]).
+//! [`crate::config::TcpOptions::socket_buffer`]).
 
-use super::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
+use super::{Beacon, Channel, Connector, Joined, Link, LinkError, Links, Transport, Waiter};
 use crate::error::{Error, Result};
 use crate::rendezvous::{auth, StoreClient};
 use crate::sync::lock;
@@ -29,9 +29,22 @@ pub const PROTOCOL_VERSION: u16 = 1;
 const HELLO_MAGIC: [u8; 4] = *b"FCCH";
 const HELLO_LEN: usize = 32;
 
+/// The TCP transport (the default): see the module docs.
+pub(crate) struct Tcp;
+
+impl Transport for Tcp {
+    fn name(&self) -> &str {
+        "tcp"
+    }
+
+    fn connect(&self, job: Joined) -> Result<Links> {
+        endpoint(ConnectCtx::of(job))
+    }
+}
+
 /// Socket settings for data links.
 #[derive(Clone, Debug)]
-pub struct TcpOptions {
+pub(crate) struct SocketOpts {
     /// `SO_SNDBUF`/`SO_RCVBUF` in bytes (the kernel caps it at `net.core.[rw]mem_max`);
     /// 0 leaves the kernel's autotuning alone.
     pub socket_buffer: usize,
@@ -198,7 +211,7 @@ impl Waiter for TcpWaiter {
 }
 
 /// What a rank needs to know to connect its links.
-pub struct ConnectCtx {
+pub(crate) struct ConnectCtx {
     /// This rank.
     pub rank: usize,
     /// Ranks in the job.
@@ -208,9 +221,26 @@ pub struct ConnectCtx {
     /// The store through which addresses are exchanged.
     pub store: StoreClient,
     /// Socket settings.
-    pub opts: TcpOptions,
+    pub opts: SocketOpts,
     /// The job token every data connection proves (HMAC; never sent), if any.
     pub token: Option<Vec<u8>>,
+}
+
+impl ConnectCtx {
+    /// The context of a rank that has joined its job.
+    pub(crate) fn of(job: Joined) -> Self {
+        ConnectCtx {
+            rank: job.config.job.rank,
+            world_size: job.config.job.world_size,
+            comm_id: job.comm_id,
+            opts: SocketOpts {
+                socket_buffer: job.config.transport.tcp.socket_buffer,
+                connect_timeout: job.config.tuning.connect_timeout,
+            },
+            token: job.config.job.token.clone(),
+            store: job.store,
+        }
+    }
 }
 
 fn hs_err(peer: impl Into<String>, detail: impl Into<String>) -> Error {
@@ -220,7 +250,7 @@ fn hs_err(peer: impl Into<String>, detail: impl Into<String>) -> Error {
     }
 }
 
-fn new_socket(addr: &SocketAddr, opts: &TcpOptions) -> io::Result<Socket> {
+fn new_socket(addr: &SocketAddr, opts: &SocketOpts) -> io::Result<Socket> {
     let s = Socket::new(
         Domain::for_address(*addr),
         Type::STREAM,
@@ -235,7 +265,7 @@ fn new_socket(addr: &SocketAddr, opts: &TcpOptions) -> io::Result<Socket> {
 }
 
 /// Binds the data listener on `ip`, port chosen by the kernel.
-pub fn listen(ip: IpAddr, opts: &TcpOptions) -> Result<TcpListener> {
+pub(crate) fn listen(ip: IpAddr, opts: &SocketOpts) -> Result<TcpListener> {
     let addr = SocketAddr::new(ip, 0);
     let s = new_socket(&addr, opts).map_err(|e| Error::io("creating the data listener", e))?;
     s.bind(&SockAddr::from(addr)).map_err(|e| {
@@ -269,7 +299,7 @@ fn read_hello(s: &mut TcpStream, deadline: Instant) -> io::Result<[u8; HELLO_LEN
 /// Publishes this rank's data address in the store and returns the rank's
 /// [`Links`]: a connector that dials higher ranks and accepts lower ones, and a waiter
 /// over every link it makes.
-pub fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
+pub(crate) fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
     let listener = listen(ctx.store.local_addr().ip(), &ctx.opts)?;
     let addr = listener
         .local_addr()
@@ -290,19 +320,19 @@ pub fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
             .spawn(move || accept_loop(listener, me, &acc, &b))
             .map_err(|e| Error::io("starting the connection acceptor", e))?;
     }
-    Ok(Links {
-        connector: Box::new(TcpConnector {
+    Ok(Links::new(
+        Box::new(TcpConnector {
             ctx,
             registry,
             addrs: HashMap::new(),
             accepted,
         }),
-        waiter: Box::new(TcpWaiter {
+        Box::new(TcpWaiter {
             poll,
             events: Events::with_capacity(64),
         }),
         beacon,
-    })
+    ))
 }
 
 struct TcpConnector {
@@ -770,7 +800,7 @@ impl Connector for TcpConnector {
 
 fn connect_with_retry(
     addr: &SocketAddr,
-    opts: &TcpOptions,
+    opts: &SocketOpts,
     deadline: Instant,
 ) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);

@@ -6,7 +6,7 @@ use crate::common;
 
 use common::test_config;
 use ferroccl::rendezvous::{StoreClient, StoreServer};
-use ferroccl::transport::tcp::{Hello, FLAG_AUTH, PROTOCOL_VERSION};
+use ferroccl::testing::internals::{Hello, FLAG_AUTH, PROTOCOL_VERSION};
 use ferroccl::{Communicator, Config, Error, ReduceOp};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,12 +17,12 @@ const TOKEN: &[u8] = b"0123456789abcdef-job-token-of-this-test";
 
 fn cfg(rank: usize, n: usize, store: &StoreServer, token: Option<&[u8]>) -> Config {
     let mut c = test_config();
-    c.rank = rank;
-    c.world_size = n;
-    c.master_addr = store.local_addr().to_string();
-    c.serve_store = false;
-    c.connect_timeout = Duration::from_secs(5);
-    c.token = token.map(<[u8]>::to_vec);
+    c.job.rank = rank;
+    c.job.world_size = n;
+    c.job.master_addr = store.local_addr().to_string();
+    c.job.serve_store = false;
+    c.tuning.connect_timeout = Duration::from_secs(5);
+    c.job.token = token.map(<[u8]>::to_vec);
     c
 }
 
@@ -292,10 +292,20 @@ fn hang_localisation_works_in_a_job_with_a_token() {
             .unwrap();
     let (tx, rx) = mpsc::channel();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The timeout runs on a manual clock, advanced once rank 0 is in its all-reduce.
+    let clock = ferroccl::Clock::manual();
+    let (s2, d2) = (started.clone(), done.clone());
+    let tick = crate::common::ticker(
+        clock.clone(),
+        move || s2.load(std::sync::atomic::Ordering::SeqCst),
+        move || d2.load(std::sync::atomic::Ordering::SeqCst),
+    );
     for r in 0..2 {
         let mut c = cfg(r, 2, &store, Some(TOKEN));
-        c.timeout = Duration::from_millis(500);
-        let (tx, done) = (tx.clone(), done.clone());
+        c.tuning.timeout = Duration::from_millis(500);
+        c.tuning.clock = clock.clone();
+        let (tx, done, started) = (tx.clone(), done.clone(), started.clone());
         std::thread::spawn(move || {
             let out = Communicator::init(c).and_then(|comm| {
                 comm.barrier()?;
@@ -309,6 +319,7 @@ fn hang_localisation_works_in_a_job_with_a_token() {
                     }
                     return Ok(None);
                 }
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
                 let e = comm
                     .all_reduce(&mut [1.0f32; 8], ReduceOp::Sum)
                     .unwrap_err();
@@ -328,4 +339,5 @@ fn hang_localisation_works_in_a_job_with_a_token() {
             assert!(t.contains("rank 1 is at #0 (barrier)"), "{t}");
         }
     }
+    tick.join().unwrap();
 }

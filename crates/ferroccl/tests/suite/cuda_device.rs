@@ -226,8 +226,8 @@ fn cuda_ipc_without_a_gpu_is_refused_with_the_typed_error() {
         return;
     }
     let mut cfg = ferroccl::Config::new(1, 2, "127.0.0.1:9");
-    cfg.transport = TransportKind::CudaIpc;
-    cfg.connect_timeout = Duration::from_secs(2);
+    cfg.transport.kind = TransportKind::CudaIpc;
+    cfg.tuning.connect_timeout = Duration::from_secs(2);
     let r = common::with_deadline(DEADLINE, move || {
         ferroccl::Communicator::init(cfg).map(|_| ())
     });
@@ -242,7 +242,7 @@ fn cuda_ipc_without_a_gpu_is_refused_with_the_typed_error() {
 
 #[test]
 fn ipc_busbw_limit_formula() {
-    use ferroccl::transport::cuda_ipc::busbw_limit_fraction;
+    use ferroccl::testing::internals::busbw_limit_fraction;
     assert!((busbw_limit_fraction(2) - 1.0 / 12.0).abs() < 1e-12);
     assert!((busbw_limit_fraction(4) - 1.0 / 20.0).abs() < 1e-12);
     assert!((busbw_limit_fraction(8) - 14.0 / 528.0).abs() < 1e-12);

@@ -1,9 +1,13 @@
 //! A hang names who is where; an abort from another thread unblocks everything.
+//!
+//! Timeouts here run on a manual clock ([`ferroccl::Clock::manual`]) that a ticker
+//! advances only once the ranks are where the test wants them, so no outcome depends on
+//! how fast this machine is.
 
 use crate::common;
 
-use common::{run_all, test_config, Net};
-use ferroccl::{Error, ReduceOp};
+use common::{run_all, test_config, ticker, Net};
+use ferroccl::{Clock, Error, ReduceOp};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,10 +21,13 @@ fn wait_for(count: &AtomicUsize, n: usize) {
     }
 }
 
-fn short_timeout() -> ferroccl::Config {
+/// A 500 ms timeout on a manual clock (returned too, for the ticker).
+fn manual_timeout() -> (ferroccl::Config, Clock) {
     let mut c = test_config();
-    c.timeout = Duration::from_millis(500);
-    c
+    let clock = Clock::manual();
+    c.tuning.timeout = Duration::from_millis(500);
+    c.tuning.clock = clock.clone();
+    (c, clock)
 }
 
 /// Ranks 0 and 1 enter all_reduce #1 while rank 2 stays behind after barrier #0: the
@@ -30,24 +37,28 @@ fn short_timeout() -> ferroccl::Config {
 fn a_timeout_says_which_rank_is_behind_and_where() {
     for net in [Net::Local, Net::Tcp] {
         let done = Arc::new(AtomicUsize::new(0));
-        let out = run_all(
-            3,
-            net,
-            &short_timeout(),
-            Duration::from_secs(30),
-            move |c| {
-                c.barrier()?;
-                if c.rank() == 2 {
-                    wait_for(&done, 2);
-                    return Ok(None);
-                }
-                let e = c
-                    .all_reduce(&mut vec![1.0f32; 100_000], ReduceOp::Sum)
-                    .unwrap_err();
-                done.fetch_add(1, Ordering::SeqCst);
-                Ok(Some(e))
-            },
+        let ready = Arc::new(AtomicUsize::new(0));
+        let (cfg, clock) = manual_timeout();
+        let (r, d) = (ready.clone(), done.clone());
+        let tick = ticker(
+            clock,
+            move || r.load(Ordering::SeqCst) == 2,
+            move || d.load(Ordering::SeqCst) == 2,
         );
+        let out = run_all(3, net, &cfg, Duration::from_secs(30), move |c| {
+            c.barrier()?;
+            if c.rank() == 2 {
+                wait_for(&done, 2);
+                return Ok(None);
+            }
+            ready.fetch_add(1, Ordering::SeqCst);
+            let e = c
+                .all_reduce(&mut vec![1.0f32; 100_000], ReduceOp::Sum)
+                .unwrap_err();
+            done.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(e))
+        });
+        tick.join().unwrap();
         let errs: Vec<Error> = out
             .into_iter()
             .take(2)
@@ -70,86 +81,88 @@ fn a_timeout_says_which_rank_is_behind_and_where() {
 #[test]
 fn a_timeout_names_a_rank_that_never_started() {
     let done = Arc::new(AtomicUsize::new(0));
-    let out = run_all(
-        2,
-        Net::Tcp,
-        &short_timeout(),
-        Duration::from_secs(30),
-        move |c| {
-            if c.rank() == 1 {
-                wait_for(&done, 1);
-                return Ok(None);
-            }
-            let e = c.all_reduce(&mut [1u8; 10], ReduceOp::Max).unwrap_err();
-            done.fetch_add(1, Ordering::SeqCst);
-            Ok(Some(e))
-        },
+    let ready = Arc::new(AtomicUsize::new(0));
+    let (cfg, clock) = manual_timeout();
+    let (r, d) = (ready.clone(), done.clone());
+    let tick = ticker(
+        clock,
+        move || r.load(Ordering::SeqCst) == 1,
+        move || d.load(Ordering::SeqCst) == 1,
     );
+    let out = run_all(2, Net::Tcp, &cfg, Duration::from_secs(30), move |c| {
+        if c.rank() == 1 {
+            wait_for(&done, 1);
+            return Ok(None);
+        }
+        ready.fetch_add(1, Ordering::SeqCst);
+        let e = c.all_reduce(&mut [1u8; 10], ReduceOp::Max).unwrap_err();
+        done.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(e))
+    });
+    tick.join().unwrap();
     let e = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
     let t = e.to_string();
     assert!(matches!(e, Error::Timeout { .. }), "{t}");
     assert!(t.contains("rank 1 has not started any operation"), "{t}");
 }
 
-/// Another thread aborts a rank stuck waiting for a peer that never comes: the call
-/// returns Aborted well before its timeout, and later calls are refused.
+/// Another thread aborts a rank stuck waiting for a peer that stays silent until the
+/// rank has returned: the only way out is the abort (the timeout is on a clock that
+/// never moves), the call says Aborted, and later calls are refused.
 #[test]
 fn abort_from_another_thread_unblocks_a_waiting_call() {
     for net in [Net::Local, Net::Tcp] {
-        let mut cfg = test_config();
-        cfg.timeout = Duration::from_secs(20);
-        let out = run_all(2, net, &cfg, Duration::from_secs(30), |c| {
+        let (mut cfg, _frozen) = manual_timeout();
+        cfg.tuning.timeout = Duration::from_secs(1);
+        let done = Arc::new(AtomicUsize::new(0));
+        let out = run_all(2, net, &cfg, Duration::from_secs(30), move |c| {
             if c.rank() == 1 {
-                std::thread::sleep(Duration::from_millis(1500));
+                wait_for(&done, 1);
                 return Ok(None);
             }
             let h = c.abort_handle();
-            let t0 = Instant::now();
             let killer = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(Duration::from_millis(50));
                 h.abort();
             });
             let e = c
                 .all_reduce(&mut vec![1.0f64; 1000], ReduceOp::Sum)
                 .unwrap_err();
-            let took = t0.elapsed();
             let _ = killer.join();
             let later = c.barrier().unwrap_err();
-            Ok(Some((e, took, later)))
+            done.fetch_add(1, Ordering::SeqCst);
+            Ok(Some((e, later)))
         });
-        let (e, took, later) = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
+        let (e, later) = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
+        // Whether the abort lands before the call starts or while it waits, the caller
+        // sees Aborted.
         assert!(matches!(e, Error::Aborted { .. }), "{net:?}: {e}");
-        assert!(e.to_string().contains("all_reduce #0"), "{e}");
-        assert!(
-            *took < Duration::from_secs(2),
-            "{net:?}: abort took {took:?}"
-        );
         assert!(matches!(later, Error::Poisoned(_)), "{net:?}: {later}");
+        assert!(later.to_string().contains("aborted"), "{net:?}: {later}");
     }
 }
 
 #[test]
 fn abort_reaches_operations_in_a_scope() {
-    let mut cfg = test_config();
-    cfg.timeout = Duration::from_secs(20);
-    let out = run_all(2, Net::Local, &cfg, Duration::from_secs(30), |c| {
+    let (mut cfg, _frozen) = manual_timeout();
+    cfg.tuning.timeout = Duration::from_secs(1);
+    let done = Arc::new(AtomicUsize::new(0));
+    let out = run_all(2, Net::Local, &cfg, Duration::from_secs(30), move |c| {
         if c.rank() == 1 {
-            std::thread::sleep(Duration::from_millis(1500));
+            wait_for(&done, 1);
             return Ok(None);
         }
         let h = c.abort_handle();
         let mut a = vec![1.0f32; 10];
-        let t0 = Instant::now();
         let e = c.scope(|s| {
             let ha = s.all_reduce(&mut a, ReduceOp::Sum).unwrap();
-            std::thread::sleep(Duration::from_millis(100));
             h.abort();
             ha.wait().unwrap_err()
         });
-        Ok(Some((e, t0.elapsed(), h.is_aborted())))
+        done.fetch_add(1, Ordering::SeqCst);
+        Ok(Some((e, h.is_aborted())))
     });
-    let (e, took, flagged) = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
+    let (e, flagged) = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
     assert!(matches!(e, Error::Aborted { .. }), "{e}");
-    assert!(*took < Duration::from_secs(2), "took {took:?}");
     assert!(flagged);
 }

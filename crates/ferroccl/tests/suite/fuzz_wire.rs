@@ -3,8 +3,8 @@
 //! collective and a tagged recv. Whatever arrives, the call returns a typed error —
 //! never a panic, a hang, or an allocation sized by the attacker.
 
+use ferroccl::testing::internals::{Fingerprint, FrameHeader, OpKind, HEADER_LEN};
 use ferroccl::transport::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
-use ferroccl::wire::{Fingerprint, FrameHeader, OpKind, HEADER_LEN};
 use ferroccl::{Algorithm, Communicator, Config, DataType, Error, ReduceOp};
 use proptest::prelude::*;
 use std::io::{IoSlice, IoSliceMut};
@@ -76,13 +76,13 @@ impl Waiter for NoWait {
 /// Rank 0 of `n` whose every peer speaks `data`.
 fn victim(n: usize, data: Vec<u8>) -> Communicator {
     let mut cfg = Config::new(0, n, "");
-    cfg.timeout = Duration::from_secs(2);
-    cfg.busy_poll = Duration::ZERO;
-    let links = Links {
-        connector: Box::new(FuzzConnector(Arc::new(data))),
-        waiter: Box::new(NoWait),
-        beacon: Arc::new(Beacon::default()),
-    };
+    cfg.tuning.timeout = Duration::from_secs(2);
+    cfg.tuning.busy_poll = Duration::ZERO;
+    let links = Links::new(
+        Box::new(FuzzConnector(Arc::new(data))),
+        Box::new(NoWait),
+        Arc::new(Beacon::default()),
+    );
     Communicator::with_links(cfg, links).expect("links")
 }
 
@@ -183,7 +183,7 @@ proptest! {
 
 #[test]
 fn the_handshake_decoder_takes_any_bytes() {
-    use ferroccl::transport::tcp::Hello;
+    use ferroccl::testing::internals::Hello;
     let mut x = 0x243F_6A88_85A3_08D3u64;
     for _ in 0..20_000 {
         let mut b = [0u8; 32];

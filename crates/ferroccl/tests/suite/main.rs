@@ -10,13 +10,12 @@ mod collectives;
 #[cfg(feature = "cuda")]
 mod cuda_device;
 #[cfg(feature = "cuda")]
-mod cuda_ipc_plan;
-#[cfg(feature = "cuda")]
 mod cuda_kernels;
 mod ddp;
 mod faults;
 mod fuzz_wire;
 mod handshake;
+mod memsim;
 mod rdma_proto;
 mod rdma_sim;
 mod rendezvous;

@@ -4,7 +4,7 @@
 //! that no unread ring slot is overwritten, and at the end that every byte arrived in
 //! order exactly once with credits never above the ring size.
 
-use ferroccl::transport::rdma::proto::{
+use ferroccl::testing::internals::rdma_proto::{
     encode_imm, Completion, Endpoint, Params, ProtoError, WorkRequest,
 };
 use proptest::prelude::*;

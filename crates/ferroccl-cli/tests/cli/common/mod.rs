@@ -4,4 +4,4 @@
 
 pub mod proc;
 
-pub use ferroccl::testing::{accept_within, with_deadline};
+pub use ferroccl::testing::accept_within;

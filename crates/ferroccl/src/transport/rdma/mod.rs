@@ -38,6 +38,45 @@ pub(crate) fn not_built(name: &str) -> Error {
     }
 }
 
+/// The RDMA transport ([`super::builtin`]): probes for a device before the
+/// rendezvous, then connects queue pairs through the store.
+#[cfg(feature = "rdma")]
+struct Rdma;
+
+#[cfg(feature = "rdma")]
+impl super::Transport for Rdma {
+    fn name(&self) -> &str {
+        "rdma"
+    }
+
+    fn probe(&self, _cfg: &crate::Config) -> crate::Result<()> {
+        probe().map(|_| ())
+    }
+
+    fn connect(&self, job: super::Joined) -> crate::Result<super::Links> {
+        verbs::endpoint(verbs::VerbsCtx {
+            rank: job.rank(),
+            world_size: job.world_size(),
+            comm_id: job.comm_id,
+            gid_index: job.config.transport.rdma.gid_index,
+            store: job.store,
+            params: proto::Params::default(),
+        })
+    }
+}
+
+/// The RDMA transport, or why this build has none.
+pub(crate) fn transport() -> crate::Result<Box<dyn super::Transport>> {
+    #[cfg(feature = "rdma")]
+    {
+        Ok(Box::new(Rdma))
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        Err(not_built("rdma"))
+    }
+}
+
 /// Finds and opens an RDMA device, returning its name; the error says why there is
 /// none ([`crate::Error::Unavailable`]: not built with the `rdma` feature, no kernel
 /// support, or no device).

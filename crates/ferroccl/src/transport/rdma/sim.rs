@@ -529,17 +529,19 @@ pub fn group(n: usize, params: SimParams) -> crate::Result<Vec<Links>> {
         of_rank: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
     });
     Ok((0..n)
-        .map(|r| Links {
-            waiter: Box::new(SimWaiter {
-                rank: r,
-                fabric: fabric.clone(),
-                seen: 0,
-            }),
-            connector: Box::new(SimConnector {
-                rank: r,
-                fabric: fabric.clone(),
-            }),
-            beacon: fabric.beacons[r].clone(),
+        .map(|r| {
+            Links::new(
+                Box::new(SimConnector {
+                    rank: r,
+                    fabric: fabric.clone(),
+                }),
+                Box::new(SimWaiter {
+                    rank: r,
+                    fabric: fabric.clone(),
+                    seen: 0,
+                }),
+                fabric.beacons[r].clone(),
+            )
         })
         .collect())
 }

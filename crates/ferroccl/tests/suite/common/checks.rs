@@ -11,7 +11,7 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 
 pub fn cfg(seg_elems: usize, esize: usize) -> Config {
     let mut c = test_config();
-    c.segment_bytes = seg_elems * esize;
+    c.tuning.segment_bytes = seg_elems * esize;
     c
 }
 
@@ -199,7 +199,7 @@ pub fn check_all_reduce<T: Element>(
         return Ok(());
     }
     let mut c = cfg(seg, size_of::<T>());
-    c.small_message_bytes = if small { u32::MAX as usize } else { 0 };
+    c.tuning.small_message_bytes = if small { u32::MAX as usize } else { 0 };
     let res = run(n, net, &c, DEADLINE, move |c| {
         let mut v = input::<T>(seed, c.rank(), count, op);
         c.all_reduce(&mut v, op)?;

@@ -422,10 +422,10 @@ impl Qp {
             wr.__bindgen_anon_1.imm_data = imm;
         }
         let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
-        // SAFETY: the QP and its context are alive; `wr` and `sge` live across the
-        // call (verbs copies them into the send queue); the bytes they name are in
-        // registered memory (checked by post::plan).
         errno(match self.ops().post_send {
+            // SAFETY: the QP and its context are alive; `wr` and `sge` live across the
+            // call (verbs copies them into the send queue); the bytes they name are in
+            // registered memory (checked by post::plan).
             Some(f) => unsafe { f(self.0.as_ptr(), &mut wr, &mut bad) },
             None => libc::ENOSYS,
         })
@@ -440,8 +440,8 @@ impl Qp {
             num_sge: 0,
         };
         let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: the QP and its context are alive; `wr` lives across the call.
         errno(match self.ops().post_recv {
+            // SAFETY: the QP and its context are alive; `wr` lives across the call.
             Some(f) => unsafe { f(self.0.as_ptr(), &mut wr, &mut bad) },
             None => libc::ENOSYS,
         })

@@ -154,8 +154,8 @@ pub fn endpoint(ctx: VerbsCtx) -> Result<Links> {
             .map_err(|e| Error::io("starting the RDMA beacon thread", e))?;
     }
     let activity = Arc::new(AtomicU64::new(0));
-    Ok(Links {
-        connector: Box::new(VerbsConnector {
+    Ok(Links::new(
+        Box::new(VerbsConnector {
             rank: ctx.rank,
             world_size: ctx.world_size,
             comm_id: ctx.comm_id,
@@ -165,13 +165,13 @@ pub fn endpoint(ctx: VerbsCtx) -> Result<Links> {
             activity: activity.clone(),
             stop,
         }),
-        waiter: Box::new(VerbsWaiter {
+        Box::new(VerbsWaiter {
             activity,
             seen: 0,
             backoff: MIN_BACKOFF,
         }),
         beacon,
-    })
+    ))
 }
 
 /// Publishes `beacon` under `key` whenever it changes, until `stop`.

@@ -16,6 +16,16 @@
 
 use std::ops::Range;
 
+/// The rank before `rank` on the ring of `n` (data arrives from it).
+pub fn left(rank: usize, n: usize) -> usize {
+    (rank + n - 1) % n
+}
+
+/// The rank after `rank` on the ring of `n` (data goes to it).
+pub fn right(rank: usize, n: usize) -> usize {
+    (rank + 1) % n
+}
+
 /// The elements of chunk `c` when `count` elements are split over `n` ranks: the first
 /// `count % n` chunks get one element more, so sizes differ by at most one.
 pub fn chunk_range(count: usize, n: usize, c: usize) -> Range<usize> {
@@ -186,7 +196,8 @@ mod tests {
         #[test]
         fn neighbours_agree(n in 1usize..33, r in 0usize..32, t in 0usize..64) {
             let r = r % n;
-            let left = (r + n - 1) % n;
+            let left = left(r, n);
+            prop_assert_eq!(right(left, n), r);
             // What I receive at step t is what my left neighbour sends at step t.
             prop_assert_eq!(recv_chunk(n, r, t), send_chunk(n, left, t));
             // What I send at step t+1 is what I received at step t.
@@ -231,7 +242,7 @@ mod tests {
                 }
             }
             // The sender's plan and its right neighbour's receive plan are the same frames.
-            let right = (r + 1) % n;
+            let right = right(r, n);
             let sent: Vec<_> = allreduce_plan(count, n, r, seg, true).into_iter().map(|f| (f.step, f.seg, f.elems)).collect();
             let got: Vec<_> = allreduce_plan(count, n, right, seg, false).into_iter().map(|f| (f.step, f.seg, f.elems)).collect();
             prop_assert_eq!(sent, got);

@@ -1,0 +1,305 @@
+//! Algorithms as plans: pure functions from a call (sizes, rank, world, root) to the
+//! frames this rank sends and receives, with the order between them. No algorithm
+//! touches a buffer or a link; the engine runs a [`Plan`] ([`crate::engine`]), over
+//! links that push bytes (TCP, RDMA, in-process pipes) or over peers whose memory it
+//! reads (CUDA IPC). Because a plan is data, the same plan is run by every executor,
+//! checked in tests for every rank at once, and counted for the byte laws.
+//!
+//! - [`schedule`]: the ring's arithmetic (which chunk moves at which step), chunking,
+//!   segmenting, neighbours. Property-tested on its own.
+//! - [`ring`]: reduce-scatter, all-gather and all-reduce: steps of one ring.
+//! - [`doubling`]: recursive-doubling all-reduce (and the barrier) for small messages.
+//! - [`chain`]: broadcast and reduce as pipelined chains from a root.
+//!
+//! # The plan contract
+//! A plan is two ordered lists. [`Out`]s leave in order, [`In`]s arrive in order (per
+//! link the order is the wire order). An out may leave only once the in it forwards has
+//! been *applied* ([`Out::after_recv`]); an in may change the buffer only once the out
+//! that read those bytes has *left* ([`In::after_send`]) — for the pull executor, once
+//! the peer has read them. Every read and write of the same bytes by two frames is
+//! ordered by these two fields; that is the whole of an algorithm's correctness
+//! argument, and what the plan tests check.
+
+pub(crate) mod chain;
+pub(crate) mod doubling;
+pub(crate) mod ring;
+pub mod schedule;
+
+use std::ops::Range;
+
+/// How a collective moves its data. Chosen identically on every rank from the call's
+/// size and the [`crate::Config`]; carried on the wire so a disagreement is reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Ring: bandwidth-optimal, `2(n-1)` latency-bound steps.
+    Ring,
+    /// Recursive doubling: `log2(n)` steps (plus two when `n` is not a power of two),
+    /// sending the whole buffer at each; latency-optimal for small messages.
+    RecursiveDoubling,
+    /// A pipelined chain along the ring (broadcast, reduce).
+    Chain,
+    /// Straight to one peer (send/recv).
+    Direct,
+}
+
+impl Algorithm {
+    /// The name used in messages and bench output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "recursive doubling",
+            Algorithm::Chain => "chain",
+            Algorithm::Direct => "direct",
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Algorithm::Ring => 0,
+            Algorithm::RecursiveDoubling => 1,
+            Algorithm::Chain => 2,
+            Algorithm::Direct => 3,
+        }
+    }
+
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
+        match c {
+            0 => Some(Algorithm::Ring),
+            1 => Some(Algorithm::RecursiveDoubling),
+            2 => Some(Algorithm::Chain),
+            3 => Some(Algorithm::Direct),
+            _ => None,
+        }
+    }
+}
+
+/// A frame to send: `len` bytes at `off` in the operation's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Out {
+    pub peer: usize,
+    pub step: u32,
+    pub seg: u32,
+    pub off: usize,
+    pub len: usize,
+    /// Index of the receive that must be applied first (the data this frame forwards).
+    pub after_recv: Option<usize>,
+}
+
+/// What a received frame does to the buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Land {
+    /// Its bytes replace the buffer's at `off` (they are final there).
+    Copy,
+    /// It is combined with the buffer's bytes at `off`: `mine op theirs`, or
+    /// `theirs op mine` when `theirs_first` (so both partners of a recursive-doubling
+    /// step evaluate `lower op higher` and get the same bits). `finish`: this completes
+    /// the result for these bytes (Avg divides here; an executor writing results out
+    /// writes them now).
+    Reduce { theirs_first: bool, finish: bool },
+}
+
+/// A frame to receive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct In {
+    pub peer: usize,
+    pub step: u32,
+    pub seg: u32,
+    /// Where in the operation's buffer it lands (or is combined).
+    pub off: usize,
+    pub len: usize,
+    pub land: Land,
+    /// Index of the send that must have left first (it read the bytes this frame
+    /// changes).
+    pub after_send: Option<usize>,
+}
+
+impl In {
+    /// Whether applying this frame makes its bytes final on this rank.
+    pub fn is_final(&self) -> bool {
+        matches!(self.land, Land::Copy | Land::Reduce { finish: true, .. })
+    }
+
+    /// The bytes of the buffer it changes.
+    pub fn range(&self) -> Range<usize> {
+        self.off..self.off + self.len
+    }
+}
+
+/// One rank's part of a collective: what it sends and receives, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub outs: Vec<Out>,
+    pub ins: Vec<In>,
+}
+
+impl Plan {
+    /// Payload bytes this rank sends.
+    #[cfg(test)]
+    pub fn send_bytes(&self) -> usize {
+        self.outs.iter().map(|o| o.len).sum()
+    }
+
+    /// The peers this rank exchanges frames with, sorted, once each.
+    pub fn peers(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .outs
+            .iter()
+            .map(|o| o.peer)
+            .chain(self.ins.iter().map(|i| i.peer))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The index of the send of `self` that `theirs` (the plan of rank `peer`) receives as
+    /// its in `i`: the one to `theirs`' rank with the same step and segment.
+    pub fn matching_out(&self, to: usize, step: u32, seg: u32) -> Option<usize> {
+        self.outs
+            .iter()
+            .position(|o| o.peer == to && o.step == step && o.seg == seg)
+    }
+
+    /// The index of the in of `self` that receives the frame `(step, seg)` from `from`.
+    pub fn matching_in(&self, from: usize, step: u32, seg: u32) -> Option<usize> {
+        self.ins
+            .iter()
+            .position(|i| i.peer == from && i.step == step && i.seg == seg)
+    }
+}
+
+/// Byte ranges of `len` bytes cut into frames of at most `seg` bytes: `(index, range)`.
+/// An empty range still has one (empty) frame, so every step exchanges at least one
+/// frame and a peer's fingerprint is always seen.
+pub(crate) fn frames(len: usize, seg: usize) -> impl Iterator<Item = (u32, Range<usize>)> {
+    let whole = 0..len;
+    (0..schedule::segments(len, seg))
+        .map(move |j| (j as u32, schedule::segment_range(&whole, seg, j)))
+}
+
+/// Segment size in bytes for frames of elements of `esize` bytes: the configured size
+/// rounded down to whole elements (at least one).
+pub(crate) fn segment_bytes(configured: usize, esize: usize) -> usize {
+    (configured / esize).max(1) * esize
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Checks every rank's plan of one call against the others': what `r` sends to `q`
+    //! is exactly what `q` expects from `r`, in the same order and size, every
+    //! dependency index is in range, and — run as a simple all-at-once simulation —
+    //! the plans terminate and compute the definition.
+    use super::*;
+
+    /// Fails unless the plans of all ranks of one call fit each other.
+    pub fn check_plans(plans: &[Plan]) {
+        let n = plans.len();
+        for (r, p) in plans.iter().enumerate() {
+            for o in &p.outs {
+                assert!(o.peer < n && o.peer != r, "rank {r} sends to {}", o.peer);
+                if let Some(d) = o.after_recv {
+                    assert!(d < p.ins.len(), "rank {r}: after_recv {d} out of range");
+                }
+            }
+            for i in &p.ins {
+                assert!(i.peer < n && i.peer != r);
+                if let Some(s) = i.after_send {
+                    assert!(s < p.outs.len(), "rank {r}: after_send {s} out of range");
+                }
+            }
+            for (q, theirs) in plans.iter().enumerate() {
+                let sent: Vec<_> = p
+                    .outs
+                    .iter()
+                    .filter(|o| o.peer == q)
+                    .map(|o| (o.step, o.seg, o.len))
+                    .collect();
+                let got: Vec<_> = theirs
+                    .ins
+                    .iter()
+                    .filter(|i| i.peer == r)
+                    .map(|i| (i.step, i.seg, i.len))
+                    .collect();
+                assert_eq!(sent, got, "frames {r} -> {q}");
+            }
+        }
+    }
+
+    /// Runs the plans of all ranks on `bufs` (one buffer of f64 per rank, reduced with
+    /// `+`), as a push executor with unbounded links would: sends copy the bytes out
+    /// when they leave. Panics on a deadlock. Returns the buffers.
+    pub fn simulate(plans: &[Plan], mut bufs: Vec<Vec<f64>>) -> Vec<Vec<f64>> {
+        use std::collections::VecDeque;
+        let n = plans.len();
+        let (mut si, mut ai) = (vec![0usize; n], vec![0usize; n]);
+        // wires[r][q]: frames r sent q not yet received (step, seg, data).
+        type Wire = VecDeque<(u32, u32, Vec<f64>)>;
+        let mut wires: Vec<Vec<Wire>> = (0..n)
+            .map(|_| (0..n).map(|_| VecDeque::new()).collect())
+            .collect();
+        loop {
+            let mut moved = false;
+            for r in 0..n {
+                let p = &plans[r];
+                while si[r] < p.outs.len() {
+                    let o = &p.outs[si[r]];
+                    if o.after_recv.is_some_and(|d| ai[r] <= d) {
+                        break;
+                    }
+                    let data = bufs[r][o.off / 8..(o.off + o.len) / 8].to_vec();
+                    wires[r][o.peer].push_back((o.step, o.seg, data));
+                    si[r] += 1;
+                    moved = true;
+                }
+                while ai[r] < p.ins.len() {
+                    let i = &p.ins[ai[r]];
+                    if i.after_send.is_some_and(|s| si[r] <= s) {
+                        break;
+                    }
+                    let Some((step, seg, data)) = wires[i.peer][r].pop_front() else {
+                        break;
+                    };
+                    assert_eq!((step, seg), (i.step, i.seg), "rank {r} from {}", i.peer);
+                    let dst = &mut bufs[r][i.off / 8..(i.off + i.len) / 8];
+                    match i.land {
+                        Land::Copy => dst.copy_from_slice(&data),
+                        Land::Reduce { .. } => {
+                            for (d, s) in dst.iter_mut().zip(&data) {
+                                *d += s;
+                            }
+                        }
+                    }
+                    ai[r] += 1;
+                    moved = true;
+                }
+            }
+            if (0..n).all(|r| si[r] == plans[r].outs.len() && ai[r] == plans[r].ins.len()) {
+                return bufs;
+            }
+            assert!(moved, "plans deadlock: sent {si:?}, applied {ai:?}");
+        }
+    }
+
+    #[test]
+    fn frames_cover_the_range_in_order() {
+        let f: Vec<_> = frames(10, 4).collect();
+        assert_eq!(f, vec![(0, 0..4), (1, 4..8), (2, 8..10)]);
+        assert_eq!(frames(0, 4).collect::<Vec<_>>(), vec![(0, 0..0)]);
+        assert_eq!(segment_bytes(10, 4), 8);
+        assert_eq!(segment_bytes(3, 4), 4);
+    }
+
+    #[test]
+    fn algorithm_codes_round_trip() {
+        for a in [
+            Algorithm::Ring,
+            Algorithm::RecursiveDoubling,
+            Algorithm::Chain,
+            Algorithm::Direct,
+        ] {
+            assert_eq!(Algorithm::from_code(a.code()), Some(a));
+        }
+        assert_eq!(Algorithm::from_code(9), None);
+    }
+}

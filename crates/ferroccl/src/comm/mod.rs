@@ -1,0 +1,455 @@
+//! The communicator: a rank's view of the job, and the collectives on it.
+//!
+//! - `mod.rs`: [`Communicator`] itself — joining a job, the operation sequence and
+//!   fingerprints, refusing bad calls, and the queue through which every operation
+//!   reaches the engine (on the caller's thread, or on the background worker).
+//! - `collectives.rs`: the host-memory collectives.
+//! - `scope.rs`: non-blocking forms ([`Scope`], [`Handle`], [`Pending`]) and
+//!   [`AbortHandle`].
+//! - `p2p.rs`: tagged send/recv.
+//! - `device.rs` (feature `cuda`): the same collectives on device memory.
+//!
+//! The communicator chooses the algorithm and builds the plan ([`crate::algo`]), and
+//! hands it to the engine ([`crate::engine`]) inside [`Engine::run`]; it never sees a
+//! link.
+
+mod collectives;
+#[cfg(feature = "cuda")]
+mod device;
+mod p2p;
+mod scope;
+
+pub use scope::{AbortHandle, Handle, Pending, Scope};
+
+use crate::algo::{doubling, schedule, Algorithm};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::reduce::{check_op, DataType, Element, ReduceOp};
+use crate::rendezvous::{StoreClient, StoreServer};
+use crate::sync::{lock, wait};
+use crate::transport::{self, Channel, Joined, Links, Transport, TransportKind};
+use crate::wire::{Fingerprint, OpKind, WireStats};
+use scope::{Completion, JobFn};
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// One rank's handle on a group of ranks: its links to peers and the collectives over
+/// them.
+///
+/// Collective calls must be made in the same order on every rank with matching
+/// arguments; where they are not, the ranks that notice fail with [`Error::Mismatch`]
+/// naming both calls. Every call takes `&self` but the type is not `Sync`: one thread
+/// issues a communicator's calls, so their order is the program's order. It is `Send`,
+/// so that thread can be any thread.
+///
+/// Any failure of a collective — a timeout, a closed connection, a mismatch, or an
+/// argument this rank cannot use (its peers would otherwise wait for it) — poisons the
+/// communicator: its links are shut down, so peers fail fast too, and every later call
+/// returns [`Error::Poisoned`] with the first failure's text.
+///
+/// Non-blocking forms live in a [`Scope`] ([`Communicator::scope`]): they return a
+/// [`Handle`] at once, progress on a background thread in issue order, and the scope
+/// waits for all of them before it returns.
+pub struct Communicator {
+    rank: usize,
+    world_size: usize,
+    cfg: Config,
+    seq: Cell<u64>,
+    /// Point-to-point sequence numbers: messages sent to / received from each peer.
+    p2p_seq: RefCell<(Vec<u64>, Vec<u64>)>,
+    shared: Arc<Shared>,
+    worker: RefCell<Option<std::thread::JoinHandle<()>>>,
+    abort: Arc<AtomicBool>,
+    /// Working copy for out-of-place forms that reduce in place (8-byte aligned).
+    work: RefCell<Vec<u64>>,
+    /// Whether host-memory collectives run on the transport's memory peers (a
+    /// transport whose peers read each other's host memory) instead of its links.
+    host_pull: bool,
+    /// Whether device-memory collectives run on the transport's memory peers (CUDA IPC).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    device_pull: bool,
+    // Kept alive for the communicator's lifetime: ranks may still be reading it.
+    _store_server: Option<StoreServer>,
+}
+
+/// What the issuing thread and the background worker share.
+struct Shared {
+    engine: Mutex<Engine>,
+    queue: Mutex<Queue>,
+    /// Signals new jobs (to the worker) and finished jobs (to waiters).
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Jobs submitted and not yet finished.
+    pending: usize,
+    shutdown: bool,
+}
+
+struct Job {
+    run: JobFn,
+    done: Arc<Completion>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("seq", &self.seq.get())
+            .finish()
+    }
+}
+
+/// The ranks a rank links to when it starts: its ring neighbours and its
+/// recursive-doubling partners (at most `2 + log2 n`). Other peers are linked on first
+/// point-to-point use.
+fn link_peers(rank: usize, n: usize) -> Vec<usize> {
+    if n == 1 {
+        return vec![];
+    }
+    let mut v = vec![schedule::left(rank, n), schedule::right(rank, n)];
+    v.extend(doubling::peers(rank, n));
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl Communicator {
+    /// Joins the job described by the launcher environment ([`Config::from_env`]).
+    pub fn from_env() -> Result<Self> {
+        Self::init(Config::from_env()?)
+    }
+
+    /// Joins the job described by `cfg` over the transport it names
+    /// ([`crate::config::TransportOptions::kind`]): rank 0 serves the rendezvous store
+    /// (unless `serve_store` is false), every rank joins it, and the transport links
+    /// this rank to its ring neighbours and recursive-doubling partners.
+    pub fn init(cfg: Config) -> Result<Self> {
+        let t = transport::builtin(cfg.transport.kind)?;
+        Self::init_with(cfg, &*t)
+    }
+
+    /// [`Communicator::init`] over a transport of your own (see the `custom_transport`
+    /// example and [`Transport`]): the rendezvous is the same, and `transport` makes the
+    /// links.
+    pub fn init_with(cfg: Config, transport: &dyn Transport) -> Result<Self> {
+        cfg.validate()?;
+        // Before touching the store: a machine without the transport's device fails
+        // at once.
+        transport.probe(&cfg)?;
+        let j = &cfg.job;
+        let server = if j.rank == 0 && j.serve_store {
+            let addr = resolve(&j.master_addr)?;
+            Some(StoreServer::bind_with_token(
+                addr,
+                j.world_size,
+                j.token.clone(),
+            )?)
+        } else {
+            None
+        };
+        let mut store = StoreClient::connect_with_token(
+            &j.master_addr,
+            cfg.tuning.connect_timeout,
+            j.token.as_deref(),
+        )?;
+        let comm_id = store.join(j.rank, j.world_size)?;
+        let links = transport.connect(Joined {
+            config: cfg.clone(),
+            comm_id,
+            store,
+        })?;
+        let c = Self::assemble(cfg, links, server)?;
+        tracing::debug!(
+            rank = c.rank,
+            world = c.world_size,
+            transport = transport.name(),
+            "communicator ready"
+        );
+        Ok(c)
+    }
+
+    /// `world_size` communicators linked by in-process pipes, one per thread-rank
+    /// (element `r` is rank `r`). `base` supplies the tuning (timeouts, segment size);
+    /// its rank, world size and address are ignored, so `&Config::default()` will do.
+    pub fn local_group(world_size: usize, base: &Config) -> Result<Vec<Self>> {
+        base.for_rank(0, world_size).validate()?;
+        transport::local::group(world_size, transport::local::PIPE_CAPACITY)
+            .into_iter()
+            .enumerate()
+            .map(|(r, links)| {
+                let mut cfg = base.for_rank(r, world_size);
+                cfg.transport.kind = TransportKind::Local;
+                Self::assemble(cfg, links, None)
+            })
+            .collect()
+    }
+
+    /// A communicator for rank `cfg.job.rank` over links made elsewhere (a transport of
+    /// your own, or a test fabric); it connects its neighbours now, as
+    /// [`Communicator::init`] does. The store address and transport kind of `cfg` are
+    /// not used.
+    pub fn with_links(cfg: Config, links: Links) -> Result<Self> {
+        cfg.validate()?;
+        Self::assemble(cfg, links, None)
+    }
+
+    fn assemble(cfg: Config, links: Links, server: Option<StoreServer>) -> Result<Self> {
+        let (rank, n) = (cfg.job.rank, cfg.job.world_size);
+        let host_pull = links.mem.as_ref().is_some_and(|m| m.host_memory());
+        let device_pull = links.mem.as_ref().is_some_and(|m| !m.host_memory());
+        let mut engine = Engine::new(rank, n, cfg.tuning.clone(), links);
+        // Connect higher ranks first: they are the ones accepting (see transport::tcp).
+        let deadline = Instant::now() + cfg.tuning.connect_timeout;
+        let mut peers = link_peers(rank, n);
+        peers.sort_by_key(|&p| (p < rank, p));
+        for p in peers {
+            engine.connect(Channel::Collective, p, deadline)?;
+        }
+        let abort = engine.abort.clone();
+        Ok(Communicator {
+            abort,
+            work: RefCell::new(Vec::new()),
+            rank,
+            world_size: n,
+            seq: Cell::new(0),
+            p2p_seq: RefCell::new((vec![0; n], vec![0; n])),
+            shared: Arc::new(Shared {
+                engine: Mutex::new(engine),
+                queue: Mutex::new(Queue::default()),
+                cv: Condvar::new(),
+            }),
+            worker: RefCell::new(None),
+            host_pull,
+            device_pull,
+            _store_server: server,
+            cfg,
+        })
+    }
+
+    /// This rank, `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Rank among the processes of this host.
+    pub fn local_rank(&self) -> usize {
+        self.cfg.job.local_rank
+    }
+
+    /// The configuration this communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Sequence number the next collective will carry (collectives count from 0).
+    pub fn next_seq(&self) -> u64 {
+        self.seq.get()
+    }
+
+    /// Bytes moved so far over all links, headers and payload counted apart. Waits for
+    /// background operations to finish first.
+    pub fn wire_stats(&self) -> WireStats {
+        self.wait_idle();
+        lock(&self.shared.engine).wire_stats()
+    }
+
+    /// Bytes the links themselves report writing and reading (for cross-checking
+    /// [`Self::wire_stats`]: the two must agree).
+    pub fn raw_byte_counts(&self) -> (u64, u64) {
+        self.wait_idle();
+        lock(&self.shared.engine).raw_byte_counts()
+    }
+
+    /// A handle that can abort this communicator from any thread (see [`AbortHandle`]).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle::new(self.abort.clone())
+    }
+
+    /// Why this communicator is unusable, if it is.
+    pub fn poisoned(&self) -> Option<String> {
+        lock(&self.shared.engine).poisoned.clone()
+    }
+
+    /// The algorithm an all-reduce of `bytes` bytes of host memory uses on this
+    /// communicator.
+    pub fn all_reduce_algorithm(&self, bytes: usize) -> Algorithm {
+        if bytes <= self.cfg.tuning.small_message_bytes && self.world_size > 1 && !self.host_pull {
+            Algorithm::RecursiveDoubling
+        } else {
+            Algorithm::Ring
+        }
+    }
+
+    // ---- execution ----
+
+    /// Blocks until every background operation has finished.
+    fn wait_idle(&self) {
+        let mut q = lock(&self.shared.queue);
+        while q.pending > 0 {
+            q = wait(&self.shared.cv, q);
+        }
+    }
+
+    /// Runs a job on this thread, after any background ones, inside the engine's run
+    /// wrapper (poison check before, poisoning on failure).
+    fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
+        self.wait_idle();
+        lock(&self.shared.engine).run(job)
+    }
+
+    /// Fails the call and poisons the communicator: this rank will not take part, so
+    /// its peers must not wait for it.
+    fn refuse(&self, e: Error) -> Error {
+        self.wait_idle();
+        lock(&self.shared.engine).poison(format!("rank {} refused a call: {e}", self.rank));
+        e
+    }
+
+    fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.refuse(Error::InvalidArgument(what())))
+        }
+    }
+
+    fn check_root(&self, what: &str, root: usize) -> Result<()> {
+        let n = self.world_size;
+        self.check(root < n, || {
+            format!("{what}: root {root} is not a rank of this group of {n}")
+        })
+    }
+
+    fn check_op<T: Element>(&self, op: ReduceOp) -> Result<()> {
+        check_op(T::DTYPE, op).map_err(|e| self.refuse(e))
+    }
+
+    /// Hands a job to the background worker (started on first use).
+    fn submit(&self, run: JobFn) -> Arc<Completion> {
+        let done = Arc::new(Completion::default());
+        {
+            let mut q = lock(&self.shared.queue);
+            q.pending += 1;
+            q.jobs.push_back(Job {
+                run,
+                done: done.clone(),
+            });
+        }
+        self.shared.cv.notify_all();
+        let mut w = self.worker.borrow_mut();
+        if w.is_none() {
+            let shared = self.shared.clone();
+            let name = format!("ferroccl-rank{}", self.rank);
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker(&shared))
+            {
+                Ok(h) => *w = Some(h),
+                Err(e) => {
+                    // No thread: run the queue here, now.
+                    tracing::warn!("could not start the background worker ({e}); running inline");
+                    drain_inline(&self.shared);
+                }
+            }
+        }
+        done
+    }
+
+    /// The fingerprint of the next collective (taking its sequence number).
+    fn fingerprint(
+        &self,
+        kind: OpKind,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        count: usize,
+        root: Option<usize>,
+        algo: Algorithm,
+    ) -> Fingerprint {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        Fingerprint {
+            kind,
+            seq,
+            dtype,
+            op,
+            count: count as u64,
+            root: root.map(|r| r as u32),
+            algo,
+        }
+    }
+}
+
+fn worker(shared: &Shared) {
+    loop {
+        let job = {
+            let mut q = lock(&shared.queue);
+            loop {
+                if let Some(j) = q.jobs.pop_front() {
+                    break j;
+                }
+                if q.shutdown {
+                    return;
+                }
+                q = wait(&shared.cv, q);
+            }
+        };
+        run_job(shared, job);
+    }
+}
+
+fn drain_inline(shared: &Shared) {
+    loop {
+        let Some(job) = lock(&shared.queue).jobs.pop_front() else {
+            return;
+        };
+        run_job(shared, job);
+    }
+}
+
+fn run_job(shared: &Shared, job: Job) {
+    let Job { run, done } = job;
+    let r = {
+        let mut e = lock(&shared.engine);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.run(run)));
+        r.unwrap_or_else(|_| {
+            e.poison("a background operation panicked".into());
+            Err(Error::Poisoned("a background operation panicked".into()))
+        })
+    };
+    done.set(r);
+    lock(&shared.queue).pending -= 1;
+    shared.cv.notify_all();
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.wait_idle();
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.cv.notify_all();
+        if let Some(h) = self.worker.get_mut().take() {
+            let _ = h.join();
+        }
+        lock(&self.shared.engine).shutdown();
+    }
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| Error::Config(format!("cannot resolve master address {addr:?}: {e}")))?
+        .next()
+        .ok_or_else(|| Error::Config(format!("master address {addr:?} resolves to nothing")))
+}

@@ -1,0 +1,508 @@
+//! Everything a communicator needs, passed in explicitly: who this rank is in which job
+//! ([`Job`]), how collectives run ([`Tuning`]), and which transport links the ranks,
+//! with its options ([`TransportOptions`]).
+//!
+//! [`Config::from_env`] fills a config from a launcher's environment (the only place
+//! the library reads environment variables is [`crate::rendezvous`]); embedders and
+//! tests use [`Config::builder`]:
+//!
+//! ```
+//! use ferroccl::{Config, TransportKind};
+//! use std::time::Duration;
+//!
+//! let cfg = Config::builder(0, 4, "10.0.0.1:29500")
+//!     .timeout(Duration::from_secs(30))
+//!     .segment_bytes(1 << 20)
+//!     .transport(TransportKind::Tcp)
+//!     .build()?;
+//! assert_eq!(cfg.job.world_size, 4);
+//! assert_eq!(cfg.tuning.segment_bytes, 1 << 20);
+//! # Ok::<(), ferroccl::Error>(())
+//! ```
+//!
+//! Every struct here is `#[non_exhaustive]`: fields can be read and changed, and new
+//! ones can be added without breaking anyone who builds configs through the builder.
+
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Default for [`Tuning::timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default for [`Tuning::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default for [`Tuning::segment_bytes`].
+pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
+/// Default for [`TcpOptions::socket_buffer`].
+pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
+/// Default for [`Tuning::busy_poll`].
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_millis(1);
+/// Default for [`Tuning::small_message_bytes`].
+pub const DEFAULT_SMALL_MESSAGE_BYTES: usize = 64 << 10;
+/// Default rendezvous port, as torchrun's.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// A communicator's configuration; see the [module docs](self).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// Who this process is, in which job, and where the job meets.
+    pub job: Job,
+    /// How collectives run: deadlines, pipelining, algorithm thresholds.
+    pub tuning: Tuning,
+    /// Which transport links the ranks, and its options.
+    pub transport: TransportOptions,
+}
+
+/// This process's place in a job: rank, size, and the rendezvous.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Job {
+    /// This process's rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank among the processes of this host (which GPU a rank uses, for example).
+    pub local_rank: usize,
+    /// `host:port` of the rendezvous store (`MASTER_ADDR:MASTER_PORT`).
+    pub master_addr: String,
+    /// When true (the default), rank 0 serves the store at `master_addr`; when false,
+    /// the store is run by someone else (a test harness, another service).
+    pub serve_store: bool,
+    /// The job token (`FERROCCL_TOKEN`; `ferroccl launch` makes one): when set, every
+    /// connection — to the rendezvous store and between ranks — proves it by HMAC
+    /// challenge-response, and anything that cannot is refused. Never sent in clear.
+    /// Must be the same on every rank. Default: none.
+    pub token: Option<Vec<u8>>,
+}
+
+/// How collectives run. Values that shape the traffic (`segment_bytes`,
+/// `small_message_bytes`) must be equal on every rank; a disagreement is reported as
+/// [`Error::Mismatch`], never silently wrong data.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Tuning {
+    /// The longest any collective waits without progress before it fails with
+    /// [`Error::Timeout`] and poisons the communicator. Default 60 s.
+    pub timeout: Duration,
+    /// The longest start-up may take: reaching the store while rank 0 comes up, and
+    /// connecting to peers. Default 60 s.
+    pub connect_timeout: Duration,
+    /// Pipelining granularity: ring chunks are cut into segments of at most this many
+    /// bytes, and segment `j+1` is received while segment `j` is reduced and forwarded.
+    /// Default 512 KiB.
+    pub segment_bytes: usize,
+    /// How long a collective keeps polling its links (yielding the CPU between polls)
+    /// before it sleeps until the kernel wakes it. Waking a sleeping thread costs tens
+    /// of microseconds, which dominates small messages; polling a little first avoids
+    /// it. `Duration::ZERO` always sleeps. Default 1 ms (on loopback, 1 MiB all-reduce
+    /// medians: 243 µs vs 314 µs with 300 µs at 2 ranks, 1349 vs 1598 µs at 4).
+    pub busy_poll: Duration,
+    /// All-reduces of at most this many bytes use recursive doubling (`log2 n` steps,
+    /// each moving the whole buffer) instead of the ring (`2(n-1)` steps, each moving
+    /// `1/n` of it): for small messages latency, not bandwidth, is the cost. 0 always
+    /// uses the ring. Default 64 KiB, where the two cross over on loopback TCP at 2 and
+    /// 4 ranks.
+    pub small_message_bytes: usize,
+    /// The clock [`Tuning::timeout`] is measured on: the system's, or a [`Clock::manual`]
+    /// one that tests advance by hand so that a timeout fires exactly when they say.
+    pub clock: Clock,
+}
+
+/// Which transport links the ranks, and the options of each.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct TransportOptions {
+    /// The transport [`crate::Communicator::init`] uses.
+    pub kind: TransportKind,
+    /// TCP links (also the control links of `cuda-ipc`).
+    pub tcp: TcpOptions,
+    /// RDMA verbs links.
+    pub rdma: RdmaOptions,
+}
+
+/// Options of TCP links.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct TcpOptions {
+    /// `SO_SNDBUF`/`SO_RCVBUF` in bytes (the kernel caps it at `net.core.[rw]mem_max`);
+    /// 0 leaves the kernel's autotuning alone. Default 4 MiB.
+    pub socket_buffer: usize,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            socket_buffer: DEFAULT_SOCKET_BUFFER,
+        }
+    }
+}
+
+/// Options of RDMA verbs links.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct RdmaOptions {
+    /// GID table index (port 1): InfiniBand routes by LID and ignores it; RoCE routes by
+    /// GID, and RoCE v2 often needs an index other than 0 (`show_gids`). From
+    /// `FERROCCL_RDMA_GID_INDEX` in [`Config::from_env`]. Default 0.
+    pub gid_index: u8,
+}
+
+/// The transports built into this library ([`crate::transport::builtin`] makes each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// TCP sockets (the default), one connection per linked peer.
+    #[default]
+    Tcp,
+    /// In-process pipes: only for ranks that are threads of one process
+    /// ([`crate::Communicator::local_group`]).
+    Local,
+    /// RDMA verbs (`transport::rdma`): needs the `rdma` feature and an RDMA device;
+    /// without either, [`crate::Communicator::init`] says which is missing.
+    Rdma,
+    /// CUDA IPC (feature `cuda`): device-buffer collectives read the neighbours' GPU
+    /// memory directly; host-buffer ones run over TCP links, which this transport also
+    /// makes. Ranks must share one node (one GPU or several).
+    CudaIpc,
+}
+
+impl TransportKind {
+    /// Every transport name [`TransportKind::parse`] knows, in the order the docs list them.
+    pub const ALL: [TransportKind; 4] = [
+        TransportKind::Tcp,
+        TransportKind::Local,
+        TransportKind::Rdma,
+        TransportKind::CudaIpc,
+    ];
+
+    /// Parses a name: `tcp`, `local`, `rdma` (or `ibverbs`), `cuda-ipc` (or
+    /// `cuda_ipc`). Whether the transport is built in and can run here is checked when
+    /// a communicator is made ([`Error::Unavailable`]); an unknown name is an error here.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "local" => Ok(TransportKind::Local),
+            "rdma" | "ibverbs" => Ok(TransportKind::Rdma),
+            "cuda-ipc" | "cuda_ipc" => Ok(TransportKind::CudaIpc),
+            _ => Err(Error::InvalidArgument(format!(
+                "unknown transport {s:?}: expected one of tcp, local, rdma, cuda-ipc"
+            ))),
+        }
+    }
+
+    /// The name [`TransportKind::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Local => "local",
+            TransportKind::Rdma => "rdma",
+            TransportKind::CudaIpc => "cuda-ipc",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The clock collective timeouts are measured on.
+///
+/// [`Clock::system`] (the default) is the monotonic system clock. [`Clock::manual`]
+/// stands still until [`Clock::advance`] moves it, so a test can make a collective time
+/// out at an exact moment instead of racing a wall-clock sleep. Only deadlines read it:
+/// how long a rank polls before it sleeps ([`Tuning::busy_poll`]) is always real time.
+#[derive(Clone, Debug, Default)]
+pub struct Clock(Option<Arc<Manual>>);
+
+#[derive(Debug)]
+struct Manual {
+    start: Instant,
+    /// Nanoseconds advanced so far.
+    offset: AtomicU64,
+}
+
+impl Clock {
+    /// The system's monotonic clock.
+    pub fn system() -> Self {
+        Clock(None)
+    }
+
+    /// A clock that moves only when [`Clock::advance`] is called. Clones share it.
+    pub fn manual() -> Self {
+        Clock(Some(Arc::new(Manual {
+            start: Instant::now(),
+            offset: AtomicU64::new(0),
+        })))
+    }
+
+    /// The current time.
+    pub fn now(&self) -> Instant {
+        match &self.0 {
+            None => Instant::now(),
+            Some(m) => m.start + Duration::from_nanos(m.offset.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Moves a manual clock forward by `by` (every clone sees it); a no-op on the
+    /// system clock.
+    pub fn advance(&self, by: Duration) {
+        if let Some(m) = &self.0 {
+            let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+            m.offset.fetch_add(ns, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether this is a manual clock.
+    pub fn is_manual(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            busy_poll: DEFAULT_BUSY_POLL,
+            small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
+            clock: Clock::system(),
+        }
+    }
+}
+
+impl Default for Config {
+    /// Rank 0 of a job of one, meeting at `127.0.0.1:29500`, with every default: the
+    /// base [`crate::Communicator::local_group`] takes.
+    fn default() -> Self {
+        Config::new(0, 1, format!("127.0.0.1:{DEFAULT_MASTER_PORT}"))
+    }
+}
+
+impl Config {
+    /// A config for `rank` of `world_size` meeting at `master_addr`, with defaults
+    /// (checked when the communicator is made; [`Config::builder`] checks at `build`).
+    pub fn new(rank: usize, world_size: usize, master_addr: impl Into<String>) -> Self {
+        Config {
+            job: Job {
+                rank,
+                world_size,
+                local_rank: rank,
+                master_addr: master_addr.into(),
+                serve_store: true,
+                token: None,
+            },
+            tuning: Tuning::default(),
+            transport: TransportOptions::default(),
+        }
+    }
+
+    /// A builder for `rank` of `world_size` meeting at `master_addr`.
+    pub fn builder(
+        rank: usize,
+        world_size: usize,
+        master_addr: impl Into<String>,
+    ) -> ConfigBuilder {
+        ConfigBuilder(Config::new(rank, world_size, master_addr))
+    }
+
+    /// Reads the launcher environment (torchrun, Slurm, Open MPI, PMI; see
+    /// [`crate::rendezvous::detect_env`]). `MASTER_ADDR` defaults to `127.0.0.1` and
+    /// `MASTER_PORT` to 29500; `FERROCCL_TOKEN`, when set, becomes [`Job::token`], and
+    /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`].
+    pub fn from_env() -> Result<Self> {
+        let env = crate::rendezvous::detect_env()?.ok_or_else(|| {
+            Error::Env(
+                "no launcher environment found: set RANK and WORLD_SIZE (torchrun), or run under \
+                 srun, mpirun or `ferroccl launch`"
+                    .into(),
+            )
+        })?;
+        let host = env.master_addr.unwrap_or_else(|| "127.0.0.1".into());
+        let port = env.master_port.unwrap_or(DEFAULT_MASTER_PORT);
+        let addr = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let mut c = Config::new(env.rank, env.world_size, addr);
+        c.job.local_rank = env.local_rank.unwrap_or(0);
+        c.job.token = env.token.map(String::into_bytes);
+        c.transport.rdma.gid_index = env.rdma_gid_index.unwrap_or(0);
+        Ok(c)
+    }
+
+    /// This config with rank `rank` of `world_size` (local rank `rank` too): for making
+    /// one rank's config out of a job-wide base.
+    pub fn for_rank(&self, rank: usize, world_size: usize) -> Config {
+        let mut c = self.clone();
+        c.job.rank = rank;
+        c.job.local_rank = rank;
+        c.job.world_size = world_size;
+        c
+    }
+
+    /// Checks every value; what [`crate::Communicator::init`] and
+    /// [`ConfigBuilder::build`] call.
+    pub fn validate(&self) -> Result<()> {
+        let (j, t) = (&self.job, &self.tuning);
+        if j.world_size == 0 {
+            return Err(Error::Config("world_size must be at least 1".into()));
+        }
+        if j.rank >= j.world_size {
+            return Err(Error::Config(format!(
+                "rank {} is out of range for world_size {}",
+                j.rank, j.world_size
+            )));
+        }
+        if t.segment_bytes == 0 || t.segment_bytes > (1 << 30) {
+            return Err(Error::Config(format!(
+                "segment_bytes {} must be in 1..=1 GiB",
+                t.segment_bytes
+            )));
+        }
+        if t.small_message_bytes > u32::MAX as usize {
+            return Err(Error::Config(format!(
+                "small_message_bytes {} must fit a frame (< 4 GiB)",
+                t.small_message_bytes
+            )));
+        }
+        if t.timeout.is_zero() || t.connect_timeout.is_zero() {
+            return Err(Error::Config("timeouts must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`Config`]; [`ConfigBuilder::build`] checks it.
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct ConfigBuilder(Config);
+
+impl ConfigBuilder {
+    /// [`Job::local_rank`].
+    pub fn local_rank(mut self, r: usize) -> Self {
+        self.0.job.local_rank = r;
+        self
+    }
+    /// [`Job::serve_store`].
+    pub fn serve_store(mut self, yes: bool) -> Self {
+        self.0.job.serve_store = yes;
+        self
+    }
+    /// [`Job::token`].
+    pub fn token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.0.job.token = Some(token.into());
+        self
+    }
+    /// [`Tuning::timeout`].
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.0.tuning.timeout = d;
+        self
+    }
+    /// [`Tuning::connect_timeout`].
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.0.tuning.connect_timeout = d;
+        self
+    }
+    /// [`Tuning::segment_bytes`].
+    pub fn segment_bytes(mut self, n: usize) -> Self {
+        self.0.tuning.segment_bytes = n;
+        self
+    }
+    /// [`Tuning::busy_poll`].
+    pub fn busy_poll(mut self, d: Duration) -> Self {
+        self.0.tuning.busy_poll = d;
+        self
+    }
+    /// [`Tuning::small_message_bytes`].
+    pub fn small_message_bytes(mut self, n: usize) -> Self {
+        self.0.tuning.small_message_bytes = n;
+        self
+    }
+    /// [`Tuning::clock`].
+    pub fn clock(mut self, c: Clock) -> Self {
+        self.0.tuning.clock = c;
+        self
+    }
+    /// [`TransportOptions::kind`].
+    pub fn transport(mut self, kind: TransportKind) -> Self {
+        self.0.transport.kind = kind;
+        self
+    }
+    /// [`TcpOptions::socket_buffer`].
+    pub fn socket_buffer(mut self, bytes: usize) -> Self {
+        self.0.transport.tcp.socket_buffer = bytes;
+        self
+    }
+    /// [`RdmaOptions::gid_index`].
+    pub fn rdma_gid_index(mut self, i: u8) -> Self {
+        self.0.transport.rdma.gid_index = i;
+        self
+    }
+    /// The config, if every value is valid.
+    pub fn build(self) -> Result<Config> {
+        self.0.validate()?;
+        Ok(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_checks_what_it_builds() {
+        let c = Config::builder(1, 3, "h:1")
+            .segment_bytes(4096)
+            .token(b"t".to_vec())
+            .build()
+            .unwrap();
+        assert_eq!((c.job.rank, c.job.world_size, c.job.local_rank), (1, 3, 1));
+        assert_eq!(c.tuning.segment_bytes, 4096);
+        assert_eq!(c.job.token.as_deref(), Some(&b"t"[..]));
+        for (b, needle) in [
+            (Config::builder(3, 3, "h:1"), "out of range"),
+            (Config::builder(0, 0, "h:1"), "at least 1"),
+            (
+                Config::builder(0, 1, "h:1").segment_bytes(0),
+                "segment_bytes",
+            ),
+            (
+                Config::builder(0, 1, "h:1").timeout(Duration::ZERO),
+                "positive",
+            ),
+        ] {
+            let e = b.build().unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let c = Clock::manual();
+        let t0 = c.now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(c.now(), t0, "a manual clock stands still");
+        c.clone().advance(Duration::from_secs(90));
+        assert_eq!(c.now() - t0, Duration::from_secs(90), "clones share it");
+        let s = Clock::system();
+        s.advance(Duration::from_secs(1000));
+        assert!(s.now() < Instant::now() + Duration::from_secs(1));
+    }
+
+    #[test]
+    fn transport_names_parse_back() {
+        for k in TransportKind::ALL {
+            assert_eq!(TransportKind::parse(k.name()).unwrap(), k);
+        }
+        let e = TransportKind::parse("carrier-pigeon")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tcp, local, rdma, cuda-ipc"), "{e}");
+    }
+}

@@ -1,0 +1,267 @@
+//! The engine: a rank's links, the run wrapper every operation goes through, and the
+//! executors that run an algorithm's [`Plan`](crate::algo::Plan).
+//!
+//! - [`Engine::run`] is the one wrapper: it refuses to start on a poisoned or aborted
+//!   communicator and poisons it (shutting every link, so peers fail fast) when an
+//!   operation fails. Every collective, on host or device memory, over any transport,
+//!   runs inside it.
+//! - [`Engine::stream`] (`stream.rs`) runs a plan over links that push bytes (TCP,
+//!   RDMA, in-process pipes): it moves both frame lists as far as the links allow,
+//!   checks every frame header against the call's fingerprint, combines received data
+//!   with a [`Combine`](crate::reduce::Combine), and sleeps only when nothing can move.
+//! - [`Engine::pull`] (`pull.rs`) runs the same plan over peers whose memory this rank
+//!   reads (CUDA IPC): each receive becomes a read of the sender's memory once the
+//!   sender has published that the bytes are ready.
+//! - Both wait through one [`Pacer`] (`pacer.rs`): a deadline of
+//!   [`Tuning::timeout`] without progress, on [`Tuning::clock`], and the abort flag.
+//!
+//! The engine owns the buffers while an operation runs and hands out only slices;
+//! algorithms never see a buffer, a socket or a device.
+
+mod pacer;
+mod pull;
+mod stream;
+
+pub(crate) use pacer::Pacer;
+pub(crate) use pull::PullCall;
+pub(crate) use stream::Data;
+
+use crate::config::Tuning;
+use crate::error::{Error, Result};
+use crate::transport::{Beacon, Channel, Connector, Links, MemPeers, Waiter};
+use crate::wire::{Fingerprint, OpKind, Peer, WireStats};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest single sleep in a wait: bounds how late an abort is noticed.
+const MAX_WAIT_SLICE: Duration = Duration::from_millis(100);
+/// How long a timed-out rank spends asking its peers where they are.
+const STATUS_BUDGET: Duration = Duration::from_secs(2);
+/// Peers asked at most, after a timeout (the ones waited on first).
+const STATUS_MAX_PEERS: usize = 64;
+
+/// A rank's links, per channel, and the state shared by the operations on them.
+pub(crate) struct Engine {
+    pub rank: usize,
+    pub world_size: usize,
+    pub cfg: Tuning,
+    links: [Vec<Option<Peer>>; 2],
+    pub waiter: Box<dyn Waiter>,
+    connector: Box<dyn Connector>,
+    /// What this rank is doing, for peers that ask.
+    beacon: Arc<Beacon>,
+    /// Set by `AbortHandle::abort` from any thread.
+    pub abort: Arc<AtomicBool>,
+    /// Receive buffer for frames that are reduced rather than stored.
+    pub scratch: Vec<u64>,
+    pub poisoned: Option<String>,
+    /// Peers whose memory this rank reads, for the pull executor.
+    mem: Option<Box<dyn MemPeers>>,
+    /// The pull executor's state between calls.
+    pull: pull::PullState,
+}
+
+fn ch_index(ch: Channel) -> usize {
+    match ch {
+        Channel::Collective => 0,
+        // Status queries never become links (the transport answers them itself).
+        Channel::P2p | Channel::Status => 1,
+    }
+}
+
+impl Engine {
+    pub fn new(rank: usize, world_size: usize, cfg: Tuning, links: Links) -> Self {
+        let n = world_size;
+        Engine {
+            rank,
+            world_size: n,
+            links: [
+                (0..n).map(|_| None).collect(),
+                (0..n).map(|_| None).collect(),
+            ],
+            waiter: links.waiter,
+            connector: links.connector,
+            beacon: links.beacon,
+            abort: Arc::new(AtomicBool::new(false)),
+            scratch: Vec::new(),
+            poisoned: None,
+            mem: links.mem,
+            pull: pull::PullState::default(),
+            cfg,
+        }
+    }
+
+    /// Makes the link to `peer` on `ch` now (if it does not exist yet).
+    pub fn connect(&mut self, ch: Channel, peer: usize, deadline: Instant) -> Result<()> {
+        if self.links[ch_index(ch)][peer].is_none() {
+            let link = self.connector.connect(peer, ch, deadline)?;
+            self.links[ch_index(ch)][peer] = Some(Peer {
+                link,
+                stats: WireStats::default(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The link to `peer` on `ch`, connecting it first if needed.
+    pub fn link(&mut self, ch: Channel, peer: usize) -> Result<&mut Peer> {
+        if self.links[ch_index(ch)][peer].is_none() {
+            let deadline = Instant::now() + self.cfg.connect_timeout;
+            self.connect(ch, peer, deadline)?;
+        }
+        self.links[ch_index(ch)][peer]
+            .as_mut()
+            .ok_or_else(|| Error::Config(format!("rank {} has no link to rank {peer}", self.rank)))
+    }
+
+    /// Byte counts over all links and channels.
+    pub fn wire_stats(&self) -> WireStats {
+        let mut s = WireStats::default();
+        for p in self.links.iter().flatten().flatten() {
+            s.add(&p.stats);
+        }
+        s
+    }
+
+    /// What the links themselves counted, written and read.
+    pub fn raw_byte_counts(&self) -> (u64, u64) {
+        self.links
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|p| p.link.raw_counts())
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// Runs one operation: fails fast if poisoned, and poisons on any failure (the
+    /// peers of a failed operation are out of step with this rank).
+    pub fn run(&mut self, op: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
+        if let Some(why) = &self.poisoned {
+            return Err(Error::Poisoned(why.clone()));
+        }
+        if self.abort.load(Ordering::Relaxed) {
+            // Aborted before this operation started: the same event for the caller as an
+            // abort during it.
+            let e = Error::Aborted {
+                rank: self.rank,
+                op: "the next operation (the communicator was aborted)".into(),
+            };
+            self.poison(e.to_string());
+            return Err(e);
+        }
+        let r = op(self);
+        if let Err(e) = &r {
+            self.poison(e.to_string());
+        }
+        r
+    }
+
+    /// Marks the engine unusable and shuts every link so peers fail fast too.
+    pub fn poison(&mut self, why: String) {
+        if self.poisoned.is_none() {
+            // The failure is returned to the caller, who reports it; log quietly.
+            tracing::debug!(rank = self.rank, "communicator poisoned: {why}");
+            self.poisoned = Some(why);
+        }
+        self.shutdown();
+    }
+
+    /// Closes every link.
+    pub fn shutdown(&mut self) {
+        for p in self.links.iter_mut().flatten().flatten() {
+            p.link.shutdown();
+        }
+    }
+
+    /// Grows the scratch buffer to at least `bytes`.
+    pub fn scratch_bytes(&mut self, bytes: usize) {
+        if self.scratch.len() * 8 < bytes {
+            self.scratch = vec![0u64; bytes.div_ceil(8)];
+        }
+    }
+
+    /// Adds to a timeout where the other ranks are ([`Engine::where_are_peers`]),
+    /// asking the peers of the operation, `waited`, first.
+    pub(crate) fn locate_on_timeout(
+        &mut self,
+        r: Result<()>,
+        fp: &Fingerprint,
+        waited: &[usize],
+    ) -> Result<()> {
+        match r {
+            Err(Error::Timeout {
+                rank,
+                op,
+                after,
+                waiting_for,
+                ..
+            }) => {
+                let peers = self.where_are_peers(fp, waited);
+                Err(Error::Timeout {
+                    rank,
+                    op,
+                    after,
+                    waiting_for,
+                    peers,
+                })
+            }
+            r => r,
+        }
+    }
+
+    /// Asks the other ranks (those this operation waits on first) which operation
+    /// each is in, within a short budget, and says it in one line: the answer to
+    /// "which rank is hanging?".
+    fn where_are_peers(&mut self, fp: &Fingerprint, waited: &[usize]) -> String {
+        let n = self.world_size;
+        if n == 1 {
+            return "no other ranks".into();
+        }
+        let mut order: Vec<usize> = Vec::new();
+        for &p in waited.iter().chain((0..n).collect::<Vec<_>>().iter()) {
+            if p != self.rank && !order.contains(&p) {
+                order.push(p);
+            }
+        }
+        let skipped = order.len().saturating_sub(STATUS_MAX_PEERS);
+        order.truncate(STATUS_MAX_PEERS);
+        let deadline = Instant::now() + STATUS_BUDGET.min(self.cfg.timeout);
+        let mut same = Vec::new();
+        let mut parts = Vec::new();
+        for p in order {
+            match self.connector.peer_status(p, deadline) {
+                Ok(Some((seq, kind))) if seq == fp.seq && kind == fp.kind.code() => same.push(p),
+                Ok(Some((seq, kind))) => {
+                    let name = OpKind::from_code(kind).map_or("?", OpKind::name);
+                    parts.push(format!("rank {p} is at #{seq} ({name})"));
+                }
+                Ok(None) => parts.push(format!("rank {p} has not started any operation")),
+                Err(e) => {
+                    tracing::debug!("status query to rank {p} failed: {e}");
+                    parts.push(format!("rank {p} unreachable"));
+                }
+            }
+        }
+        if !same.is_empty() {
+            let list: Vec<String> = same.iter().map(|p| p.to_string()).collect();
+            let who = if same.len() == 1 { "rank" } else { "ranks" };
+            let verb = if same.len() == 1 { "is" } else { "are" };
+            parts.push(format!(
+                "{who} {} {verb} in #{} too",
+                list.join(", "),
+                fp.seq
+            ));
+        }
+        if skipped > 0 {
+            parts.push(format!("{skipped} more ranks not asked"));
+        }
+        parts.join("; ")
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

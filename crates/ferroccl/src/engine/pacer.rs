@@ -1,0 +1,164 @@
+//! Waiting with a deadline: what every executor does when nothing can move.
+
+use super::MAX_WAIT_SLICE;
+use crate::config::{Clock, Tuning};
+use crate::error::{Error, Result};
+use crate::transport::{LinkError, Waiter};
+use crate::wire::{Fingerprint, FrameError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a pull wait sleeps per round once it has polled for
+/// [`Tuning::busy_poll`]: short, because a GPU finishing a phase wakes nobody.
+const PULL_SLEEP: Duration = Duration::from_micros(50);
+
+/// Turns a frame-level failure into the crate error naming who and what.
+pub(crate) fn frame_error(rank: usize, e: FrameError, peer: usize, fp: &Fingerprint) -> Error {
+    match e {
+        FrameError::Link(LinkError::Closed) => Error::PeerClosed {
+            rank,
+            peer,
+            op: fp.to_string(),
+        },
+        FrameError::Link(LinkError::Io(source)) => Error::io(
+            format!("rank {rank}: link to rank {peer} failed during {fp}"),
+            source,
+        ),
+        FrameError::Unexpected {
+            got: Err(detail), ..
+        } => Error::Protocol {
+            rank,
+            peer,
+            op: fp.to_string(),
+            detail,
+        },
+        FrameError::Unexpected {
+            got: Ok(h),
+            expected,
+        } => {
+            if h.fp != expected.fp {
+                Error::Mismatch {
+                    rank,
+                    peer,
+                    ours: expected.fp.to_string(),
+                    theirs: h.fp.to_string(),
+                }
+            } else {
+                Error::Protocol {
+                    rank,
+                    peer,
+                    op: fp.to_string(),
+                    detail: format!(
+                        "expected step {} segment {} of {} bytes, got step {} segment {} of {} bytes",
+                        expected.step, expected.seg, expected.len, h.step, h.seg, h.len
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// What an executor does when nothing moved: poll a little longer (yielding the CPU),
+/// then sleep — in the transport's [`Waiter`], or briefly for peers that publish
+/// progress in memory — and give up with [`Error::Timeout`] once
+/// [`Tuning::timeout`] has passed without progress on [`Tuning::clock`], or with
+/// [`Error::Aborted`] as soon as the abort flag is seen.
+pub(crate) struct Pacer {
+    /// Last progress, on the deadline clock.
+    last: Instant,
+    /// Last progress, in real time (for the busy-poll window).
+    last_real: Instant,
+    timeout: Duration,
+    busy_poll: Duration,
+    clock: Clock,
+    abort: Arc<AtomicBool>,
+}
+
+impl Pacer {
+    pub fn new(cfg: &Tuning, abort: Arc<AtomicBool>) -> Self {
+        Pacer {
+            last: cfg.clock.now(),
+            last_real: Instant::now(),
+            timeout: cfg.timeout,
+            busy_poll: cfg.busy_poll,
+            clock: cfg.clock.clone(),
+            abort,
+        }
+    }
+
+    /// Something moved: the no-progress clock restarts.
+    pub fn moved(&mut self) {
+        self.last = self.clock.now();
+        self.last_real = Instant::now();
+    }
+
+    /// Fails if aborted or past the deadline; otherwise says whether this is still
+    /// the busy-poll window and how long the deadline allows sleeping.
+    fn check(
+        &mut self,
+        rank: usize,
+        fp: &Fingerprint,
+        waiting_for: impl FnOnce() -> String,
+    ) -> Result<(bool, Duration)> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted {
+                rank,
+                op: fp.to_string(),
+            });
+        }
+        let idle = self.clock.now().saturating_duration_since(self.last);
+        if idle >= self.timeout {
+            return Err(Error::Timeout {
+                rank,
+                op: fp.to_string(),
+                after: idle,
+                waiting_for: waiting_for(),
+                peers: String::new(),
+            });
+        }
+        let polling = self.last_real.elapsed() < self.busy_poll;
+        let left = if self.clock.is_manual() {
+            MAX_WAIT_SLICE
+        } else {
+            (self.timeout - idle).min(MAX_WAIT_SLICE)
+        };
+        Ok((polling, left))
+    }
+
+    /// Nothing moved on links that wake `waiter`. `waiting_for` describes what is
+    /// awaited, for the timeout error.
+    pub fn idle(
+        &mut self,
+        waiter: &mut dyn Waiter,
+        rank: usize,
+        fp: &Fingerprint,
+        waiting_for: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let (polling, left) = self.check(rank, fp, waiting_for)?;
+        if polling {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        waiter
+            .wait(left)
+            .map_err(|e| Error::io(format!("rank {rank}: waiting on links during {fp}"), e))
+    }
+
+    /// Nothing moved, and what is awaited is a value a peer publishes in memory
+    /// (nothing wakes this thread): poll, then sleep in short rounds.
+    pub fn idle_poll(
+        &mut self,
+        rank: usize,
+        fp: &Fingerprint,
+        waiting_for: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let (polling, left) = self.check(rank, fp, waiting_for)?;
+        if polling {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(PULL_SLEEP.min(left));
+        }
+        Ok(())
+    }
+}

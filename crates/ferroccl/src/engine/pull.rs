@@ -1,0 +1,401 @@
+//! The pull executor: a plan over peers whose memory this rank reads (CUDA IPC, or a
+//! host-memory transport), instead of links that carry bytes.
+//!
+//! Every rank keeps a workspace the size of the plan's buffer, which its peers map.
+//! The plan is the one the push executor runs; each of its receives becomes a read of
+//! the sender's workspace:
+//!
+//! - **Ready to read.** The sender's out `o` carries final bytes once the sender has
+//!   applied the receive `o` forwards ([`Out::after_recv`]), or from its copy-in when it
+//!   forwards nothing. Every rank publishes a progress counter: `base + 1` after its
+//!   copy-in, `base + 2 + i` after its receive `i`. A receive waits until the sender's
+//!   counter shows the needed value, then orders its reads after the sender's work
+//!   ([`MemPeers::order_after`]: on a GPU, a stream wait on the sender's event).
+//! - **Safe to overwrite.** A receive with [`In::after_send`] overwrites bytes this rank
+//!   sent; in a pull, "sent" means "read by the receiver": it waits until the receiver
+//!   has applied the matching receive. Before a call's copy-in, every peer that read
+//!   this workspace in the previous call must have finished that call.
+//! - **Same call.** Before touching shared memory, every rank exchanges the call's
+//!   fingerprint with both ring neighbours over its links (an empty frame each way), so
+//!   a mismatched call — another count, dtype, operator, kind or root — is
+//!   [`crate::Error::Mismatch`] and never a read of a peer's memory in the wrong shape.
+//!   (The memory peers' plans only ever read ring neighbours.)
+//!
+//! Every rank's counter advances by the same `span` per call (the longest plan of the
+//! call, plus its copy-in), so counters stay comparable across calls of any kind.
+//! Waits go through the [`Pacer`]: the communicator's timeout on its clock, and the
+//! abort flag, interrupt them.
+//!
+//! A plan whose combining receive must wait for its own send to be read (recursive
+//! doubling's exchange) cannot be pulled — both partners would wait for the other to
+//! read first — and is refused.
+
+use super::{Data, Engine, Pacer};
+use crate::algo::{schedule, In, Land, Out, Plan};
+use crate::error::{Error, Result};
+use crate::reduce::NoCombine;
+use crate::transport::{CallMem, Channel, MemPeers, Region};
+use crate::wire::Fingerprint;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// A call for the pull executor: the user's buffers and where they sit in the
+/// workspace.
+pub(crate) struct PullCall {
+    /// The user's buffers, element type and operator.
+    pub mem: CallMem,
+    /// Bytes of the workspace the plan addresses.
+    pub bytes: usize,
+    /// Workspace offset of the input's first byte.
+    pub input_at: usize,
+    /// Workspace offset of the output's first byte.
+    pub output_at: usize,
+}
+
+impl PullCall {
+    fn input(&self) -> Range<usize> {
+        self.input_at..self.input_at + self.mem.input_len
+    }
+
+    fn output(&self) -> Range<usize> {
+        self.output_at..self.output_at + self.mem.output_len
+    }
+
+    /// Whether workspace bytes `r` are the same memory in the input and the output (an
+    /// in-place call), so copying one to the other is a no-op.
+    fn in_place(&self, r: &Range<usize>) -> bool {
+        self.mem.input == self.mem.output && self.input_at == self.output_at && !r.is_empty()
+    }
+}
+
+fn intersect(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
+    a.start.max(b.start)..a.end.min(b.end).max(a.start.max(b.start))
+}
+
+/// `whole` minus the union of `parts`, as sorted ranges.
+fn uncovered(whole: Range<usize>, mut parts: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    parts.sort_by_key(|r| r.start);
+    let mut out = Vec::new();
+    let mut at = whole.start;
+    for p in parts {
+        let p = intersect(&p, &whole);
+        if p.is_empty() {
+            continue;
+        }
+        if p.start > at {
+            out.push(at..p.start);
+        }
+        at = at.max(p.end);
+    }
+    if at < whole.end {
+        out.push(at..whole.end);
+    }
+    out
+}
+
+/// State the pull executor keeps between calls.
+#[derive(Default)]
+pub(crate) struct PullState {
+    /// Counter units used by the calls so far (equal on every rank).
+    pub base: u64,
+    /// Peers that read this rank's workspace in the previous call.
+    consumers: Vec<usize>,
+}
+
+impl Engine {
+    /// Runs the plan of this rank (`plan_of(rank)`) over the transport's memory peers;
+    /// `plan_of(q)` gives any rank's plan of the same call, to know when a sender's
+    /// bytes are ready and when a receiver has read ours.
+    pub(crate) fn pull(
+        &mut self,
+        fp: &Fingerprint,
+        plan_of: &dyn Fn(usize) -> Plan,
+        call: &PullCall,
+    ) -> Result<()> {
+        let mut mem = self.mem.take().ok_or_else(|| {
+            Error::InvalidArgument("internal: this transport has no memory peers".into())
+        })?;
+        let r = self.pull_inner(&mut *mem, fp, plan_of, call);
+        self.mem = Some(mem);
+        let peers = plan_of(self.rank).peers();
+        self.locate_on_timeout(r, fp, &peers)
+    }
+
+    fn pull_inner(
+        &mut self,
+        mem: &mut dyn MemPeers,
+        fp: &Fingerprint,
+        plan_of: &dyn Fn(usize) -> Plan,
+        call: &PullCall,
+    ) -> Result<()> {
+        let (rank, n) = (self.rank, self.world_size);
+        let me = plan_of(rank);
+        if me
+            .ins
+            .iter()
+            .any(|i| matches!(i.land, Land::Reduce { .. }) && i.after_send.is_some())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "internal: {fp} cannot run on memory peers (a combining receive waits for its own send)"
+            )));
+        }
+        let peers = me.peers();
+        // Same call everywhere before any shared memory is touched. The exchange is
+        // with both ring neighbours whatever the plan (a rank whose root differs has a
+        // different plan, and must still meet its neighbours), so any disagreement
+        // between ranks is one between some pair of neighbours.
+        let mut meet = peers.clone();
+        if n > 1 {
+            meet.extend([schedule::left(rank, n), schedule::right(rank, n)]);
+        }
+        meet.sort_unstable();
+        meet.dedup();
+        self.exchange_fingerprints(fp, &meet)?;
+        self.beacon.set(fp.seq, fp.kind.code());
+
+        let mut plans: HashMap<usize, Plan> = HashMap::new();
+        let mut plan = |q: usize| -> Plan { plans.entry(q).or_insert_with(|| plan_of(q)).clone() };
+        let span = (0..n).map(|q| plan(q).ins.len() + 1).max().unwrap_or(1) as u64;
+        let base = self.pull.base;
+        let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
+
+        // Whoever read our workspace last call has finished that call.
+        let prev = std::mem::take(&mut self.pull.consumers);
+        for &q in &prev {
+            self.wait_progress(mem, &mut pacer, fp, q, base, || {
+                format!("rank {q} to finish reading this rank's memory (previous call)")
+            })?;
+        }
+        mem.begin(&call.mem, call.bytes, &peers)?;
+        for &q in &prev {
+            mem.order_after(q)?;
+        }
+
+        // Copy in what this rank's plan reads before anything arrives: what it sends
+        // without forwarding a receive, and what receives combine with. (A broadcast's
+        // non-roots copy nothing in: every byte they send arrived first.)
+        let mut read: Vec<Range<usize>> = me
+            .outs
+            .iter()
+            .filter(|o| o.after_recv.is_none())
+            .map(|o| o.off..o.off + o.len)
+            .chain(
+                me.ins
+                    .iter()
+                    .filter(|i| matches!(i.land, Land::Reduce { .. }))
+                    .map(In::range),
+            )
+            .collect();
+        read.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::new();
+        for r in read.into_iter().filter(|r| !r.is_empty()) {
+            match merged.last_mut() {
+                Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        for r in merged {
+            let w = intersect(&r, &call.input());
+            if !w.is_empty() {
+                mem.copy(
+                    Region::Mine(w.start),
+                    Region::Input(w.start - call.input_at),
+                    w.len(),
+                )?;
+            }
+        }
+        // Write out what is final already (bytes no receive changes).
+        let finals: Vec<Range<usize>> = me
+            .ins
+            .iter()
+            .filter(|i| i.is_final())
+            .map(In::range)
+            .collect();
+        for r in uncovered(call.output(), finals) {
+            let from = intersect(&r, &call.input());
+            if from.is_empty() || call.in_place(&from) {
+                continue;
+            }
+            mem.copy(
+                Region::Output(from.start - call.output_at),
+                Region::Input(from.start - call.input_at),
+                from.len(),
+            )?;
+        }
+        mem.publish(base + 1)?;
+
+        for (idx, i) in me.ins.iter().enumerate() {
+            let p = i.peer;
+            let sender = plan(p);
+            let o = sender
+                .matching_out(rank, i.step, i.seg)
+                .map(|o| sender.outs[o].clone())
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "internal: rank {p} sends nothing for step {} segment {}",
+                        i.step, i.seg
+                    ))
+                })?;
+            let ready = base + 1 + o.after_recv.map_or(0, |d| d as u64 + 1);
+            self.wait_progress(mem, &mut pacer, fp, p, ready, || {
+                format!(
+                    "rank {p} to finish the data this rank reads (step {}, segment {})",
+                    i.step, i.seg
+                )
+            })?;
+            mem.order_after(p)?;
+            if let Some(s) = i.after_send {
+                let sent: &Out = &me.outs[s];
+                let q = sent.peer;
+                let j = plan(q)
+                    .matching_in(rank, sent.step, sent.seg)
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "internal: rank {q} receives nothing for step {} segment {}",
+                            sent.step, sent.seg
+                        ))
+                    })?;
+                self.wait_progress(mem, &mut pacer, fp, q, base + 2 + j as u64, || {
+                    format!(
+                        "rank {q} to read what this rank sent (step {}, segment {})",
+                        sent.step, sent.seg
+                    )
+                })?;
+                mem.order_after(q)?;
+            }
+            // Final bytes go to the output too: fused with the combine when the whole
+            // frame is output, copied after it when only part is.
+            let w = if i.is_final() {
+                intersect(&i.range(), &call.output())
+            } else {
+                0..0
+            };
+            let fused = !w.is_empty() && w == i.range();
+            let out = fused.then(|| Region::Output(w.start - call.output_at));
+            match i.land {
+                Land::Copy => {
+                    mem.copy(Region::Mine(i.off), Region::Peer(p, o.off), i.len)?;
+                    if let Some(out) = out {
+                        mem.copy(out, Region::Mine(i.off), i.len)?;
+                    }
+                }
+                Land::Reduce {
+                    theirs_first,
+                    finish,
+                } => {
+                    let (mine, theirs) = (Region::Mine(i.off), Region::Peer(p, o.off));
+                    let (a, b) = if theirs_first {
+                        (theirs, mine)
+                    } else {
+                        (mine, theirs)
+                    };
+                    mem.combine(Region::Mine(i.off), out, a, b, i.len, finish)?;
+                }
+            }
+            if !fused && !w.is_empty() {
+                mem.copy(
+                    Region::Output(w.start - call.output_at),
+                    Region::Mine(w.start),
+                    w.len(),
+                )?;
+            }
+            mem.publish(base + 2 + idx as u64)?;
+            pacer.moved();
+        }
+        // A rank with a shorter plan still ends the call at the same counter value.
+        if (me.ins.len() as u64) + 1 < span {
+            mem.publish(base + span)?;
+        }
+        mem.end()?;
+        self.pull.base = base + span;
+        let mut consumers: Vec<usize> = me.outs.iter().map(|o| o.peer).collect();
+        consumers.sort_unstable();
+        consumers.dedup();
+        self.pull.consumers = consumers;
+        Ok(())
+    }
+
+    /// An empty frame each way with every peer of the call: their headers carry the
+    /// fingerprints, so a rank that called something else fails with a mismatch here.
+    fn exchange_fingerprints(&mut self, fp: &Fingerprint, peers: &[usize]) -> Result<()> {
+        let hello = |peer: usize| (peer, u32::MAX);
+        let plan = Plan {
+            outs: peers
+                .iter()
+                .map(|&q| {
+                    let (peer, step) = hello(q);
+                    Out {
+                        peer,
+                        step,
+                        seg: 0,
+                        off: 0,
+                        len: 0,
+                        after_recv: None,
+                    }
+                })
+                .collect(),
+            ins: peers
+                .iter()
+                .map(|&q| {
+                    let (peer, step) = hello(q);
+                    In {
+                        peer,
+                        step,
+                        seg: 0,
+                        off: 0,
+                        len: 0,
+                        land: Land::Copy,
+                        after_send: None,
+                    }
+                })
+                .collect(),
+        };
+        self.stream(
+            Channel::Collective,
+            fp,
+            &plan,
+            Data::Write(&mut []),
+            &mut NoCombine,
+        )
+    }
+
+    /// Waits until `peer`'s published progress reaches `at_least`.
+    fn wait_progress(
+        &mut self,
+        mem: &mut dyn MemPeers,
+        pacer: &mut Pacer,
+        fp: &Fingerprint,
+        peer: usize,
+        at_least: u64,
+        what: impl Fn() -> String,
+    ) -> Result<()> {
+        let mut seen = mem.progress(peer);
+        while seen < at_least {
+            pacer.idle_poll(self.rank, fp, || {
+                format!("{} (its progress is {seen}, needed {at_least})", what())
+            })?;
+            let now = mem.progress(peer);
+            if now != seen {
+                pacer.moved();
+                seen = now;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uncovered_is_the_complement() {
+        assert_eq!(uncovered(0..10, vec![2..4, 6..8]), vec![0..2, 4..6, 8..10]);
+        let everything: Vec<Range<usize>> = std::iter::once(0..10).collect();
+        assert_eq!(uncovered(0..10, everything), Vec::<Range<usize>>::new());
+        let left_gap = uncovered(4..8, vec![0..5, 7..20]);
+        assert_eq!((left_gap.len(), left_gap.first()), (1, Some(&(5..7))));
+        assert_eq!(uncovered(0..0, vec![]), Vec::<Range<usize>>::new());
+        assert!(intersect(&(0..4), &(6..9)).is_empty());
+    }
+}

@@ -1,0 +1,210 @@
+//! The push executor: a plan over links that move bytes (TCP, RDMA, in-process pipes).
+
+use super::pacer::frame_error;
+use super::{Engine, Pacer};
+use crate::algo::{In, Land, Plan};
+use crate::error::{Error, Result};
+use crate::reduce::Combine;
+use crate::transport::Channel;
+use crate::wire::{Fingerprint, FrameHeader, InFrame, OutFrame};
+use std::ops::Range;
+
+/// The buffer an operation runs on: read-only for one that only sends.
+pub(crate) enum Data<'a> {
+    /// Frames are only sent from it.
+    Read(&'a [u8]),
+    /// Frames are sent from it and land in it.
+    Write(&'a mut [u8]),
+}
+
+impl Data<'_> {
+    fn read(&self, r: Range<usize>) -> &[u8] {
+        match self {
+            Data::Read(b) => &b[r],
+            Data::Write(b) => &b[r],
+        }
+    }
+
+    fn write(&mut self, r: Range<usize>) -> Result<&mut [u8]> {
+        match self {
+            Data::Write(b) => Ok(&mut b[r]),
+            Data::Read(_) => Err(Error::InvalidArgument(
+                "internal: a plan receives into a read-only buffer".into(),
+            )),
+        }
+    }
+}
+
+/// Applies a received frame (in `scratch` when it combines) to the buffer.
+fn apply(i: &In, data: &mut Data<'_>, scratch: &mut [u8], comb: &mut dyn Combine) -> Result<()> {
+    let Land::Reduce {
+        theirs_first,
+        finish,
+    } = i.land
+    else {
+        return Ok(()); // a copy landed in place
+    };
+    let dst = data.write(i.range())?;
+    let src = &mut scratch[..i.len];
+    if theirs_first {
+        comb.reduce(src, dst)?;
+        dst.copy_from_slice(src);
+    } else {
+        comb.reduce(dst, src)?;
+    }
+    if finish {
+        comb.finish(dst)?;
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Runs `plan` over channel `ch` for the operation `fp` on `data`, combining with
+    /// `comb`. Both frame lists move as far as the links allow at once, so a ring step
+    /// sends right and receives left together, at any message size.
+    ///
+    /// A frame that combines is received into the engine's scratch buffer and applied
+    /// once its [`In::after_send`] has left; the next receive starts only then (the
+    /// scratch buffer holds one frame). A frame that copies lands in place, so it starts
+    /// only once its `after_send` has left.
+    pub(crate) fn stream(
+        &mut self,
+        ch: Channel,
+        fp: &Fingerprint,
+        plan: &Plan,
+        mut data: Data<'_>,
+        comb: &mut dyn Combine,
+    ) -> Result<()> {
+        self.beacon.set(fp.seq, fp.kind.code());
+        let scratch_need = plan
+            .ins
+            .iter()
+            .filter(|i| matches!(i.land, Land::Reduce { .. }))
+            .map(|i| i.len)
+            .max()
+            .unwrap_or(0);
+        self.scratch_bytes(scratch_need);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let r = self.stream_inner(
+            ch,
+            fp,
+            plan,
+            &mut data,
+            comb,
+            bytemuck::cast_slice_mut(&mut scratch),
+        );
+        self.scratch = scratch;
+        self.locate_on_timeout(r, fp, &plan.peers())
+    }
+
+    fn stream_inner(
+        &mut self,
+        ch: Channel,
+        fp: &Fingerprint,
+        plan: &Plan,
+        data: &mut Data<'_>,
+        comb: &mut dyn Combine,
+        scratch: &mut [u8],
+    ) -> Result<()> {
+        let (outs, ins) = (&plan.outs, &plan.ins);
+        let rank = self.rank;
+        let header = |step: u32, seg: u32, len: usize| FrameHeader {
+            fp: *fp,
+            step,
+            seg,
+            len: len as u32,
+        };
+        // `si`: next send; `ai`: next receive, which is applied once complete (or held in
+        // scratch, `held`, until its send dependency has left).
+        let (mut si, mut ai) = (0usize, 0usize);
+        let mut held = false;
+        let mut out: Option<OutFrame> = None;
+        let mut inp: Option<InFrame> = None;
+        let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
+        while si < outs.len() || ai < ins.len() {
+            let mut progressed = false;
+            while si < outs.len() {
+                let o = &outs[si];
+                if out.is_none() {
+                    if o.after_recv.is_some_and(|d| ai <= d) {
+                        break;
+                    }
+                    out = Some(OutFrame::new(&header(o.step, o.seg, o.len)));
+                }
+                let Some(frame) = out.as_mut() else { break };
+                let peer = self.link(ch, o.peer)?;
+                let (moved, done) = frame
+                    .progress(peer, data.read(o.off..o.off + o.len))
+                    .map_err(|e| frame_error(rank, e, o.peer, fp))?;
+                progressed |= moved > 0;
+                if !done {
+                    break;
+                }
+                out = None;
+                si += 1;
+                progressed = true;
+            }
+            if held && ins[ai].after_send.is_none_or(|s| si > s) {
+                apply(&ins[ai], data, scratch, comb)?;
+                held = false;
+                ai += 1;
+                progressed = true;
+            }
+            while !held && ai < ins.len() {
+                let i = &ins[ai];
+                let lands_in_place = matches!(i.land, Land::Copy);
+                if inp.is_none() {
+                    if lands_in_place && i.after_send.is_some_and(|s| si <= s) {
+                        break;
+                    }
+                    inp = Some(InFrame::new(header(i.step, i.seg, i.len)));
+                }
+                let Some(frame) = inp.as_mut() else { break };
+                let dst = if lands_in_place {
+                    data.write(i.range())?
+                } else {
+                    &mut scratch[..i.len]
+                };
+                let peer = self.link(ch, i.peer)?;
+                let (moved, done) = frame
+                    .progress(peer, dst)
+                    .map_err(|e| frame_error(rank, e, i.peer, fp))?;
+                progressed |= moved > 0;
+                if !done {
+                    break;
+                }
+                inp = None;
+                progressed = true;
+                if i.after_send.is_some_and(|s| si <= s) {
+                    held = true;
+                    break;
+                }
+                apply(i, data, scratch, comb)?;
+                ai += 1;
+            }
+            if si == outs.len() && ai == ins.len() {
+                break;
+            }
+            if progressed {
+                pacer.moved();
+                continue;
+            }
+            pacer.idle(&mut *self.waiter, rank, fp, || {
+                if ai < ins.len() && !held && (si == outs.len() || inp.is_some()) {
+                    let i = &ins[ai];
+                    format!(
+                        "data from rank {} (step {}, segment {})",
+                        i.peer, i.step, i.seg
+                    )
+                } else {
+                    let o = &outs[si.min(outs.len() - 1)];
+                    format!(
+                        "rank {} to take data (step {}, segment {})",
+                        o.peer, o.step, o.seg
+                    )
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
