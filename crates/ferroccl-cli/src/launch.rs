@@ -232,18 +232,6 @@ fn signal_suffix(sig: i32) -> String {
     format!(" {name}")
 }
 
-/// A fresh random job token: 32 bytes from the OS, as hex.
-fn new_token() -> String {
-    let (a, b) = (
-        ferroccl::rendezvous::auth::nonce(),
-        ferroccl::rendezvous::auth::nonce(),
-    );
-    a.iter()
-        .chain(b.iter())
-        .map(|x| format!("{x:02x}"))
-        .collect()
-}
-
 /// Variables of other launchers that `detect_env` would otherwise read.
 const FOREIGN_VARS: &[&str] = &[
     "PMI_RANK",
@@ -356,7 +344,7 @@ impl Job {
         let token = std::env::var("FERROCCL_TOKEN")
             .ok()
             .filter(|t| !t.is_empty())
-            .unwrap_or_else(new_token);
+            .unwrap_or_else(ferroccl::rendezvous::new_token);
         for rank in 0..nproc {
             let mut cmd = Command::new(program);
             cmd.args(args)

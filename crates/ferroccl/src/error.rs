@@ -23,9 +23,9 @@ pub enum Error {
     #[error("{op:?} is not supported for {dtype}: {why}")]
     UnsupportedOp {
         /// The requested operation.
-        op: crate::ReduceOp,
+        op: crate::reduce::ReduceOp,
         /// The element type it was asked for.
-        dtype: crate::DataType,
+        dtype: crate::reduce::DataType,
         /// What to do instead.
         why: &'static str,
     },

@@ -293,7 +293,6 @@ pub fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::
 /// and its simulated queue pair.
 pub mod internals {
     pub use crate::algo::schedule;
-    pub use crate::rendezvous::auth;
     #[cfg(feature = "cuda")]
     pub use crate::transport::cuda_ipc::busbw_limit_fraction;
     #[cfg(feature = "rdma")]

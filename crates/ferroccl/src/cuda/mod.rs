@@ -362,7 +362,7 @@ impl DeviceReducer {
 
     /// `dst[i] = dst[i] op src[i]` on the device, on the reducer's stream. Avg combines
     /// like Sum (divide with [`DeviceReducer::scale`]), as on the CPU.
-    pub fn reduce<T: crate::Element + DeviceRepr>(
+    pub fn reduce<T: crate::reduce::Element + DeviceRepr>(
         &self,
         dst: &mut CudaSlice<T>,
         src: &CudaSlice<T>,
@@ -385,7 +385,7 @@ impl DeviceReducer {
     }
 
     /// `dst[i] /= divisor` on the device (float types; no-op for integers).
-    pub fn scale<T: crate::Element + DeviceRepr>(
+    pub fn scale<T: crate::reduce::Element + DeviceRepr>(
         &self,
         dst: &mut CudaSlice<T>,
         divisor: f64,

@@ -19,7 +19,7 @@ pub struct LaunchEnv {
     pub master_port: Option<u16>,
     /// Which launcher the variables came from: `torchrun`, `openmpi`, `pmi`, `slurm`.
     pub source: &'static str,
-    /// `FERROCCL_TOKEN`, the job token, when set (see [`crate::rendezvous::auth`]).
+    /// `FERROCCL_TOKEN`, the job token, when set (see `Job::token` in `crate::config`).
     pub token: Option<String>,
     /// `FERROCCL_RDMA_GID_INDEX`: the GID table index the RDMA transport routes with
     /// (RoCE v2 setups often need one other than 0; `show_gids` lists them).

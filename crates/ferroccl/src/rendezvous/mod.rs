@@ -1,7 +1,8 @@
 //! Who am I, and where are my peers.
 //!
 //! [`detect_env`] reads the launcher's environment (torchrun, Slurm, Open MPI, PMI); this
-//! module is the only place in the crate that reads environment variables. The
+//! module is the only place in the crate that reads launcher variables (the CUDA layer
+//! reads where the CUDA headers are, `FERROCCL_CUDA_INCLUDE`, and nothing else does). The
 //! [`StoreServer`] is a small TCP key-value store that rank 0 serves at
 //! `MASTER_ADDR:MASTER_PORT`; every rank joins it with a [`StoreClient`], publishes its
 //! listening address and looks up its peers'.
@@ -27,10 +28,13 @@
 //! | `0x02` SET    | request | key length `u32`, key (UTF-8), value (the rest)  |
 //! | `0x03` GET    | request | key length `u32`, key, timeout in ms `u64`       |
 //! | `0x04` ADD    | request | key length `u32`, key, delta `i64`               |
+//! | `0x05` AUTH   | request | the client's nonce (16 bytes), when the job has a token |
+//! | `0x06` PROOF  | request | the client's HMAC over the exchange (32 bytes)   |
 //! | `0x81` JOINED | reply   | communicator id `u64`                            |
 //! | `0x82` DONE   | reply   | empty (answers SET)                              |
 //! | `0x83` VALUE  | reply   | the value (answers GET)                          |
 //! | `0x84` COUNT  | reply   | new counter value `i64` (answers ADD)            |
+//! | `0x85` CHALLENGE | reply | the server's nonce and HMAC (answers AUTH)      |
 //! | `0xFF` ERROR  | reply   | error code `u8`, message (UTF-8, the rest)       |
 //!
 //! Each body length is checked against the largest body its kind can have before
@@ -46,10 +50,11 @@
 //!
 //! `env.rs` reads the launcher environment; `proto.rs` is the wire protocol above, pure
 //! encoding and decoding; `server.rs` is the [`StoreServer`] and `client.rs` the
-//! [`StoreClient`]; [`auth`] is the job-token challenge-response that both of them, and
-//! the TCP transport between ranks, use.
+//! [`StoreClient`]; `auth.rs` is the job-token challenge-response that both of them, and
+//! the TCP transport between ranks, use. A store with a token answers an unauthenticated
+//! request with ERROR code 9 (unauthorized).
 
-pub mod auth;
+pub(crate) mod auth;
 mod client;
 mod env;
 mod proto;
@@ -59,3 +64,13 @@ pub use client::StoreClient;
 pub use env::{detect_env, detect_from, LaunchEnv};
 pub use proto::{MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use server::StoreServer;
+
+/// A fresh random job token (32 bytes from the operating system, as 64 hex digits), for
+/// a launcher to hand every rank of one job as `FERROCCL_TOKEN` ([`crate::config::Job::token`]).
+pub fn new_token() -> String {
+    let (a, b) = (auth::nonce(), auth::nonce());
+    a.iter()
+        .chain(b.iter())
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}

@@ -37,7 +37,7 @@ struct Shared {
     addr: SocketAddr,
     world_size: usize,
     comm_id: u64,
-    /// The job token every connection must prove (see [`crate::rendezvous::auth`]), if
+    /// The job token every connection must prove (see `Job::token` in `crate::config`), if
     /// any.
     token: Option<Vec<u8>>,
     shutdown: AtomicBool,
@@ -68,7 +68,7 @@ impl StoreServer {
     }
 
     /// [`StoreServer::bind`] for a job with a token: every connection must first prove
-    /// it by HMAC challenge-response (see [`crate::rendezvous::auth`]); anything else is
+    /// it by HMAC challenge-response (see `Job::token` in `crate::config`); anything else is
     /// refused.
     pub fn bind_with_token(
         addr: SocketAddr,

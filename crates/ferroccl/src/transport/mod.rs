@@ -1,27 +1,53 @@
 //! The transport contract: one [`Link`] per peer, moving bytes without blocking.
 //!
 //! A link is a reliable, ordered, full-duplex byte stream to one peer, driven by
-//! non-blocking `try_write`/`try_read` calls. The algorithms never block inside a link:
-//! they push on every link that can move, and when none can, they sleep in
+//! non-blocking `try_write`/`try_read` calls. The engine never blocks inside a link:
+//! it pushes on every link that can move, and when none can, it sleeps in
 //! [`Waiter::wait`] until one might. That is what lets a ring step send to the right
 //! and receive from the left at the same time, at any message size, with no deadlock
 //! and no extra thread.
 //!
-//! Framing (headers, tags, fingerprints, byte accounting) is common to every transport
-//! and lives in [`crate::wire`]; a transport only moves bytes. Algorithms see neither:
-//! they see a [`crate::Communicator`].
+//! Framing (headers, fingerprints, byte accounting) is common to every transport and
+//! lives in the engine; a transport only moves bytes. Algorithms see neither: they are
+//! plans the engine runs.
 //!
-//! A transport whose peers can read each other's memory (CUDA IPC) offers
-//! [`MemPeers`] as well; the engine then runs the same plans by reading the senders'
-//! memory instead of moving bytes through links.
+//! # The contract
 //!
-//! Making a rank's links is one call, [`Transport::connect`], after the rendezvous;
+//! - [`Link::try_write`] / [`Link::try_read`] move a prefix of the given buffers and
+//!   return how many bytes moved; `Ok(0)` means "would block, try again after the
+//!   waiter". They never block. Bytes arrive in order, exactly once. A read that finds
+//!   the stream closed by the peer returns [`LinkError::Closed`] (so does a write, where
+//!   the transport can tell); anything else is [`LinkError::Io`].
+//! - [`Link::shutdown`] closes both directions so the peer's next read fails fast (a
+//!   poisoned communicator calls it on every link); it is idempotent, and dropping a
+//!   link shuts it down too.
+//! - [`Link::raw_counts`] counts every byte the link wrote and read; the engine checks
+//!   its own accounting against it.
+//! - [`Connector::connect`] returns the link to `peer` on a [`Channel`], waiting for
+//!   the peer until the deadline; the two ends of a pair each connect once per channel
+//!   and get the two ends of one stream. Collective neighbours are connected when the
+//!   communicator is made, other peers on first point-to-point use.
+//!   [`Connector::peer_status`] asks a peer's [`Beacon`] which operation it is in, for a
+//!   timeout's message; it must work while the peer's own thread is stuck in a wait.
+//! - [`Waiter::wait`] sleeps until some link made by the connector may move, or the
+//!   timeout passes; returning early, even spuriously, is allowed, never sleeping past
+//!   a possible event is not.
+//! - A [`Transport`] makes all of that for one rank once it has joined the store
+//!   ([`Transport::connect`], given a [`Joined`]: the config, the job's communicator id,
+//!   a store connection to trade addresses through); [`Transport::probe`] refuses,
+//!   before any rendezvous, a transport that cannot run on this machine.
+//!
 //! [`builtin`] names the transports of this library, and a transport of your own is
-//! passed to [`crate::Communicator::init_with`]. Adding a transport touches no
+//! passed to [`crate::Communicator::init_with`] (see the `custom_transport` example, a
+//! complete transport over Unix-domain sockets). Adding a transport touches no
 //! algorithm and not `Communicator::init`.
 //!
+//! A transport whose peers can read each other's memory (CUDA IPC) offers
+//! [`MemPeers`] as well ([`Links::with_memory`]); the engine then runs the same plans
+//! by reading the senders' memory instead of moving bytes through links.
+//!
 //! Implementations: `tcp` (mio + socket2), `local` (in-process pipes, for threads in
-//! one process), `rdma` (verbs; its protocol core and a simulated queue pair always
+//! one process), `rdma` (verbs; its protocol core and a simulated queue pair are always
 //! built), `cuda_ipc` (feature `cuda`), and `memsim` (host memory shared by threads,
 //! with the timing of a GPU stream: the pull executor's test bed).
 

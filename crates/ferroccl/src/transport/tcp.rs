@@ -74,7 +74,7 @@ pub struct Hello {
 }
 
 /// [`Hello::flags`] bit: the sender authenticates with the job token (HMAC
-/// challenge-response after the hello; see [`crate::rendezvous::auth`]).
+/// challenge-response after the hello).
 pub const FLAG_AUTH: u16 = 1;
 
 /// Refusal codes carried in [`Hello::status`].

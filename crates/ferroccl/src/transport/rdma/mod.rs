@@ -49,7 +49,7 @@ impl super::Transport for Rdma {
         "rdma"
     }
 
-    fn probe(&self, _cfg: &crate::Config) -> crate::Result<()> {
+    fn probe(&self, _cfg: &crate::config::Config) -> crate::Result<()> {
         probe().map(|_| ())
     }
 

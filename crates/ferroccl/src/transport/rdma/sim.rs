@@ -518,7 +518,7 @@ impl Connector for SimConnector {
 }
 
 /// Builds the connectors and waiters of `n` ranks in one process linked by simulated
-/// RDMA queue pairs, rank order (like [`crate::transport::local::group`]).
+/// RDMA queue pairs, rank order (like the in-process transport).
 pub fn group(n: usize, params: SimParams) -> crate::Result<Vec<Links>> {
     params.ring.validate().map_err(crate::Error::Config)?;
     let fabric = Arc::new(Fabric {
