@@ -49,7 +49,7 @@
 //! line t = c + m × S with α = c / (2(n−1)) and β = m × n / (2(n−1)). When the free fit
 //! puts the intercept below zero, the best fit with α ≥ 0 is α = 0 and the line through
 //! the origin. Rows run with recursive doubling (small messages, see
-//! `Config::small_message_bytes`) follow another law; run the bench with
+//! `Tuning::small_message_bytes`) follow another law; run the bench with
 //! `--small-message-bytes 0` for a pure ring fit.
 
 use ferroccl::{Error, Result};

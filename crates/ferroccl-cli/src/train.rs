@@ -1,5 +1,5 @@
 //! `ferroccl train`: data-parallel training of a small CNN on MNIST-format digits
-//! (see `ferroccl::train`), and `--scaling` reports across world sizes.
+//! (see the `ferroccl-candle` package), and `--scaling` reports across world sizes.
 
 use clap::Args;
 use ferroccl::ddp::{Decay, WireDtype};

@@ -13,6 +13,7 @@ pub use crate::transport::memsim::SimMemParams;
 use crate::transport::rdma::sim;
 pub use crate::transport::rdma::sim::SimParams;
 use crate::{Communicator, Config};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,6 +69,61 @@ pub fn ticker(
             std::thread::sleep(Duration::from_millis(10));
         }
     })
+}
+
+/// A test's timeout on a manual clock: [`ManualTimeout::cfg`] carries the clock and
+/// the timeout; the test raises `started` once its ranks are where it wants a timeout,
+/// and `done` once it has what it waited for; a [`ticker`] advances the clock between.
+pub struct ManualTimeout {
+    /// `base` with the timeout, on the manual clock.
+    pub cfg: Config,
+    /// Raised by the test when the clock may start moving.
+    pub started: Arc<AtomicBool>,
+    /// Raised by the test when it is done.
+    pub done: Arc<AtomicBool>,
+    tick: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ManualTimeout {
+    /// `base` with a `timeout` measured on a fresh manual clock, and its ticker.
+    pub fn new(mut base: Config, timeout: Duration) -> Self {
+        let clock = crate::Clock::manual();
+        base.tuning.timeout = timeout;
+        base.tuning.clock = clock.clone();
+        let (started, done) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (s, d) = (started.clone(), done.clone());
+        let tick = ticker(
+            clock,
+            move || s.load(Ordering::SeqCst),
+            move || d.load(Ordering::SeqCst),
+        );
+        ManualTimeout {
+            cfg: base,
+            started,
+            done,
+            tick: Some(tick),
+        }
+    }
+
+    /// Sleeps until `done` is raised (or a minute passes): for a rank that must stay
+    /// silent, and alive, while the others time out.
+    pub fn wait_done(done: &AtomicBool) {
+        let end = Instant::now() + Duration::from_secs(60);
+        while !done.load(Ordering::SeqCst) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Raises `done` and waits for the ticker.
+    pub fn finish(mut self) {
+        self.done.store(true, Ordering::SeqCst);
+        if let Some(t) = self.tick.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A config suited to tests: short timeouts so a hang fails in seconds.

@@ -154,32 +154,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<JobFn> {
         self.check_op::<T>(op)?;
-        let fp = self.fingerprint(
-            OpKind::ReduceScatter,
-            T::DTYPE,
-            Some(op),
-            buf.len(),
-            None,
-            Algorithm::Ring,
-        );
-        let (n, seg, pull, es) = (
-            self.world_size,
-            self.cfg.tuning.segment_bytes,
-            self.host_pull,
-            size_of::<T>(),
-        );
-        Ok(job_over(buf, move |e, b| {
-            let whole = chunks.iter().map(|c| c.len()).max().unwrap_or(0).max(1);
-            let plan_of = |q: usize, pulled: bool| {
-                let s = if pulled {
-                    whole
-                } else {
-                    ring::seg_elems(&chunks, es, seg)
-                };
-                ring::reduce_scatter(q, n, &chunks, es, s)
-            };
-            execute(e, &fp, pull, &plan_of, b, T::DTYPE, Some(op))
-        }))
+        self.job_ring_half(buf, chunks, Some(op))
     }
 
     /// All-gather in place over `chunks`.
@@ -188,14 +163,23 @@ impl Communicator {
         buf: &mut [T],
         chunks: Vec<Range<usize>>,
     ) -> Result<JobFn> {
-        let fp = self.fingerprint(
-            OpKind::AllGather,
-            T::DTYPE,
-            None,
-            buf.len(),
-            None,
-            Algorithm::Ring,
-        );
+        self.job_ring_half(buf, chunks, None)
+    }
+
+    /// One half of the ring over `chunks`: the reduce-scatter half when `op` is given,
+    /// the all-gather half otherwise.
+    fn job_ring_half<T: Element>(
+        &self,
+        buf: &mut [T],
+        chunks: Vec<Range<usize>>,
+        op: Option<ReduceOp>,
+    ) -> Result<JobFn> {
+        let kind = if op.is_some() {
+            OpKind::ReduceScatter
+        } else {
+            OpKind::AllGather
+        };
+        let fp = self.fingerprint(kind, T::DTYPE, op, buf.len(), None, Algorithm::Ring);
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
@@ -210,9 +194,13 @@ impl Communicator {
                 } else {
                     ring::seg_elems(&chunks, es, seg)
                 };
-                ring::all_gather(q, n, &chunks, es, s)
+                if op.is_some() {
+                    ring::reduce_scatter(q, n, &chunks, es, s)
+                } else {
+                    ring::all_gather(q, n, &chunks, es, s)
+                }
             };
-            execute(e, &fp, pull, &plan_of, b, T::DTYPE, None)
+            execute(e, &fp, pull, &plan_of, b, T::DTYPE, op)
         }))
     }
 

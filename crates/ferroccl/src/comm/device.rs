@@ -36,6 +36,19 @@ struct DeviceIo {
     output_at: usize,
 }
 
+impl DeviceIo {
+    /// An in-place call on `bytes` at device address `d`.
+    fn in_place(d: u64, bytes: usize) -> Self {
+        DeviceIo {
+            input: (d, bytes),
+            output: (d, bytes),
+            bytes,
+            input_at: 0,
+            output_at: 0,
+        }
+    }
+}
+
 impl Communicator {
     /// The device a buffer lives on (opened once per process, with our stream), or a
     /// refusal that poisons the communicator (the peers would wait for this rank).
@@ -123,13 +136,7 @@ impl Communicator {
             );
             let dev = self.device_of(buf)?;
             let (d, _g) = buf.device_ptr_mut(dev.stream());
-            let io = DeviceIo {
-                input: (d, bytes),
-                output: (d, bytes),
-                bytes,
-                input_at: 0,
-                output_at: 0,
-            };
+            let io = DeviceIo::in_place(d, bytes);
             return self.pull_device(&fp, dev.ordinal, io, T::DTYPE, Some(op), &|q| {
                 ring::all_reduce(q, n, count, es, count.max(1))
             });
@@ -295,13 +302,7 @@ impl Communicator {
         let stream = dev.stream().clone();
         let (d, _g) = buf.device_ptr_mut(&stream);
         if self.device_pull {
-            let io = DeviceIo {
-                input: (d, bytes),
-                output: (d, bytes),
-                bytes,
-                input_at: 0,
-                output_at: 0,
-            };
+            let io = DeviceIo::in_place(d, bytes);
             return self.pull_device(&fp, dev.ordinal, io, T::DTYPE, None, &|q| {
                 chain::broadcast(q, n, root, bytes, chain_segment(true, bytes, n, es, 0))
             });
@@ -355,13 +356,7 @@ impl Communicator {
         if self.device_pull {
             let dev = self.device_of(buf)?;
             let (d, _g) = buf.device_ptr_mut(dev.stream());
-            let io = DeviceIo {
-                input: (d, bytes),
-                output: (d, bytes),
-                bytes,
-                input_at: 0,
-                output_at: 0,
-            };
+            let io = DeviceIo::in_place(d, bytes);
             return self.pull_device(&fp, dev.ordinal, io, T::DTYPE, Some(op), &|q| {
                 chain::reduce(q, n, root, bytes, chain_segment(true, bytes, n, es, 0))
             });

@@ -10,7 +10,7 @@
 //! * [`rng::Rng`]: the seedable, serialisable generator everything random draws from.
 //! * [`metrics`]: JSON-lines records and the equal-steps check.
 //!
-//! The model side lives in `crate::train` (feature `candle`), which drives these with
+//! The model side lives in the `ferroccl-candle` package, which drives these with
 //! a candle CNN; another framework would drive them the same way: after each backward
 //! segment hand the gradients to the reducer, before the optimizer step wait for it.
 

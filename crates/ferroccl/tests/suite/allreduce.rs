@@ -475,37 +475,21 @@ fn different_collective_arguments_are_a_mismatch() {
 
 #[test]
 fn a_silent_peer_times_out_and_poisons() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    let mut cfg = test_config();
-    let clock = ferroccl::Clock::manual();
-    cfg.tuning.timeout = Duration::from_millis(400);
-    cfg.tuning.clock = clock.clone();
-    let (started, done) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let (s2, d2) = (started.clone(), done.clone());
-    let tick = common::ticker(
-        clock,
-        move || s2.load(Ordering::SeqCst),
-        move || d2.load(Ordering::SeqCst),
-    );
-    let out = run_all(2, Net::Tcp, &cfg, Duration::from_secs(20), move |c| {
+    let rig = common::ManualTimeout::new(test_config(), Duration::from_millis(400));
+    let (started, done) = (rig.started.clone(), rig.done.clone());
+    let out = run_all(2, Net::Tcp, &rig.cfg, Duration::from_secs(20), move |c| {
         if c.rank() == 1 {
             // Rank 1 never calls the collective, and stays alive until rank 0 is done.
-            while !done.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            common::ManualTimeout::wait_done(&done);
             return Ok((String::new(), String::new()));
         }
-        started.store(true, Ordering::SeqCst);
+        started.store(true, std::sync::atomic::Ordering::SeqCst);
         let e = c.all_reduce(&mut [1.0f32; 100], ReduceOp::Sum).unwrap_err();
         let again = c.all_reduce(&mut [1.0f32; 100], ReduceOp::Sum).unwrap_err();
-        done.store(true, Ordering::SeqCst);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok((e.to_string(), again.to_string()))
     });
-    tick.join().unwrap();
+    rig.finish();
     let (first, again) = out[0].as_ref().unwrap().as_ref().unwrap();
     assert!(
         first.contains("timed out") && first.contains("rank 1") && first.contains("all_reduce #0"),

@@ -226,28 +226,12 @@ fn blocking_call_inside_a_scope_keeps_issue_order() {
 /// A failing background operation reports through its handle and poisons the rest.
 #[test]
 fn async_failure_reports_through_the_handle() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    let mut cfg = test_config();
-    let clock = ferroccl::Clock::manual();
-    cfg.tuning.timeout = Duration::from_millis(300);
-    cfg.tuning.clock = clock.clone();
-    let (started, done) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let (s2, d2) = (started.clone(), done.clone());
-    let tick = common::ticker(
-        clock,
-        move || s2.load(Ordering::SeqCst),
-        move || d2.load(Ordering::SeqCst),
-    );
-    let out = run_all(2, Net::Local, &cfg, Duration::from_secs(20), move |c| {
+    let rig = common::ManualTimeout::new(test_config(), Duration::from_millis(300));
+    let (started, done) = (rig.started.clone(), rig.done.clone());
+    let out = run_all(2, Net::Local, &rig.cfg, Duration::from_secs(20), move |c| {
         if c.rank() == 1 {
             // Silent (but alive) until rank 0 has its errors.
-            while !done.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            common::ManualTimeout::wait_done(&done);
             return Ok(None);
         }
         let mut a = vec![1.0f32; 10];
@@ -255,13 +239,13 @@ fn async_failure_reports_through_the_handle() {
         let (ea, eb) = c.scope(|s| {
             let ha = s.all_reduce(&mut a, ReduceOp::Sum).unwrap();
             let hb = s.all_reduce(&mut b, ReduceOp::Sum).unwrap();
-            started.store(true, Ordering::SeqCst);
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
             (ha.wait().unwrap_err(), hb.wait().unwrap_err())
         });
-        done.store(true, Ordering::SeqCst);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(Some((ea.to_string(), eb.to_string())))
     });
-    tick.join().unwrap();
+    rig.finish();
     let (ea, eb) = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
     assert!(
         ea.contains("timed out") && ea.contains("all_reduce #0"),

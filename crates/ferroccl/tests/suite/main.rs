@@ -15,6 +15,7 @@ mod ddp;
 mod faults;
 mod fuzz_wire;
 mod handshake;
+mod inprocess;
 mod layers;
 mod memsim;
 mod rdma_proto;

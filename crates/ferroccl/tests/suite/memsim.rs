@@ -11,7 +11,7 @@ use crate::common;
 use common::checks::{
     check_all_gather, check_all_reduce, check_broadcast, check_reduce, check_reduce_scatter,
 };
-use common::{all_errors, input, run, run_all, test_config, ticker, Net};
+use common::{all_errors, input, run, run_all, test_config, Net};
 use ferroccl::testing::SimMemParams;
 use ferroccl::{Clock, DataType, Error, ReduceOp};
 use proptest::prelude::*;
@@ -265,24 +265,12 @@ fn a_wait_on_a_silent_peer_s_memory_times_out_naming_it() {
         stall: Some((1, Duration::from_secs(1))),
         ..SimMemParams::default()
     };
-    let clock = Clock::manual();
-    let mut cfg = test_config();
-    cfg.tuning.clock = clock.clone();
-    cfg.tuning.timeout = Duration::from_secs(5);
-    let (started, done) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let (s2, d2) = (started.clone(), done.clone());
-    let tick = ticker(
-        clock,
-        move || s2.load(Ordering::SeqCst),
-        move || d2.load(Ordering::SeqCst),
-    );
+    let rig = common::ManualTimeout::new(test_config(), Duration::from_secs(5));
+    let (started, done) = (rig.started.clone(), rig.done.clone());
     let out = run_all(
         2,
         Net::MemSim(sim),
-        &cfg,
+        &rig.cfg,
         Duration::from_secs(30),
         move |c| {
             if c.rank() == 1 {
@@ -299,7 +287,7 @@ fn a_wait_on_a_silent_peer_s_memory_times_out_naming_it() {
             ))
         },
     );
-    tick.join().unwrap();
+    rig.finish();
     let e = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
     let t = e.to_string();
     assert!(matches!(e, Error::Timeout { .. }), "{t}");

@@ -30,7 +30,7 @@
 //! * A close is one more WRITE WITH IMMEDIATE, with the close bit set and no data; the
 //!   receiver posts `S + 1` receive requests at set-up so it always has one for it.
 //!
-//! # Invariants (checked by the property tests in `tests/rdma_proto.rs`)
+//! # Invariants (checked by the property tests in `tests/suite/rdma_proto.rs`)
 //!
 //! 1. **No overwrite of unread data.** A write of sequence `k` is posted only when the
 //!    receiver has freed sequence `k - S`, which is the previous occupant of the ring

@@ -61,11 +61,11 @@
 //! waiter as they run with a device, has never run on an RDMA device: the machines it
 //! was written on have none, and no RDMA support in the kernel. What is tested without
 //! hardware: the protocol and [`RdmaLink`] over the simulated queue pair
-//! (`tests/rdma_sim.rs`, `tests/rdma_proto.rs`), the connection record, the
+//! (`tests/suite/rdma_sim.rs`, `rdma_proto.rs`), the connection record, the
 //! work-request and completion translations and the queue-pair attributes ([`record`],
 //! [`post`] unit tests), the handshake's store protocol with the transitions stubbed
 //! ([`handshake`] unit tests, against an in-process store), and the no-device errors
-//! (`tests/rdma_device.rs`).
+//! (the CLI suite's `rdma_device.rs`).
 
 use super::proto::Params;
 use super::RdmaLink;
