@@ -345,10 +345,9 @@ pub fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::
 }
 
 /// Internals that the workspace's tests, benches and the CLI's `gpu-check` reach into:
-/// wire formats (to play a peer by hand), the ring schedule, the RDMA protocol core
-/// and its simulated queue pair.
+/// wire formats (to play a peer by hand), the RDMA protocol core and its simulated
+/// queue pair.
 pub mod internals {
-    pub use crate::algo::schedule;
     #[cfg(feature = "cuda")]
     pub use crate::transport::cuda_ipc::busbw_limit_fraction;
     #[cfg(feature = "rdma")]

@@ -23,7 +23,7 @@
 pub(crate) mod chain;
 pub(crate) mod doubling;
 pub(crate) mod ring;
-pub mod schedule;
+pub(crate) mod schedule;
 
 use std::ops::Range;
 

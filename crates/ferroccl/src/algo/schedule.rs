@@ -53,6 +53,7 @@ pub fn recv_chunk(n: usize, rank: usize, t: usize) -> usize {
 }
 
 /// The chunk rank `rank` holds fully reduced after the reduce-scatter half: its own.
+#[cfg(test)]
 pub fn owned_chunk(_n: usize, rank: usize) -> usize {
     rank
 }
@@ -121,6 +122,7 @@ pub struct Transfer {
 /// The ordered list of frames rank `rank` sends (`sending = true`) or receives in a
 /// ring all-reduce of `count` elements with segments of at most `seg_elems` elements.
 /// Both lists are in the order frames travel on the link.
+#[cfg(test)]
 pub fn allreduce_plan(
     count: usize,
     n: usize,
@@ -169,6 +171,7 @@ pub fn ring_plan(
 
 /// Payload elements rank `rank` sends in a ring all-reduce of `count` elements: the sum
 /// of the sizes of the chunks it sends, `2(n-1)/n · count` up to one element per chunk.
+#[cfg(test)]
 pub fn allreduce_send_elems(count: usize, n: usize, rank: usize) -> usize {
     (0..allreduce_steps(n))
         .map(|t| chunk_range(count, n, send_chunk(n, rank, t)).len())

@@ -145,7 +145,7 @@ impl Engine {
             // abort during it.
             let e = Error::Aborted {
                 rank: self.rank,
-                op: "the next operation (the communicator was aborted)".into(),
+                op: "this call (abort() came before it started)".into(),
             };
             self.poison(e.to_string());
             return Err(e);
@@ -182,12 +182,12 @@ impl Engine {
     }
 
     /// Adds to a timeout where the other ranks are ([`Engine::where_are_peers`]),
-    /// asking the peers of the operation, `waited`, first.
+    /// asking the peers of the operation, `waited()`, first (computed only then).
     pub(crate) fn locate_on_timeout(
         &mut self,
         r: Result<()>,
         fp: &Fingerprint,
-        waited: &[usize],
+        waited: impl FnOnce() -> Vec<usize>,
     ) -> Result<()> {
         match r {
             Err(Error::Timeout {
@@ -197,7 +197,7 @@ impl Engine {
                 waiting_for,
                 ..
             }) => {
-                let peers = self.where_are_peers(fp, waited);
+                let peers = self.where_are_peers(fp, &waited());
                 Err(Error::Timeout {
                     rank,
                     op,

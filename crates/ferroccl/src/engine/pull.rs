@@ -117,8 +117,8 @@ impl Engine {
         })?;
         let r = self.pull_inner(&mut *mem, fp, plan_of, call);
         self.mem = Some(mem);
-        let peers = plan_of(self.rank).peers();
-        self.locate_on_timeout(r, fp, &peers)
+        let rank = self.rank;
+        self.locate_on_timeout(r, fp, || plan_of(rank).peers())
     }
 
     fn pull_inner(

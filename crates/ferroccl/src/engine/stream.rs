@@ -94,7 +94,7 @@ impl Engine {
             bytemuck::cast_slice_mut(&mut scratch),
         );
         self.scratch = scratch;
-        self.locate_on_timeout(r, fp, &plan.peers())
+        self.locate_on_timeout(r, fp, || plan.peers())
     }
 
     fn stream_inner(
