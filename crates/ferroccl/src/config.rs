@@ -36,6 +36,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
 /// Default for [`TcpOptions::socket_buffer`].
 pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
+/// Default for [`Tuning::trace_capacity`].
+pub const DEFAULT_TRACE_CAPACITY: usize = 2048;
 /// Default for [`Tuning::busy_poll`].
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_millis(1);
 /// Default for [`Tuning::small_message_bytes`].
@@ -108,6 +110,9 @@ pub struct Tuning {
     /// The clock [`Tuning::timeout`] is measured on: the system's, or a [`Clock::manual`]
     /// one that tests advance by hand so that a timeout fires exactly when they say.
     pub clock: Clock,
+    /// Operations the flight recorder keeps ([`crate::trace`]): the last this many, for
+    /// dumps on failure, on `SIGUSR1` and at exit. 0 records nothing. Default 2048.
+    pub trace_capacity: usize,
 }
 
 /// Which transport links the ranks, and the options of each.
@@ -271,6 +276,7 @@ impl Default for Tuning {
             busy_poll: DEFAULT_BUSY_POLL,
             small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
             clock: Clock::system(),
+            trace_capacity: DEFAULT_TRACE_CAPACITY,
         }
     }
 }
@@ -422,6 +428,11 @@ impl ConfigBuilder {
     /// [`Tuning::small_message_bytes`].
     pub fn small_message_bytes(mut self, n: usize) -> Self {
         self.0.tuning.small_message_bytes = n;
+        self
+    }
+    /// [`Tuning::trace_capacity`].
+    pub fn trace_capacity(mut self, n: usize) -> Self {
+        self.0.tuning.trace_capacity = n;
         self
     }
     /// [`Tuning::clock`].

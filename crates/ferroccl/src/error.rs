@@ -83,6 +83,24 @@ pub enum Error {
         op: String,
     },
 
+    /// A peer gave up on the job and said why before closing its links: the failure
+    /// started at rank `origin` (a lost connection, a mismatch, a timeout) and reached
+    /// this rank through rank `peer`. Every survivor names the same origin and cause,
+    /// not the neighbour that closed on it.
+    #[error("rank {rank}: {op} failed because rank {origin} failed first: {cause} (told by rank {peer})")]
+    PeerFailed {
+        /// This rank.
+        rank: usize,
+        /// The peer whose notice arrived.
+        peer: usize,
+        /// The rank where the failure started.
+        origin: usize,
+        /// What happened there, in that rank's words.
+        cause: String,
+        /// The operation in progress here.
+        op: String,
+    },
+
     /// A peer sent bytes that break the protocol (a bad frame, a wrong tag or length).
     #[error("rank {rank}: protocol violation from rank {peer} during {op}: {detail}")]
     Protocol {

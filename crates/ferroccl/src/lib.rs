@@ -128,6 +128,19 @@
 //! other's memory (CUDA IPC) also offers [`transport::MemPeers`], and the engine then
 //! reads the senders' memory instead of moving bytes.
 //!
+//! # 6. When something goes wrong
+//!
+//! A failed call returns an [`Error`] naming this rank, the operation and the cause;
+//! the communicator is then poisoned and tells its peers why before it shuts its
+//! links, so every survivor names the rank where the failure started
+//! ([`Error::PeerFailed`]), not the neighbour that closed on it. Ranks that disagree
+//! on a call (count, dtype, op, root, kind) fail with [`Error::Mismatch`] naming both
+//! calls; a hang becomes an [`Error::Timeout`] saying where every other rank is.
+//! Each communicator also keeps a flight recorder of its last operations
+//! ([`trace`]): set `FERROCCL_TRACE_DIR` and every rank writes it there on a failure,
+//! on `SIGUSR1` and at exit, and `ferroccl trace DIR` merges the ranks into a
+//! Perfetto timeline with a straggler report.
+//!
 //! # Features
 //!
 //! Default: TCP and in-process links, no framework or CLI dependencies. `rdma`: RDMA
@@ -151,6 +164,7 @@ mod sync;
 mod sys;
 #[doc(hidden)]
 pub mod testing;
+pub mod trace;
 pub mod transport;
 pub(crate) mod wire;
 

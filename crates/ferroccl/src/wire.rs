@@ -33,6 +33,99 @@ use std::io::{IoSlice, IoSliceMut};
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 40;
 const FRAME_MAGIC: [u8; 4] = *b"FCCD";
+/// A failure notice instead of a frame: a rank that gives up tells each peer why
+/// before it shuts its links (bytes 4..8: the rank where the failure started; 36..40:
+/// the length of the UTF-8 cause that follows).
+const NOTICE_MAGIC: [u8; 4] = *b"FCCN";
+/// The longest cause a notice carries.
+const NOTICE_MAX: usize = 1024;
+
+/// A failure notice for `origin`'s `cause` (cut to [`NOTICE_MAX`] bytes).
+pub(crate) fn encode_notice(origin: usize, cause: &str) -> Vec<u8> {
+    let mut end = cause.len().min(NOTICE_MAX);
+    while !cause.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut b = vec![0u8; HEADER_LEN];
+    b[0..4].copy_from_slice(&NOTICE_MAGIC);
+    b[4..8].copy_from_slice(&(origin as u32).to_le_bytes());
+    b[36..40].copy_from_slice(&(end as u32).to_le_bytes());
+    b.extend_from_slice(&cause.as_bytes()[..end]);
+    b
+}
+
+/// If `header` starts a notice: its origin rank and cause length.
+fn notice_header(header: &[u8; HEADER_LEN]) -> Option<(usize, usize)> {
+    if header[0..4] != NOTICE_MAGIC {
+        return None;
+    }
+    let u32_at =
+        |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+    Some((u32_at(4) as usize, (u32_at(36) as usize).min(NOTICE_MAX)))
+}
+
+/// Reads the rest of a notice whose first `have` cause bytes are in `first`: what the
+/// link has now (the notice is written in one piece just before the link closes, so
+/// it has normally arrived whole). A cut-off cause is kept as far as it came.
+fn finish_notice(peer: &mut Peer, origin: usize, len: usize, first: &[u8]) -> FrameError {
+    let mut text = first[..first.len().min(len)].to_vec();
+    while text.len() < len {
+        let mut buf = vec![0u8; len - text.len()];
+        match peer.link.try_read(&mut [IoSliceMut::new(&mut buf)]) {
+            Ok(n) if n > 0 => text.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    FrameError::Notice {
+        origin,
+        cause: String::from_utf8_lossy(&text).into_owned(),
+    }
+}
+
+/// After a link failed: what the peer left on it before it closed, if this side was
+/// between frames (so the next bytes are a header): a notice saying why it gave up,
+/// or a frame of a call other than `fp` (a mismatch it saw first, or that this rank
+/// would have seen had its own write not failed first). Frames of `fp` itself are
+/// skipped, a bounded number of them.
+pub(crate) fn take_notice(peer: &mut Peer, fp: &Fingerprint) -> Option<FrameError> {
+    if peer.in_mid {
+        return None;
+    }
+    for _ in 0..64 {
+        let mut header = [0u8; HEADER_LEN];
+        let mut got = 0;
+        while got < HEADER_LEN {
+            match peer
+                .link
+                .try_read(&mut [IoSliceMut::new(&mut header[got..])])
+            {
+                Ok(n) if n > 0 => got += n,
+                _ => return None,
+            }
+        }
+        if let Some((origin, len)) = notice_header(&header) {
+            return Some(finish_notice(peer, origin, len, &[]));
+        }
+        let h = FrameHeader::decode(&header).ok()?;
+        if h.fp != *fp {
+            return Some(FrameError::Unexpected {
+                got: Ok(h),
+                expected: FrameHeader { fp: *fp, ..h },
+            });
+        }
+        // One of this call's frames: skip its payload.
+        let mut left = h.len as usize;
+        let mut buf = [0u8; 4096];
+        while left > 0 {
+            let k = left.min(buf.len());
+            match peer.link.try_read(&mut [IoSliceMut::new(&mut buf[..k])]) {
+                Ok(n) if n > 0 => left -= n,
+                _ => return None,
+            }
+        }
+    }
+    None
+}
 
 /// Which collective a frame belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -239,6 +332,21 @@ impl WireStats {
 pub(crate) struct Peer {
     pub link: Box<dyn Link>,
     pub stats: WireStats,
+    /// A frame has been partly written (a notice now would break the framing).
+    pub out_mid: bool,
+    /// A frame has been partly read (the next bytes are not a header).
+    pub in_mid: bool,
+}
+
+impl Peer {
+    pub fn new(link: Box<dyn Link>) -> Self {
+        Peer {
+            link,
+            stats: WireStats::default(),
+            out_mid: false,
+            in_mid: false,
+        }
+    }
 }
 
 /// What went wrong while moving a frame.
@@ -250,6 +358,8 @@ pub(crate) enum FrameError {
         got: Result<FrameHeader, String>,
         expected: FrameHeader,
     },
+    /// The peer gave up and sent a notice instead of the frame.
+    Notice { origin: usize, cause: String },
 }
 
 impl From<LinkError> for FrameError {
@@ -290,6 +400,7 @@ impl OutFrame {
         let mut moved = 0;
         loop {
             if self.hdr_done == HEADER_LEN && self.done == self.len {
+                peer.out_mid = false;
                 return Ok((moved, true));
             }
             let bufs = [
@@ -300,6 +411,7 @@ impl OutFrame {
             if n == 0 {
                 return Ok((moved, false));
             }
+            peer.out_mid = true;
             moved += n;
             let h = n.min(HEADER_LEN - self.hdr_done);
             self.hdr_done += h;
@@ -348,6 +460,12 @@ impl InFrame {
         let mut moved = 0;
         loop {
             if self.hdr_done == HEADER_LEN && !self.checked {
+                if let Some((origin, len)) = notice_header(&self.header) {
+                    // Cause bytes may already have landed in `dst`.
+                    let first = dst[..self.done].to_vec();
+                    peer.in_mid = false;
+                    return Err(finish_notice(peer, origin, len, &first));
+                }
                 let got = FrameHeader::decode(&self.header);
                 if got.as_ref() != Ok(&self.expected) {
                     return Err(FrameError::Unexpected {
@@ -358,6 +476,7 @@ impl InFrame {
                 self.checked = true;
             }
             if self.checked && self.done == self.len {
+                peer.in_mid = false;
                 return Ok((moved, true));
             }
             let mut bufs = [
@@ -368,6 +487,7 @@ impl InFrame {
             if n == 0 {
                 return Ok((moved, false));
             }
+            peer.in_mid = true;
             moved += n;
             let h = n.min(HEADER_LEN - self.hdr_done);
             self.hdr_done += h;

@@ -8,9 +8,63 @@
 //!   is last.
 //! - Reduce: the chain starts right of the root and ends at the root; each rank combines
 //!   what arrives with its own data and passes it on, the root keeps the result.
+//!
+//! # Root agreement
+//!
+//! A rank may return Ok from a broadcast or reduce only once every rank is known to
+//! have made the same call, root included: otherwise ranks that disagree on the root
+//! would return different data, or wait for data nobody sends (a reduce where every
+//! rank names itself the root). Each plan therefore carries empty frames whose headers
+//! carry the call's fingerprint, checked on arrival:
+//!
+//! - up to [`FULL_CHECK_MAX`] ranks, every rank sends one to every other rank first
+//!   and receives one from every other rank before any data: each rank checks every
+//!   other directly. The frames leave at once and travel beside the data, so the cost
+//!   is a few small frames, not a round of latency.
+//! - beyond, every rank sends one to its right neighbour and receives one from its left
+//!   first (so no rank waits for data from a left neighbour that disagrees, and some
+//!   rank always sees a disagreement at once), and after its data, the frames of a
+//!   recursive-doubling barrier: its last frame reaches a rank only after every rank
+//!   has checked a neighbour's fingerprint against its own, `log2 n` rounds.
+//!
+//! A rank that sees a disagreement fails with a mismatch naming both calls; the others
+//! learn of it through the notice it sends before closing its links. Nobody waits for
+//! the timeout, and no rank returns Ok unless every rank called the same thing.
 
 use super::schedule::{left, right};
 use super::{frames, In, Land, Out, Plan};
+
+/// The step number of the check frames sent first (data frames are step 0).
+const CHECK_STEP: u32 = 1;
+/// The first step number of the agreement barrier after the data (large worlds).
+const AGREE_STEP: u32 = 2;
+/// Worlds up to this size check every pair of ranks directly.
+pub(crate) const FULL_CHECK_MAX: usize = 8;
+
+/// An empty check frame to `peer` at `step`.
+fn check_out(peer: usize, step: u32) -> Out {
+    Out {
+        peer,
+        step,
+        seg: 0,
+        off: 0,
+        len: 0,
+        after_recv: None,
+    }
+}
+
+/// An empty check frame from `peer` at `step`.
+fn check_in(peer: usize, step: u32) -> In {
+    In {
+        peer,
+        step,
+        seg: 0,
+        off: 0,
+        len: 0,
+        land: Land::Copy,
+        after_send: None,
+    }
+}
 
 /// The frames of a chain over `len` bytes in segments of `seg` bytes, from the side of
 /// the rank at `pos` (0 starts, `n-1` ends). Everyone but the first receives each
@@ -21,6 +75,17 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
     if n == 1 {
         return plan;
     }
+    // The check frames that go first (see the module docs).
+    if n <= FULL_CHECK_MAX {
+        for d in 1..n {
+            plan.outs.push(check_out((rank + d) % n, CHECK_STEP));
+            plan.ins.push(check_in((rank + n - d) % n, CHECK_STEP));
+        }
+    } else {
+        plan.outs.push(check_out(right(rank, n), CHECK_STEP));
+        plan.ins.push(check_in(left(rank, n), CHECK_STEP));
+    }
+    let checks = plan.ins.len();
     for (i, (j, r)) in frames(len, seg).enumerate() {
         if pos > 0 {
             plan.ins.push(In {
@@ -40,9 +105,25 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
                 seg: j,
                 off: r.start,
                 len: r.len(),
-                after_recv: (pos > 0).then_some(i),
+                after_recv: (pos > 0).then_some(checks + i),
             });
         }
+    }
+    if n > FULL_CHECK_MAX {
+        // The agreement barrier, after the data on every link.
+        let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
+        let barrier = super::doubling::plan(rank, n, 0);
+        plan.outs.extend(barrier.outs.into_iter().map(|o| Out {
+            step: AGREE_STEP + o.step,
+            after_recv: o.after_recv.map(|i| ins0 + i),
+            ..o
+        }));
+        plan.ins.extend(barrier.ins.into_iter().map(|i| In {
+            step: AGREE_STEP + i.step,
+            land: Land::Copy,
+            after_send: i.after_send.map(|s| outs0 + s),
+            ..i
+        }));
     }
     plan
 }
@@ -70,6 +151,171 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_rank_checks_before_any_data() {
+        for n in 2..=12 {
+            for root in 0..n {
+                for rank in 0..n {
+                    for plan in [
+                        broadcast(rank, n, root, 64, 16),
+                        reduce(rank, n, root, 64, 16),
+                    ] {
+                        let k = if n <= FULL_CHECK_MAX { n - 1 } else { 1 };
+                        assert!(plan.outs[..k]
+                            .iter()
+                            .all(|o| o.step == CHECK_STEP && o.len == 0));
+                        assert!(plan.ins[..k]
+                            .iter()
+                            .all(|i| i.step == CHECK_STEP && i.len == 0));
+                        assert!(plan.outs[..k].iter().all(|o| o.after_recv.is_none()));
+                        assert!(plan.ins[..k].iter().any(|i| i.peer == left(rank, n)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How a call ends on one rank when every rank follows its own root.
+    #[derive(Debug, PartialEq)]
+    enum End {
+        Ok(Vec<f64>),
+        /// A frame's root differed from this rank's (the executor's mismatch).
+        Mismatch,
+        /// The peer it waited on failed first and closed its links.
+        Closed,
+    }
+
+    /// Runs each rank's plan for its own root, as the stream executor does: a frame
+    /// whose sender's root differs fails the receiver, a failed rank's links close
+    /// (frames it sent before stay readable). Panics if any rank would wait forever.
+    fn run_disagreeing(plans: &[Plan], roots: &[usize], mut bufs: Vec<Vec<f64>>) -> Vec<End> {
+        use std::collections::VecDeque;
+        let n = plans.len();
+        let (mut si, mut ai) = (vec![0usize; n], vec![0usize; n]);
+        let mut end: Vec<Option<End>> = (0..n).map(|_| None).collect();
+        type Wire = VecDeque<(u32, u32, usize, Vec<f64>)>;
+        let mut wires: Vec<Vec<Wire>> = (0..n)
+            .map(|_| (0..n).map(|_| VecDeque::new()).collect())
+            .collect();
+        loop {
+            let mut moved = false;
+            for r in 0..n {
+                if end[r].is_some() {
+                    continue;
+                }
+                let p = &plans[r];
+                while si[r] < p.outs.len() {
+                    let o = &p.outs[si[r]];
+                    if o.after_recv.is_some_and(|d| ai[r] <= d) {
+                        break;
+                    }
+                    let data = bufs[r][o.off / 8..(o.off + o.len) / 8].to_vec();
+                    wires[r][o.peer].push_back((o.step, o.seg, roots[r], data));
+                    si[r] += 1;
+                    moved = true;
+                }
+                while ai[r] < p.ins.len() {
+                    let i = &p.ins[ai[r]];
+                    let Some((step, seg, root, data)) = wires[i.peer][r].pop_front() else {
+                        if matches!(end[i.peer], Some(End::Mismatch | End::Closed)) {
+                            end[r] = Some(End::Closed);
+                            moved = true;
+                        }
+                        break;
+                    };
+                    if root != roots[r] {
+                        end[r] = Some(End::Mismatch);
+                        moved = true;
+                        break;
+                    }
+                    assert_eq!((step, seg, data.len() * 8), (i.step, i.seg, i.len));
+                    let dst = &mut bufs[r][i.off / 8..(i.off + i.len) / 8];
+                    match i.land {
+                        Land::Copy => dst.copy_from_slice(&data),
+                        Land::Reduce { .. } => dst.iter_mut().zip(&data).for_each(|(d, s)| *d += s),
+                    }
+                    ai[r] += 1;
+                    moved = true;
+                }
+                if end[r].is_none() && si[r] == p.outs.len() && ai[r] == p.ins.len() {
+                    end[r] = Some(End::Ok(bufs[r].clone()));
+                    moved = true;
+                }
+            }
+            if end.iter().all(Option::is_some) {
+                return end.into_iter().flatten().collect();
+            }
+            assert!(moved, "ranks with roots {roots:?} wait forever: {end:?}");
+        }
+    }
+
+    /// Ranks that disagree on the root: for every assignment of roots in worlds of 2 to
+    /// 5, and for random ones in worlds past [`FULL_CHECK_MAX`], no rank waits
+    /// forever, some rank reports the mismatch, and no rank returns Ok.
+    #[test]
+    fn root_disagreements_fail_fast_on_every_rank() {
+        let mut cases: Vec<Vec<usize>> = Vec::new();
+        for n in 2..=5usize {
+            for code in 0..n.pow(n as u32) {
+                cases.push((0..n).map(|r| code / n.pow(r as u32) % n).collect());
+            }
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for n in [9usize, 12, 13, 16] {
+            for _ in 0..200 {
+                // Mostly one root, a few ranks naming another: the hard cases.
+                let base = (x >> 7) as usize % n;
+                let roots = (0..n)
+                    .map(|_| {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        if (x >> 60) < 3 {
+                            (x >> 20) as usize % n
+                        } else {
+                            base
+                        }
+                    })
+                    .collect();
+                cases.push(roots);
+            }
+            cases.push(vec![0; n]);
+        }
+        for roots in cases {
+            let n = roots.len();
+            {
+                let agree = roots.iter().all(|&x| x == roots[0]);
+                let bufs = || (0..n).map(|r| vec![r as f64 + 1.0; 4]).collect::<Vec<_>>();
+                let b: Vec<Plan> = (0..n).map(|r| broadcast(r, n, roots[r], 32, 8)).collect();
+                let ends = run_disagreeing(&b, &roots, bufs());
+                for (r, e) in ends.iter().enumerate() {
+                    if let End::Ok(v) = e {
+                        assert_eq!(
+                            v,
+                            &vec![roots[r] as f64 + 1.0; 4],
+                            "roots {roots:?} rank {r}"
+                        );
+                    }
+                }
+                let p: Vec<Plan> = (0..n).map(|r| reduce(r, n, roots[r], 32, 8)).collect();
+                let rends = run_disagreeing(&p, &roots, bufs());
+                let sum = (n * (n + 1) / 2) as f64;
+                for (r, e) in rends.iter().enumerate() {
+                    if let (End::Ok(v), true) = (e, roots[r] == r) {
+                        assert_eq!(v, &vec![sum; 4], "roots {roots:?} rank {r}");
+                    }
+                }
+                for ends in [&ends, &rends] {
+                    let mismatches = ends.iter().filter(|e| **e == End::Mismatch).count();
+                    assert_eq!(mismatches == 0, agree, "roots {roots:?}: {ends:?}");
+                    // Every rank returns Ok when all agree, and none does otherwise.
+                    let oks = ends.iter().filter(|e| matches!(e, End::Ok(_))).count();
+                    assert_eq!(oks, if agree { n } else { 0 }, "roots {roots:?}: {ends:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn broadcast_and_reduce_compute_their_definition() {
         for n in 1..=9 {
             for root in 0..n {
@@ -86,9 +332,13 @@ mod tests {
                     let out = simulate(&p, bufs);
                     let want = (n * (n + 1) / 2) as f64;
                     assert_eq!(out[root], vec![want; len / 8], "n={n} root={root}");
-                    // Only the root's receives are final.
+                    // Only the root's receives of data are final.
                     for (r, plan) in p.iter().enumerate() {
-                        assert!(plan.ins.iter().all(|i| i.is_final() == (r == root)));
+                        assert!(plan
+                            .ins
+                            .iter()
+                            .filter(|i| i.len > 0)
+                            .all(|i| i.is_final() == (r == root)));
                     }
                 }
             }

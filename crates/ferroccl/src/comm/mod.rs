@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::reduce::{check_op, DataType, Element, ReduceOp};
 use crate::rendezvous::{StoreClient, StoreServer};
 use crate::sync::{lock, wait};
+use crate::trace::now_ns;
 use crate::transport::{self, Channel, Joined, Links, Transport, TransportKind};
 use crate::wire::{Fingerprint, OpKind, WireStats};
 use scope::{Completion, JobFn};
@@ -37,6 +38,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
+
+/// Round trips to the store at start-up for the flight recorder's clock offset.
+const CLOCK_ROUNDS: usize = 5;
 
 /// One rank's handle on a group of ranks: its links to peers and the collectives over
 /// them.
@@ -96,6 +100,8 @@ struct Queue {
 struct Job {
     run: JobFn,
     done: Arc<Completion>,
+    /// When it was issued, for the flight recorder.
+    issued: u64,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -162,12 +168,30 @@ impl Communicator {
             j.token.as_deref(),
         )?;
         let comm_id = store.join(j.rank, j.world_size)?;
+        // The flight recorder's clock offset to the store's host (rank 0's); a store
+        // that cannot say leaves it unknown.
+        let clock = if j.rank == 0 && j.serve_store {
+            Some((0, 0)) // the store runs in this process: one clock
+        } else {
+            // An offset within its own error bound (ranks on the store's host) is
+            // indistinguishable from none.
+            store.clock_offset(CLOCK_ROUNDS).ok().map(|(o, e)| {
+                if o.unsigned_abs() <= e {
+                    (0, e)
+                } else {
+                    (o, e)
+                }
+            })
+        };
         let links = transport.connect(Joined {
             config: cfg.clone(),
             comm_id,
             store,
         })?;
-        let c = Self::assemble(cfg, links, server)?;
+        let c = Self::assemble(cfg, links, server, transport.name())?;
+        if let Some((offset, err)) = clock {
+            lock(&c.shared.engine).rec.set_clock(offset, Some(err));
+        }
         tracing::debug!(
             rank = c.rank,
             world = c.world_size,
@@ -188,7 +212,7 @@ impl Communicator {
             .map(|(r, links)| {
                 let mut cfg = base.for_rank(r, world_size);
                 cfg.transport.kind = TransportKind::Local;
-                Self::assemble(cfg, links, None)
+                Self::assemble(cfg, links, None, "local")
             })
             .collect()
     }
@@ -199,14 +223,19 @@ impl Communicator {
     /// not used.
     pub fn with_links(cfg: Config, links: Links) -> Result<Self> {
         cfg.validate()?;
-        Self::assemble(cfg, links, None)
+        Self::assemble(cfg, links, None, "custom")
     }
 
-    fn assemble(cfg: Config, links: Links, server: Option<StoreServer>) -> Result<Self> {
+    fn assemble(
+        cfg: Config,
+        links: Links,
+        server: Option<StoreServer>,
+        transport: &str,
+    ) -> Result<Self> {
         let (rank, n) = (cfg.job.rank, cfg.job.world_size);
         let host_pull = links.mem.as_ref().is_some_and(|m| m.host_memory());
         let device_pull = links.mem.as_ref().is_some_and(|m| !m.host_memory());
-        let mut engine = Engine::new(rank, n, cfg.tuning.clone(), links);
+        let mut engine = Engine::new(rank, n, cfg.tuning.clone(), links, transport);
         // Connect higher ranks first: they are the ones accepting (see transport::tcp).
         let deadline = Instant::now() + cfg.tuning.connect_timeout;
         let mut peers = link_peers(rank, n);
@@ -279,6 +308,16 @@ impl Communicator {
         AbortHandle::new(self.abort.clone())
     }
 
+    /// Writes this rank's flight recorder ([`crate::trace`]) to `dir/rank-<rank>.jsonl`
+    /// and returns the path: the last [`Tuning::trace_capacity`](crate::config::Tuning)
+    /// operations, as `ferroccl trace DIR` reads them. Waits for background
+    /// operations first.
+    pub fn dump_trace(&self, dir: impl AsRef<std::path::Path>) -> Result<std::path::PathBuf> {
+        self.wait_idle();
+        let rec = lock(&self.shared.engine).rec.clone();
+        rec.dump(dir.as_ref(), "request")
+    }
+
     /// Why this communicator is unusable, if it is.
     pub fn poisoned(&self) -> Option<String> {
         lock(&self.shared.engine).poisoned.clone()
@@ -307,8 +346,9 @@ impl Communicator {
     /// Runs a job on this thread, after any background ones, inside the engine's run
     /// wrapper (poison check before, poisoning on failure).
     fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
+        let issued = now_ns();
         self.wait_idle();
-        lock(&self.shared.engine).run(job)
+        lock(&self.shared.engine).run(issued, job)
     }
 
     /// Fails the call and poisons the communicator: this rank will not take part, so
@@ -347,6 +387,7 @@ impl Communicator {
             q.jobs.push_back(Job {
                 run,
                 done: done.clone(),
+                issued: now_ns(),
             });
         }
         self.shared.cv.notify_all();
@@ -421,10 +462,10 @@ fn drain_inline(shared: &Shared) {
 }
 
 fn run_job(shared: &Shared, job: Job) {
-    let Job { run, done } = job;
+    let Job { run, done, issued } = job;
     let r = {
         let mut e = lock(&shared.engine);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.run(run)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.run(issued, run)));
         r.unwrap_or_else(|_| {
             e.poison("a background operation panicked".into());
             Err(Error::Poisoned("a background operation panicked".into()))
@@ -443,7 +484,9 @@ impl Drop for Communicator {
         if let Some(h) = self.worker.get_mut().take() {
             let _ = h.join();
         }
-        lock(&self.shared.engine).shutdown();
+        let mut e = lock(&self.shared.engine);
+        e.shutdown();
+        e.rec.dump_to_env_dir("drop");
     }
 }
 

@@ -28,6 +28,7 @@ pub(crate) use stream::Data;
 
 use crate::config::Tuning;
 use crate::error::{Error, Result};
+use crate::trace::{LinkBytes, OpRecord, PeerWait, Recorder};
 use crate::transport::{Beacon, Channel, Connector, Links, MemPeers, Waiter};
 use crate::wire::{Fingerprint, OpKind, Peer, WireStats};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,6 +61,25 @@ pub(crate) struct Engine {
     mem: Option<Box<dyn MemPeers>>,
     /// The pull executor's state between calls.
     pull: pull::PullState,
+    /// The flight recorder, and what it is told about the operation in flight.
+    pub rec: Arc<Recorder>,
+    track: Option<OpTrack>,
+    /// When the operation now running was issued (ns since the Unix epoch).
+    enqueued_ns: u64,
+}
+
+/// The flight recorder's view of the operation in flight, kept by the engine so that
+/// recording costs no lock per frame.
+struct OpTrack {
+    seq: u64,
+    kind: OpKind,
+    /// Bytes each link had moved when the operation started: (peer, sent, received).
+    start: Vec<(usize, u64, u64)>,
+    /// Idle nanoseconds per peer waited on.
+    waits: Vec<(usize, u64)>,
+    /// The peer waited on last, and whether the recorder has been told.
+    waiting_on: Option<usize>,
+    told: Option<usize>,
 }
 
 fn ch_index(ch: Channel) -> usize {
@@ -71,7 +91,7 @@ fn ch_index(ch: Channel) -> usize {
 }
 
 impl Engine {
-    pub fn new(rank: usize, world_size: usize, cfg: Tuning, links: Links) -> Self {
+    pub fn new(rank: usize, world_size: usize, cfg: Tuning, links: Links, transport: &str) -> Self {
         let n = world_size;
         Engine {
             rank,
@@ -88,7 +108,137 @@ impl Engine {
             poisoned: None,
             mem: links.mem,
             pull: pull::PullState::default(),
+            rec: Recorder::new(rank, n, transport, cfg.trace_capacity),
+            track: None,
+            enqueued_ns: 0,
             cfg,
+        }
+    }
+
+    /// Bytes sent and received per peer over both channels, headers included.
+    fn link_bytes(&self) -> Vec<(usize, u64, u64)> {
+        let mut v: Vec<(usize, u64, u64)> = Vec::new();
+        for links in &self.links {
+            for (q, p) in links.iter().enumerate() {
+                if let Some(p) = p {
+                    let s = &p.stats;
+                    let (sent, recv) = (
+                        s.payload_sent + s.header_sent,
+                        s.payload_recv + s.header_recv,
+                    );
+                    match v.iter_mut().find(|e| e.0 == q) {
+                        Some(e) => {
+                            e.1 += sent;
+                            e.2 += recv;
+                        }
+                        None => v.push((q, sent, recv)),
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The executors call this when an operation starts moving data (again for the
+    /// same operation: ignored).
+    pub(crate) fn trace_begin(&mut self, fp: &Fingerprint) {
+        if self.cfg.trace_capacity == 0
+            || self
+                .track
+                .as_ref()
+                .is_some_and(|t| t.seq == fp.seq && t.kind == fp.kind)
+        {
+            return;
+        }
+        let start_ns = crate::trace::now_ns();
+        self.rec.begin(OpRecord {
+            seq: fp.seq,
+            kind: fp.kind.name().into(),
+            dtype: fp.dtype.to_string(),
+            count: fp.count,
+            op: fp.op.map(|o| o.to_string()),
+            root: fp.root,
+            algo: fp.algo.name().into(),
+            enqueue_ns: self.enqueued_ns.min(start_ns),
+            start_ns,
+            end_ns: None,
+            outcome: String::new(),
+            waiting_on: None,
+            links: Vec::new(),
+            waits: Vec::new(),
+        });
+        self.track = Some(OpTrack {
+            seq: fp.seq,
+            kind: fp.kind,
+            start: self.link_bytes(),
+            waits: Vec::new(),
+            waiting_on: None,
+            told: None,
+        });
+    }
+
+    /// The operation in flight is about to wait on `peer`.
+    pub(crate) fn trace_waiting(&mut self, peer: usize) {
+        if let Some(t) = self.track.as_mut() {
+            t.waiting_on = Some(peer);
+        }
+    }
+
+    /// The operation in flight waited `ns` nanoseconds on `peer`.
+    pub(crate) fn trace_waited(&mut self, peer: usize, ns: u64) {
+        let Some(t) = self.track.as_mut() else {
+            return;
+        };
+        match t.waits.iter_mut().find(|w| w.0 == peer) {
+            Some(w) => w.1 += ns,
+            None => t.waits.push((peer, ns)),
+        }
+        if t.told != Some(peer) {
+            // Once per change of peer: a dump taken during a hang names the peer.
+            t.told = Some(peer);
+            self.rec.waiting_on(peer);
+        }
+    }
+
+    /// The operation in flight ended with `r`: its record is completed and kept, and a
+    /// failure dumps the recorder (into `FERROCCL_TRACE_DIR`, when set).
+    fn trace_end(&mut self, r: &Result<()>) {
+        if let Some(t) = self.track.take() {
+            let now = self.link_bytes();
+            let links = now
+                .iter()
+                .map(|&(peer, sent, recv)| {
+                    let (s0, r0) = t
+                        .start
+                        .iter()
+                        .find(|e| e.0 == peer)
+                        .map_or((0, 0), |e| (e.1, e.2));
+                    LinkBytes {
+                        peer,
+                        sent: sent - s0,
+                        recv: recv - r0,
+                    }
+                })
+                .filter(|l| l.sent > 0 || l.recv > 0)
+                .collect();
+            let waits = t
+                .waits
+                .iter()
+                .map(|&(peer, ns)| PeerWait { peer, ns })
+                .collect();
+            let (outcome, waiting_on) = match r {
+                Ok(()) => ("ok".to_string(), None),
+                Err(e) => (e.to_string(), t.waiting_on),
+            };
+            self.rec.end(outcome, waiting_on, links, waits);
+        }
+        if let Err(e) = r {
+            let reason = match e {
+                Error::Timeout { .. } => "timeout",
+                Error::Aborted { .. } => "abort",
+                _ => "error",
+            };
+            self.rec.dump_to_env_dir(reason);
         }
     }
 
@@ -96,10 +246,7 @@ impl Engine {
     pub fn connect(&mut self, ch: Channel, peer: usize, deadline: Instant) -> Result<()> {
         if self.links[ch_index(ch)][peer].is_none() {
             let link = self.connector.connect(peer, ch, deadline)?;
-            self.links[ch_index(ch)][peer] = Some(Peer {
-                link,
-                stats: WireStats::default(),
-            });
+            self.links[ch_index(ch)][peer] = Some(Peer::new(link));
         }
         Ok(())
     }
@@ -136,7 +283,13 @@ impl Engine {
 
     /// Runs one operation: fails fast if poisoned, and poisons on any failure (the
     /// peers of a failed operation are out of step with this rank).
-    pub fn run(&mut self, op: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
+    /// `enqueued_ns` is when the caller issued it (for the flight recorder).
+    pub fn run(
+        &mut self,
+        enqueued_ns: u64,
+        op: impl FnOnce(&mut Engine) -> Result<()>,
+    ) -> Result<()> {
+        self.enqueued_ns = enqueued_ns;
         if let Some(why) = &self.poisoned {
             return Err(Error::Poisoned(why.clone()));
         }
@@ -152,13 +305,61 @@ impl Engine {
         }
         let r = op(self);
         if let Err(e) = &r {
-            self.poison(e.to_string());
+            let (origin, cause) = self.origin_of(e);
+            self.poison_with(origin, &cause, e.to_string());
         }
+        self.trace_end(&r);
         r
     }
 
-    /// Marks the engine unusable and shuts every link so peers fail fast too.
+    /// Where a failure started, and the cause to tell the peers: a notice received is
+    /// passed on as it came; a lost peer is named as the origin; anything else started
+    /// here.
+    fn origin_of(&self, e: &Error) -> (usize, String) {
+        match e {
+            Error::PeerFailed { origin, cause, .. } => (*origin, cause.clone()),
+            Error::PeerClosed { rank, peer, op } => (
+                *peer,
+                format!(
+                    "rank {peer} lost (its connection closed during {op}), seen by rank {rank}"
+                ),
+            ),
+            e => (self.rank, e.to_string()),
+        }
+    }
+
+    /// Before this rank shuts its links after a failure: tells every peer whose link
+    /// is between frames why (a [`FrameError::Notice`](crate::wire::FrameError) that
+    /// the peer reports as [`Error::PeerFailed`]), without waiting for any of them.
+    fn notify_peers(&mut self, origin: usize, cause: &str) {
+        if self.poisoned.is_some() {
+            return; // told them already
+        }
+        let notice = crate::wire::encode_notice(origin, cause);
+        for p in self.links.iter_mut().flatten().flatten() {
+            if p.out_mid || p.link.peer() == origin {
+                continue;
+            }
+            let mut done = 0;
+            while done < notice.len() {
+                match p.link.try_write(&[std::io::IoSlice::new(&notice[done..])]) {
+                    Ok(n) if n > 0 => done += n,
+                    _ => break,
+                }
+            }
+        }
+    }
+
+    /// Marks the engine unusable and shuts every link so peers fail fast too, telling
+    /// them first that the failure started here.
     pub fn poison(&mut self, why: String) {
+        let cause = why.clone();
+        self.poison_with(self.rank, &cause, why);
+    }
+
+    /// [`Engine::poison`] for a failure that started at rank `origin` with `cause`.
+    fn poison_with(&mut self, origin: usize, cause: &str, why: String) {
+        self.notify_peers(origin, cause);
         if self.poisoned.is_none() {
             // The failure is returned to the caller, who reports it; log quietly.
             tracing::debug!(rank = self.rank, "communicator poisoned: {why}");

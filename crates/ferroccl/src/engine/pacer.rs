@@ -4,7 +4,7 @@ use super::MAX_WAIT_SLICE;
 use crate::config::{Clock, Tuning};
 use crate::error::{Error, Result};
 use crate::transport::{LinkError, Waiter};
-use crate::wire::{Fingerprint, FrameError};
+use crate::wire::{take_notice, Fingerprint, FrameError, Peer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,8 +14,26 @@ use std::time::{Duration, Instant};
 const PULL_SLEEP: Duration = Duration::from_micros(50);
 
 /// Turns a frame-level failure into the crate error naming who and what.
-pub(crate) fn frame_error(rank: usize, e: FrameError, peer: usize, fp: &Fingerprint) -> Error {
+/// A link that failed is read once more for a notice the peer left before closing it.
+pub(crate) fn frame_error(
+    rank: usize,
+    e: FrameError,
+    link: &mut Peer,
+    peer: usize,
+    fp: &Fingerprint,
+) -> Error {
+    let e = match e {
+        FrameError::Link(_) => take_notice(link, fp).unwrap_or(e),
+        e => e,
+    };
     match e {
+        FrameError::Notice { origin, cause } => Error::PeerFailed {
+            rank,
+            peer,
+            origin,
+            cause,
+            op: fp.to_string(),
+        },
         FrameError::Link(LinkError::Closed) => Error::PeerClosed {
             rank,
             peer,

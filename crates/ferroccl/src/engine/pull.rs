@@ -115,6 +115,7 @@ impl Engine {
         let mut mem = self.mem.take().ok_or_else(|| {
             Error::InvalidArgument("internal: this transport has no memory peers".into())
         })?;
+        self.trace_begin(fp);
         let r = self.pull_inner(&mut *mem, fp, plan_of, call);
         self.mem = Some(mem);
         let rank = self.rank;
@@ -370,10 +371,15 @@ impl Engine {
         what: impl Fn() -> String,
     ) -> Result<()> {
         let mut seen = mem.progress(peer);
+        if seen < at_least {
+            self.trace_waiting(peer);
+        }
         while seen < at_least {
+            let t0 = std::time::Instant::now();
             pacer.idle_poll(self.rank, fp, || {
                 format!("{} (its progress is {seen}, needed {at_least})", what())
             })?;
+            self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
             let now = mem.progress(peer);
             if now != seen {
                 pacer.moved();

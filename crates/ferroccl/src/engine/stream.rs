@@ -8,6 +8,7 @@ use crate::reduce::Combine;
 use crate::transport::Channel;
 use crate::wire::{Fingerprint, FrameHeader, InFrame, OutFrame};
 use std::ops::Range;
+use std::time::Instant;
 
 /// The buffer an operation runs on: read-only for one that only sends.
 pub(crate) enum Data<'a> {
@@ -28,6 +29,8 @@ impl Data<'_> {
     fn write(&mut self, r: Range<usize>) -> Result<&mut [u8]> {
         match self {
             Data::Write(b) => Ok(&mut b[r]),
+            // An empty frame (a check) changes nothing.
+            Data::Read(_) if r.is_empty() => Ok(&mut []),
             Data::Read(_) => Err(Error::InvalidArgument(
                 "internal: a plan receives into a read-only buffer".into(),
             )),
@@ -76,6 +79,7 @@ impl Engine {
         comb: &mut dyn Combine,
     ) -> Result<()> {
         self.beacon.set(fp.seq, fp.kind.code());
+        self.trace_begin(fp);
         let scratch_need = plan
             .ins
             .iter()
@@ -135,7 +139,7 @@ impl Engine {
                 let peer = self.link(ch, o.peer)?;
                 let (moved, done) = frame
                     .progress(peer, data.read(o.off..o.off + o.len))
-                    .map_err(|e| frame_error(rank, e, o.peer, fp))?;
+                    .map_err(|e| frame_error(rank, e, peer, o.peer, fp))?;
                 progressed |= moved > 0;
                 if !done {
                     break;
@@ -168,7 +172,7 @@ impl Engine {
                 let peer = self.link(ch, i.peer)?;
                 let (moved, done) = frame
                     .progress(peer, dst)
-                    .map_err(|e| frame_error(rank, e, i.peer, fp))?;
+                    .map_err(|e| frame_error(rank, e, peer, i.peer, fp))?;
                 progressed |= moved > 0;
                 if !done {
                     break;
@@ -189,8 +193,17 @@ impl Engine {
                 pacer.moved();
                 continue;
             }
+            // Waiting for a receive, or for a peer to take a send.
+            let recv_wait = ai < ins.len() && !held && (si == outs.len() || inp.is_some());
+            let peer = if recv_wait {
+                ins[ai].peer
+            } else {
+                outs[si.min(outs.len() - 1)].peer
+            };
+            self.trace_waiting(peer);
+            let t0 = Instant::now();
             pacer.idle(&mut *self.waiter, rank, fp, || {
-                if ai < ins.len() && !held && (si == outs.len() || inp.is_some()) {
+                if recv_wait {
                     let i = &ins[ai];
                     format!(
                         "data from rank {} (step {}, segment {})",
@@ -204,6 +217,7 @@ impl Engine {
                     )
                 }
             })?;
+            self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
         }
         Ok(())
     }

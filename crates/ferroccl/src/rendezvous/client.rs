@@ -236,6 +236,33 @@ impl StoreClient {
         }
     }
 
+    /// Estimates this machine's clock minus the store's (nanoseconds), from the
+    /// fastest of `rounds` round trips: `(offset, error bound)`, the bound being half
+    /// that round trip. For the flight recorder, which puts every rank's times on the
+    /// store host's clock.
+    pub fn clock_offset(&mut self, rounds: usize) -> Result<(i64, u64)> {
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64)
+        };
+        let mut best: Option<(i64, u64)> = None;
+        for _ in 0..rounds.max(1) {
+            let t0 = now();
+            let server = match self.call("TIME", &Request::Time, REPLY_TIMEOUT)? {
+                Response::Count(n) => n,
+                other => return Err(self.unexpected("TIME", &other)),
+            };
+            let t1 = now();
+            let half = ((t1 - t0).max(0) / 2) as u64;
+            let offset = t0 + half as i64 - server;
+            if best.is_none_or(|(_, e)| half < e) {
+                best = Some((offset, half));
+            }
+        }
+        Ok(best.unwrap_or((0, 0)))
+    }
+
     /// The local address of the connection: the interface through which this host
     /// reaches the store, and so the one to publish for peers.
     pub fn local_addr(&self) -> SocketAddr {

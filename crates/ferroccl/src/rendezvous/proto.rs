@@ -26,6 +26,7 @@ pub(super) mod kind {
     pub const ADD: u8 = 0x04;
     pub const AUTH: u8 = 0x05;
     pub const PROOF: u8 = 0x06;
+    pub const TIME: u8 = 0x07;
     pub const JOINED: u8 = 0x81;
     pub const DONE: u8 = 0x82;
     pub const VALUE: u8 = 0x83;
@@ -150,6 +151,9 @@ pub(super) enum Request {
     Proof {
         mac: [u8; super::auth::MAC_LEN],
     },
+    /// The store's clock (nanoseconds since the Unix epoch, as a COUNT): the flight
+    /// recorder's reference clock.
+    Time,
 }
 
 /// The store's reply.
@@ -222,6 +226,7 @@ pub(super) fn encode_request(req: &Request) -> Vec<u8> {
             body.extend_from_slice(mac);
             kind::PROOF
         }
+        Request::Time => kind::TIME,
     };
     encode_frame(kind, &body)
 }
@@ -294,6 +299,7 @@ fn request_body_limit(kind: u8) -> Option<usize> {
         kind::GET | kind::ADD => Some(4 + MAX_KEY_LEN + 8),
         kind::AUTH => Some(super::auth::NONCE_LEN),
         kind::PROOF => Some(super::auth::MAC_LEN),
+        kind::TIME => Some(0),
         _ => None,
     }
 }
@@ -419,6 +425,10 @@ fn decode_request(kind: u8, body: &[u8]) -> Result<Request, WireError> {
             mac.copy_from_slice(b.take(super::auth::MAC_LEN, "proof")?);
             b.finish("PROOF")?;
             Request::Proof { mac }
+        }
+        kind::TIME => {
+            b.finish("TIME")?;
+            Request::Time
         }
         other => {
             return Err(WireError::malformed(format!(

@@ -378,6 +378,11 @@ impl Shared {
             }
             Request::Get { key, timeout_ms } => self.get(&key, timeout_ms),
             Request::Add { key, delta } => self.add(key, delta),
+            Request::Time => Response::Count(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as i64),
+            ),
             // Only reachable once authenticated; a second exchange is not expected.
             Request::Auth { .. } | Request::Proof { .. } => {
                 Self::error(ErrorCode::Unauthorized, "already authenticated".into())

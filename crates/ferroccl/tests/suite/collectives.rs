@@ -7,6 +7,7 @@ use common::checks::{
     check_all_gather, check_broadcast, check_reduce, check_reduce_scatter, DEADLINE,
 };
 use common::{all_errors, run, run_all, test_config, Net};
+use ferroccl::testing::SimMemParams;
 use ferroccl::{DataType, Error, ReduceOp};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
@@ -350,40 +351,54 @@ fn p2p_messages_and_collectives_do_not_mix() {
 
 // ---- misuse: typed errors, never a hang ----
 
-/// Ranks that disagree on the root: the rank that receives from a disagreeing peer
-/// fails with a Mismatch naming both roots. A rank that only sent may finish the call
-/// (it cannot know without a round trip), but its next call fails fast: the failing
-/// rank shut its links.
+/// Ranks that disagree on the root fail in the same call, on every rank, with nothing
+/// waiting for the timeout (it is longer than the test's deadline here): the cases
+/// of the root-agreement issue — a broadcast where rank 0 says root 0 and ranks 1
+/// and 2 say root 1, a reduce where every rank names itself — over in-process
+/// pipes, TCP and memory peers. The ranks that see a disagreeing neighbour say
+/// Mismatch naming both roots; the others fail because those ranks left the call.
 #[test]
-fn different_roots_are_a_mismatch() {
-    let out = run_all(
-        3,
-        Net::Local,
-        &test_config(),
-        Duration::from_secs(20),
-        |c| {
-            let root = if c.rank() == 2 { 1 } else { 0 };
-            let first = c.broadcast(&mut [1u8; 100], root).err();
-            let second = c.barrier().err();
-            Ok((first, second))
-        },
-    );
-    let results: Vec<_> = out
-        .into_iter()
-        .map(|o| o.expect("finished").expect("ran"))
-        .collect();
-    let (first2, _) = &results[2];
-    let e = first2.as_ref().expect("rank 2 sees the mismatch");
-    let t = e.to_string();
-    assert!(
-        matches!(e, Error::Mismatch { .. }) && t.contains("root 1") && t.contains("root 0"),
-        "{t}"
-    );
-    for (r, (first, second)) in results.iter().enumerate() {
-        assert!(
-            first.is_some() || second.is_some(),
-            "rank {r} never heard of the failure"
-        );
+fn root_disagreements_fail_in_the_same_call_on_every_rank() {
+    let mut cfg = test_config();
+    cfg.tuning.timeout = Duration::from_secs(120);
+    for net in [Net::Local, Net::Tcp, Net::MemSim(SimMemParams::default())] {
+        for case in ["broadcast", "reduce"] {
+            let out = run_all(3, net, &cfg, Duration::from_secs(30), move |c| {
+                let mut buf = [c.rank() as u8 + 1; 100];
+                let r = match case {
+                    "broadcast" => c.broadcast(&mut buf, usize::from(c.rank() != 0)),
+                    _ => c.reduce(&mut buf, ReduceOp::Sum, c.rank()),
+                };
+                Ok(r.err())
+            });
+            let errs: Vec<Error> = out
+                .into_iter()
+                .enumerate()
+                .map(|(r, o)| {
+                    let o = o.unwrap_or_else(|| panic!("{net:?} {case}: rank {r} hung"));
+                    let e = o.expect("ran");
+                    e.unwrap_or_else(|| panic!("{net:?} {case}: rank {r} returned Ok"))
+                })
+                .collect();
+            let mut mismatches = 0;
+            for (r, e) in errs.iter().enumerate() {
+                let t = e.to_string();
+                assert!(
+                    !matches!(e, Error::Timeout { .. }),
+                    "{net:?} {case} rank {r}: {t}"
+                );
+                if let Error::Mismatch { .. } = e {
+                    mismatches += 1;
+                    let roots = t.matches("root ").count();
+                    assert_eq!(roots, 2, "{net:?} {case} rank {r} names both roots: {t}");
+                    assert!(t.contains(case), "{t}");
+                }
+            }
+            // broadcast [0, 1, 1]: ranks 0 and 1 have a disagreeing left neighbour;
+            // reduce [0, 1, 2]: all three do.
+            let want = if case == "broadcast" { 2 } else { 3 };
+            assert!(mismatches >= want, "{net:?} {case}: {errs:?}");
+        }
     }
 }
 
@@ -406,8 +421,12 @@ fn a_non_member_root_is_refused_and_peers_fail_fast() {
         "{:?}",
         errs[1]
     );
+    // The others hear why from rank 1 itself, before its links close.
     for e in [&errs[0], &errs[2]] {
-        assert!(matches!(e, Error::PeerClosed { .. }), "{e}");
+        assert!(
+            matches!(e, Error::PeerFailed { origin: 1, cause, .. } if cause.contains("root 7")),
+            "{e}"
+        );
     }
     assert!(
         t0.elapsed() < Duration::from_secs(5),

@@ -166,3 +166,86 @@ fn abort_reaches_operations_in_a_scope() {
     assert!(matches!(e, Error::Aborted { .. }), "{e}");
     assert!(flagged);
 }
+
+/// The rank where a failure started, as a survivor's error names it: the closed peer
+/// itself, or the origin of a notice passed on by a neighbour.
+fn origin(e: &Error) -> Option<usize> {
+    match e {
+        Error::PeerClosed { peer, .. } => Some(*peer),
+        Error::PeerFailed { origin, .. } => Some(*origin),
+        _ => None,
+    }
+}
+
+/// Rank 1 of 4 dies (its communicator is dropped, closing every link without a word)
+/// while the others start an all-reduce: every survivor names rank 1 — the neighbours
+/// that lost it directly, the others through the notice a neighbour sent before it
+/// shut its own links — and none blames the neighbour that merely closed on it. Over
+/// in-process pipes and TCP.
+#[test]
+fn every_survivor_names_the_rank_that_died() {
+    for net in [Net::Local, Net::Tcp] {
+        let out = run_all(4, net, &test_config(), Duration::from_secs(30), |c| {
+            c.barrier()?;
+            if c.rank() == 1 {
+                return Ok(None);
+            }
+            // Enough data that the ring is mid-flight when the notices travel.
+            let r = c.all_reduce(&mut vec![1.0f32; 1 << 16], ReduceOp::Sum);
+            Ok(r.err())
+        });
+        for (r, o) in out.into_iter().enumerate() {
+            let e = o
+                .unwrap_or_else(|| panic!("{net:?}: rank {r} hung"))
+                .expect("ran");
+            if r == 1 {
+                continue;
+            }
+            let e = e.unwrap_or_else(|| panic!("{net:?}: rank {r} succeeded without rank 1"));
+            assert_eq!(origin(&e), Some(1), "{net:?}: rank {r} blames another: {e}");
+            if let Error::PeerFailed { cause, .. } = &e {
+                assert!(cause.contains("rank 1 lost"), "{cause}");
+            }
+        }
+    }
+}
+
+/// A mismatch seen by one rank reaches the others as that rank's finding: ranks that
+/// did not see it themselves say which rank did and quote it, instead of "connection
+/// closed".
+#[test]
+fn a_mismatch_reaches_every_rank_with_its_origin() {
+    let out = run_all(
+        4,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(30),
+        |c| {
+            let count = if c.rank() == 2 { 999 } else { 1000 };
+            Ok(c.all_reduce(&mut vec![1.0f32; count], ReduceOp::Sum).err())
+        },
+    );
+    let errs: Vec<Error> = out
+        .into_iter()
+        .enumerate()
+        .map(|(r, o)| {
+            o.unwrap_or_else(|| panic!("rank {r} hung"))
+                .expect("ran")
+                .unwrap_or_else(|| panic!("rank {r} succeeded"))
+        })
+        .collect();
+    let seen: Vec<usize> = (0..4)
+        .filter(|&r| matches!(errs[r], Error::Mismatch { .. }))
+        .collect();
+    assert!(!seen.is_empty(), "{errs:?}");
+    for (r, e) in errs.iter().enumerate() {
+        match e {
+            Error::Mismatch { .. } => {}
+            Error::PeerFailed { origin, cause, .. } => {
+                assert!(seen.contains(origin), "rank {r}: {e}");
+                assert!(cause.contains("mismatched collective"), "rank {r}: {e}");
+            }
+            e => panic!("rank {r} does not say where the failure started: {e}"),
+        }
+    }
+}

@@ -16,6 +16,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
     m.insert("sys", &["error"]);
     m.insert("reduce", &["error"]);
     m.insert("algo", &[]);
+    m.insert("trace", &["error", "sync"]);
     m.insert("rendezvous", &["error", "sync"]);
     m.insert("config", &["error", "rendezvous"]);
     m.insert("cuda", &["error", "sync", "reduce"]);
@@ -42,6 +43,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "algo",
             "transport",
             "wire",
+            "trace",
         ],
     );
     m.insert(
@@ -57,6 +59,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "engine",
             "rendezvous",
             "cuda",
+            "trace",
         ],
     );
     m.insert("ddp", &["error", "sync", "reduce", "comm"]);

@@ -21,3 +21,4 @@ mod memsim;
 mod rdma_proto;
 mod rdma_sim;
 mod rendezvous;
+mod trace;
