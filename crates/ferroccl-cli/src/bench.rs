@@ -93,6 +93,11 @@ pub struct BenchArgs {
     /// (all_reduce, reduce_scatter, all_gather); all_reduce is forced onto the ring.
     #[arg(long = "law", value_parser = parse_law_rate)]
     pub law: Option<f64>,
+    /// Record every rank's flight recorder into DIR/rank-<rank>.jsonl: at the end of
+    /// the run, and on a failure. Read them with `ferroccl trace DIR`. Started bare,
+    /// the bench first removes dumps of an earlier run from DIR.
+    #[arg(long = "trace", value_name = "DIR")]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 fn parse_law_rate(s: &str) -> Result<f64, String> {
@@ -277,7 +282,13 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         ferroccl::transport::builtin(transport)?.probe(&Config::default())?;
     }
     check_device(&a, transport)?;
-    if ferroccl::rendezvous::detect_env()?.is_some() {
+    let launched = ferroccl::rendezvous::detect_env()?.is_some();
+    if let Some(dir) = &a.trace {
+        // Before any communicator: it sets FERROCCL_TRACE_DIR, for ranks started as
+        // processes too. A launcher's ranks share the directory: none clears it.
+        crate::trace::record_into(dir, !launched)?;
+    }
+    if launched {
         let mut cfg = config_for(&a, Config::from_env()?);
         if transport != TransportKind::Local {
             cfg.transport.kind = transport;
@@ -289,7 +300,8 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             )));
         }
         let comm = Communicator::init(cfg)?;
-        return rank_main(&a, coll, dtype, op, &comm, transport.name());
+        let r = rank_main(&a, coll, dtype, op, &comm, transport.name());
+        return crate::trace::finish(&comm, a.trace.as_deref(), r);
     }
     if a.ranks == 0 {
         return Err(ferroccl::Error::InvalidArgument(
@@ -311,7 +323,10 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
                     .into_iter()
                     .map(|c| {
                         let a = &a;
-                        s.spawn(move || rank_main(a, coll, dtype, op, &c, "local"))
+                        s.spawn(move || {
+                            let r = rank_main(a, coll, dtype, op, &c, "local");
+                            crate::trace::finish(&c, a.trace.as_deref(), r)
+                        })
                     })
                     .collect();
                 hs.into_iter()

@@ -10,7 +10,10 @@
 //! Output of rank `i` is forwarded line by line with a `[i] ` prefix (stdout to stdout,
 //! stderr to stderr). When one rank fails the others are stopped: SIGTERM to its process
 //! group, SIGKILL after a grace period. SIGINT and SIGTERM sent to the launcher are
-//! forwarded to every rank the same way.
+//! forwarded to every rank the same way. With `FERROCCL_TRACE_DIR` set, the ranks still
+//! running are first asked for their flight recorders (SIGUSR1; see
+//! [`ferroccl::trace`]), so that `ferroccl trace DIR` shows where a failed or
+//! interrupted job stood.
 //!
 //! Every rank runs in its own process group (so a stop also reaches the processes it
 //! started, and Ctrl-C reaches the ranks only through the launcher), with stdin from
@@ -245,6 +248,9 @@ const FOREIGN_PREFIX: &str = "OMPI_COMM_WORLD_";
 
 /// How often the wait loop looks at the ranks and at pending signals.
 const POLL: Duration = Duration::from_millis(10);
+
+/// How long ranks being stopped get to write their flight recorders at most.
+const DUMP_WAIT: Duration = Duration::from_secs(2);
 /// After every rank has exited, output forwarding is abandoned once no reader has made
 /// progress for this long (something outside the job still holds the pipe open).
 const DRAIN_IDLE: Duration = Duration::from_secs(1);
@@ -454,6 +460,49 @@ impl Job {
         }
     }
 
+    /// With `FERROCCL_TRACE_DIR` set (the ranks inherit it), asks every running rank
+    /// for its flight recorder before it is stopped: SIGUSR1, which ferroccl answers by
+    /// dumping into that directory. Waits until each running rank's `rank-<i>.jsonl`
+    /// there is fresh, the rank has ended, or [`DUMP_WAIT`] has passed, whichever is
+    /// first (a second signal to the launcher cuts it short).
+    fn request_dumps(&mut self) {
+        let Some(dir) = std::env::var_os(ferroccl::trace::TRACE_DIR_ENV).filter(|d| !d.is_empty())
+        else {
+            return;
+        };
+        let dir = std::path::PathBuf::from(dir);
+        // File times come from a coarse clock: allow for it (a dump taken a moment
+        // before the request, at the failure, is as good).
+        let asked = std::time::SystemTime::now() - Duration::from_millis(100);
+        let running = self.running();
+        for &i in &running {
+            let r = &self.ranks[i];
+            if r.reaped || r.pid <= 0 {
+                continue;
+            }
+            // SAFETY: plain syscall to an unreaped child of ours (so the pid is not
+            // reused); to the rank itself only, not to processes it started, which may
+            // not handle SIGUSR1.
+            unsafe { libc::kill(r.pid, libc::SIGUSR1) };
+        }
+        let fresh = |i: usize| {
+            std::fs::metadata(dir.join(format!("rank-{i}.jsonl")))
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= asked)
+        };
+        let since = Instant::now();
+        while since.elapsed() < DUMP_WAIT && PENDING_SIGNAL.load(Ordering::SeqCst) == 0 {
+            self.poll();
+            if running
+                .iter()
+                .all(|&i| self.ranks[i].exit.is_some() || fresh(i))
+            {
+                break;
+            }
+            thread::sleep(POLL);
+        }
+    }
+
     /// The wait loop: returns when every rank has ended.
     fn wait(&mut self, grace: Duration) -> Result<(), LaunchError> {
         let mut outcome: Option<LaunchError> = None;
@@ -467,6 +516,7 @@ impl Job {
                         signal: sig,
                         stopped: self.running(),
                     });
+                    self.request_dumps();
                     self.signal_all(sig);
                     stopping_since = Some(Instant::now());
                 } else if !killed {
@@ -482,6 +532,7 @@ impl Job {
                         status,
                         stopped: self.running(),
                     });
+                    self.request_dumps();
                     self.signal_all(libc::SIGTERM);
                     stopping_since = Some(Instant::now());
                 }

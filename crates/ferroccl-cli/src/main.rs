@@ -1,4 +1,4 @@
-//! The `ferroccl` command line: `bench`, `launch`, `plan`, `plot`, `train`.
+//! The `ferroccl` command line: `bench`, `launch`, `plan`, `plot`, `trace`, `train`.
 
 /// `$f::<T>(args)` with `T` the Rust type of the `DataType` `$dtype`; an error for a
 /// type this binary does not know.
@@ -26,6 +26,7 @@ mod law;
 mod plan;
 mod planner;
 mod plot;
+mod trace;
 #[cfg(feature = "candle")]
 mod train;
 
@@ -56,6 +57,10 @@ enum Command {
     /// SVG plots from bench and compare-peers JSON files: busbw against size, and
     /// measured against ring-law time for `bench --law` files.
     Plot(plot::PlotArgs),
+    /// Merge the flight recorder's dumps of all ranks (DIR/rank-N.jsonl) into a
+    /// Perfetto/Chrome trace, and report stragglers and, for a failed or hung job, who
+    /// waited for whom.
+    Trace(trace::TraceArgs),
     /// Data-parallel training of a small CNN on MNIST-format digits: sharded data,
     /// bucketed all-reduce overlapped with backward, LR scaling and warmup, mixed
     /// precision, checkpoints and resume; `--scaling 1,2,4` for a scaling report.
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
         Command::Launch(a) => launch::main(a),
         Command::Plan(a) => plan::main(a),
         Command::Plot(a) => plot::main(a),
+        Command::Trace(a) => trace::main(a),
         #[cfg(feature = "candle")]
         Command::Train(a) => train::main(a),
         Command::GpuCheck(a) => gpu_check::main(a),

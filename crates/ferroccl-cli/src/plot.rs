@@ -239,7 +239,7 @@ fn x_range<'a>(pts: impl Iterator<Item = &'a (f64, f64)>) -> (f64, f64) {
     (lo, hi)
 }
 
-fn color(i: usize) -> RGBColor {
+pub(crate) fn color(i: usize) -> RGBColor {
     const C: [RGBColor; 8] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
@@ -253,7 +253,9 @@ fn color(i: usize) -> RGBColor {
     C[i % C.len()]
 }
 
-fn draw_err<E: std::error::Error + Send + Sync>(path: &Path) -> impl Fn(E) -> String + '_ {
+pub(crate) fn draw_err<E: std::error::Error + Send + Sync>(
+    path: &Path,
+) -> impl Fn(E) -> String + '_ {
     move |e| format!("drawing {}: {e}", path.display())
 }
 

@@ -114,6 +114,11 @@ pub struct TrainArgs {
     /// Seconds without progress before a collective fails.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
+    /// Record every rank's flight recorder into DIR/rank-<rank>.jsonl: at the end of
+    /// the run, and on a failure (with --scaling: DIR/ranks-N per world size). Read
+    /// them with `ferroccl trace DIR`.
+    #[arg(long, value_name = "DIR")]
+    trace: Option<PathBuf>,
 }
 
 pub fn main(a: TrainArgs) -> ExitCode {
@@ -200,7 +205,13 @@ fn share_cores() {
 
 fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     let tc = config(a)?;
-    let comm = if ferroccl::rendezvous::detect_env()?.is_some() {
+    let launched = ferroccl::rendezvous::detect_env()?.is_some();
+    if let Some(dir) = &a.trace {
+        // Before any communicator or thread: it sets FERROCCL_TRACE_DIR, which ranks
+        // started below inherit.
+        crate::trace::record_into(dir, !launched)?;
+    }
+    let comm = if launched {
         share_cores();
         let mut c = Config::from_env()?;
         c.tuning.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
@@ -212,7 +223,8 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     } else {
         return relaunch(a.ranks, &[], &[]);
     };
-    let out = ferroccl_candle::train(&comm, &tc)?;
+    let out = ferroccl_candle::train(&comm, &tc);
+    let out = crate::trace::finish(&comm, a.trace.as_deref(), out)?;
     if comm.rank() == 0 {
         let s = &out.summary;
         println!(
@@ -284,15 +296,27 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
     for &n in ns {
         let file = tmp.join(format!("summary-{n}.json"));
         eprintln!("== {n} rank(s)");
+        let mut extra = vec![
+            "--ranks".into(),
+            n.to_string(),
+            "--summary".into(),
+            file.display().to_string(),
+        ];
+        if let Some(dir) = &a.trace {
+            extra.push("--trace".into());
+            extra.push(dir.join(format!("ranks-{n}")).display().to_string());
+        }
         relaunch(
             n,
-            &["--scaling", "--plot", "--summary", "--ranks", "-n"],
             &[
-                "--ranks".into(),
-                n.to_string(),
-                "--summary".into(),
-                file.display().to_string(),
+                "--scaling",
+                "--plot",
+                "--summary",
+                "--ranks",
+                "-n",
+                "--trace",
             ],
+            &extra,
         )?;
         let text = std::fs::read_to_string(&file)
             .map_err(|e| ferroccl::Error::io(format!("reading {}", file.display()), e))?;

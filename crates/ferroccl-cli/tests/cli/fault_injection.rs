@@ -27,6 +27,11 @@ fn free_port() -> u16 {
 
 /// Starts `n` ranks of `ferroccl bench ARGS` with the torchrun environment.
 fn spawn_ranks(n: usize, args: &[&str]) -> Vec<Child> {
+    spawn_ranks_env(n, args, &[])
+}
+
+/// [`spawn_ranks`] with extra environment variables; rank 0's stdout is piped.
+fn spawn_ranks_env(n: usize, args: &[&str], env: &[(&str, &str)]) -> Vec<Child> {
     let port = free_port().to_string();
     (0..n)
         .map(|r| {
@@ -39,7 +44,12 @@ fn spawn_ranks(n: usize, args: &[&str]) -> Vec<Child> {
                 .env("WORLD_SIZE", n.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
-                .stdout(Stdio::null())
+                .envs(env.iter().copied())
+                .stdout(if r == 0 {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn rank")
@@ -90,6 +100,23 @@ fn is_typed_failure(stderr: &str) -> bool {
         ]
         .iter()
         .any(|k| stderr.contains(k))
+}
+
+/// Whether a survivor's error names `victim` as where the failure started: it lost the
+/// connection to it, or a neighbour's notice says so, or (killed before it joined) the
+/// rendezvous or a timeout names it.
+fn names_the_victim(stderr: &str, victim: usize) -> bool {
+    [
+        format!("connection to rank {victim} closed"),
+        format!("rank {victim} failed first"),
+        format!("rank {victim} lost"),
+        format!("rank {victim} did not"),
+        format!("rank {victim} unreachable"),
+        format!("rank {victim} has not"),
+        format!("link to rank {victim} failed"),
+    ]
+    .iter()
+    .any(|k| stderr.contains(k.as_str()))
 }
 
 /// 5 collectives × 4 kill points = 20 injections of `kill -9` into a 3-rank job.
@@ -149,6 +176,10 @@ fn kill_minus_nine_at_random_points_of_every_collective() {
                 assert!(
                     is_typed_failure(&err),
                     "{ctx}: no typed error on stderr: {err}"
+                );
+                assert!(
+                    names_the_victim(&err, victim),
+                    "{ctx}: the error does not name rank {victim}: {err}"
                 );
             }
             injections += 1;
@@ -330,4 +361,125 @@ fn the_store_dying_during_rendezvous_is_a_typed_error() {
         ),
         "{e}"
     );
+}
+
+/// A fresh directory for trace files.
+fn trace_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ferroccl-cli-trace-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// With `FERROCCL_TRACE_DIR` set, a rank killed mid-job leaves every survivor's flight
+/// recorder on disk, and each survivor's last operation failed naming the killed rank.
+#[test]
+fn survivors_dump_their_flight_recorder_naming_the_killed_rank() {
+    let dir = trace_dir("kill");
+    let d = dir.to_string_lossy().into_owned();
+    let mut ranks = spawn_ranks_env(
+        3,
+        &[
+            "all_reduce",
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "100000",
+            "-w",
+            "1",
+            "-c",
+            "0",
+            "--timeout",
+            "10",
+        ],
+        &[("FERROCCL_TRACE_DIR", &d)],
+    );
+    // Rank 0 prints its header once its communicator exists: the job is running.
+    let mut out = std::io::BufReader::new(ranks[0].stdout.take().expect("piped"));
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) > 0
+        && !line.contains("# ferroccl bench")
+    {
+        line.clear();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&ranks[1], libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let victim = ranks.remove(1);
+    let _ = finish(victim, deadline);
+    for child in ranks {
+        let (code, err) = finish(child, deadline).expect("survivor finished");
+        assert_ne!(code, 0, "{err}");
+    }
+    for r in [0, 2] {
+        let t = ferroccl::trace::read_file(&dir.join(format!("rank-{r}.jsonl")))
+            .unwrap_or_else(|e| panic!("rank {r} left no trace: {e}"));
+        let last = t.ops.last().expect("operations recorded");
+        assert!(!last.ok(), "rank {r}: {last:?}");
+        assert!(
+            names_the_victim(&last.outcome, 1),
+            "rank {r}: {}",
+            last.outcome
+        );
+        assert!(
+            t.ops.len() > 1,
+            "rank {r} recorded the operations before the failure"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGUSR1 dumps a running rank's flight recorder without stopping it.
+#[test]
+fn sigusr1_dumps_a_running_rank() {
+    let dir = trace_dir("usr1");
+    let d = dir.to_string_lossy().into_owned();
+    let mut ranks = spawn_ranks_env(
+        2,
+        &[
+            "all_reduce",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "200000",
+            "-w",
+            "1",
+            "-c",
+            "0",
+        ],
+        &[("FERROCCL_TRACE_DIR", &d)],
+    );
+    let mut out = std::io::BufReader::new(ranks[0].stdout.take().expect("piped"));
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) > 0
+        && !line.contains("# ferroccl bench")
+    {
+        line.clear();
+    }
+    let file = dir.join("rank-0.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // The handler is installed before the header is printed; signal until the dump
+    // has landed (the first signal normally suffices).
+    while !file.exists() && Instant::now() < deadline {
+        signal(&ranks[0], libc::SIGUSR1);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let t = ferroccl::trace::read_file(&file).expect("a dump on SIGUSR1");
+    assert_eq!(t.info.reason, "signal");
+    assert_eq!(t.info.rank, 0);
+    // Still running: the signal did not stop it.
+    assert!(
+        ranks[0].try_wait().expect("try_wait").is_none(),
+        "SIGUSR1 ended rank 0"
+    );
+    for c in &ranks {
+        signal(c, libc::SIGKILL);
+    }
+    for c in ranks {
+        let _ = finish(c, Instant::now() + Duration::from_secs(10));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,5 +12,6 @@ mod plan;
 mod plot;
 mod processes;
 mod rdma_device;
+mod trace;
 #[cfg(feature = "candle")]
 mod train_cli;
