@@ -98,6 +98,10 @@ pub struct BenchArgs {
     /// the bench first removes dumps of an earlier run from DIR.
     #[arg(long = "trace", value_name = "DIR")]
     pub trace: Option<std::path::PathBuf>,
+    /// Operations each rank's flight recorder keeps (default 2048, or
+    /// FERROCCL_TRACE_CAPACITY); 0 records nothing (to measure what recording costs).
+    #[arg(long = "trace-capacity", value_name = "N")]
+    pub trace_capacity: Option<usize>,
 }
 
 fn parse_law_rate(s: &str) -> Result<f64, String> {
@@ -156,6 +160,9 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     }
     if let Some(us) = a.busy_poll_us {
         c.tuning.busy_poll = Duration::from_micros(us);
+    }
+    if let Some(n) = a.trace_capacity {
+        c.tuning.trace_capacity = n;
     }
     if a.law.is_some() {
         // The law is the ring's: recursive doubling would follow another one.

@@ -111,7 +111,8 @@ pub struct Tuning {
     /// one that tests advance by hand so that a timeout fires exactly when they say.
     pub clock: Clock,
     /// Operations the flight recorder keeps ([`crate::trace`]): the last this many, for
-    /// dumps on failure, on `SIGUSR1` and at exit. 0 records nothing. Default 2048.
+    /// dumps on failure, on `SIGUSR1` and at exit. 0 records nothing. Default 2048
+    /// (`FERROCCL_TRACE_CAPACITY` in [`Config::from_env`]).
     pub trace_capacity: usize,
 }
 
@@ -319,7 +320,8 @@ impl Config {
     /// Reads the launcher environment (torchrun, Slurm, Open MPI, PMI; see
     /// [`crate::rendezvous::detect_env`]). `MASTER_ADDR` defaults to `127.0.0.1` and
     /// `MASTER_PORT` to 29500; `FERROCCL_TOKEN`, when set, becomes [`Job::token`], and
-    /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`].
+    /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`], `FERROCCL_TRACE_CAPACITY`
+    /// [`Tuning::trace_capacity`].
     pub fn from_env() -> Result<Self> {
         let env = crate::rendezvous::detect_env()?.ok_or_else(|| {
             Error::Env(
@@ -339,6 +341,9 @@ impl Config {
         c.job.local_rank = env.local_rank.unwrap_or(0);
         c.job.token = env.token.map(String::into_bytes);
         c.transport.rdma.gid_index = env.rdma_gid_index.unwrap_or(0);
+        if let Some(n) = env.trace_capacity {
+            c.tuning.trace_capacity = n;
+        }
         Ok(c)
     }
 

@@ -18,9 +18,9 @@
 //! carry the call's fingerprint, checked on arrival:
 //!
 //! - up to [`FULL_CHECK_MAX`] ranks, every rank sends one to every other rank first
-//!   and receives one from every other rank before any data: each rank checks every
-//!   other directly. The frames leave at once and travel beside the data, so the cost
-//!   is a few small frames, not a round of latency.
+//!   and reads them all before it returns (its left neighbour's before that
+//!   neighbour's data, the others' after its own data): each rank checks every other
+//!   directly. The frames leave at once and travel beside the data.
 //! - beyond, every rank sends one to its right neighbour and receives one from its left
 //!   first (so no rank waits for data from a left neighbour that disagrees, and some
 //!   rank always sees a disagreement at once), and after its data, the frames of a
@@ -76,16 +76,27 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
         return plan;
     }
     // The check frames that go first (see the module docs).
-    if n <= FULL_CHECK_MAX {
-        for d in 1..n {
+    // The check frames (see the module docs). They all leave before any data and
+    // depend on nothing, so ranks that disagree always hear from each other. The left
+    // neighbour's is read before its data (so no rank waits for data from a
+    // neighbour that disagrees and will not send it); the others' after the data (so
+    // forwarding never waits for a rank further along).
+    let full = n <= FULL_CHECK_MAX;
+    plan.outs.push(check_out(right(rank, n), CHECK_STEP));
+    if full {
+        for d in 2..n {
             plan.outs.push(check_out((rank + d) % n, CHECK_STEP));
-            plan.ins.push(check_in((rank + n - d) % n, CHECK_STEP));
         }
-    } else {
-        plan.outs.push(check_out(right(rank, n), CHECK_STEP));
-        plan.ins.push(check_in(left(rank, n), CHECK_STEP));
     }
+    plan.ins.push(check_in(left(rank, n), CHECK_STEP));
     let checks = plan.ins.len();
+    let late_checks: Vec<In> = if full {
+        (2..n)
+            .map(|d| check_in((rank + n - d) % n, CHECK_STEP))
+            .collect()
+    } else {
+        Vec::new()
+    };
     for (i, (j, r)) in frames(len, seg).enumerate() {
         if pos > 0 {
             plan.ins.push(In {
@@ -109,7 +120,8 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
             });
         }
     }
-    if n > FULL_CHECK_MAX {
+    plan.ins.extend(late_checks);
+    if !full {
         // The agreement barrier, after the data on every link.
         let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
         let barrier = super::doubling::plan(rank, n, 0);
@@ -151,7 +163,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_rank_checks_before_any_data() {
+    fn checks_leave_first_and_every_rank_hears_from_every_other() {
         for n in 2..=12 {
             for root in 0..n {
                 for rank in 0..n {
@@ -159,15 +171,25 @@ mod tests {
                         broadcast(rank, n, root, 64, 16),
                         reduce(rank, n, root, 64, 16),
                     ] {
-                        let k = if n <= FULL_CHECK_MAX { n - 1 } else { 1 };
-                        assert!(plan.outs[..k]
+                        // Checks go out before any data and depend on nothing.
+                        let data_out = plan.outs.iter().position(|o| o.step == 0);
+                        let last_check = plan.outs.iter().rposition(|o| o.step == CHECK_STEP);
+                        if let (Some(d), Some(c)) = (data_out, last_check) {
+                            assert!(c < d);
+                        }
+                        assert!(plan
+                            .outs
                             .iter()
-                            .all(|o| o.step == CHECK_STEP && o.len == 0));
-                        assert!(plan.ins[..k]
-                            .iter()
-                            .all(|i| i.step == CHECK_STEP && i.len == 0));
-                        assert!(plan.outs[..k].iter().all(|o| o.after_recv.is_none()));
-                        assert!(plan.ins[..k].iter().any(|i| i.peer == left(rank, n)));
+                            .filter(|o| o.step == CHECK_STEP)
+                            .all(|o| o.after_recv.is_none() && o.len == 0));
+                        // Up to FULL_CHECK_MAX ranks, each rank hears from every other
+                        // (by a check, or by the data it receives).
+                        if n <= FULL_CHECK_MAX {
+                            let mut heard: Vec<usize> = plan.ins.iter().map(|i| i.peer).collect();
+                            heard.sort_unstable();
+                            heard.dedup();
+                            assert_eq!(heard.len(), n - 1, "n={n} rank={rank}");
+                        }
                     }
                 }
             }

@@ -28,7 +28,7 @@ pub(crate) use stream::Data;
 
 use crate::config::Tuning;
 use crate::error::{Error, Result};
-use crate::trace::{LinkBytes, OpRecord, PeerWait, Recorder};
+use crate::trace::{PeerCounts, RecHead, Recorder};
 use crate::transport::{Beacon, Channel, Connector, Links, MemPeers, Waiter};
 use crate::wire::{Fingerprint, OpKind, Peer, WireStats};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +39,11 @@ use std::time::{Duration, Instant};
 const MAX_WAIT_SLICE: Duration = Duration::from_millis(100);
 /// How long a timed-out rank spends asking its peers where they are.
 const STATUS_BUDGET: Duration = Duration::from_secs(2);
+/// Idle time after which an operation in flight is shown to the flight recorder (so
+/// that a dump taken during a hang has it); shorter ones are recorded when they end.
+const SHOW_AFTER_NS: u64 = 1_000_000;
+/// How long a failing rank tries at most to get its notices onto full links.
+const NOTICE_WAIT: Duration = Duration::from_millis(50);
 /// Peers asked at most, after a timeout (the ones waited on first).
 const STATUS_MAX_PEERS: usize = 64;
 
@@ -48,6 +53,8 @@ pub(crate) struct Engine {
     pub world_size: usize,
     pub cfg: Tuning,
     links: [Vec<Option<Peer>>; 2],
+    /// The links that exist, as (channel index, peer), in the order they were made.
+    linked: Vec<(usize, usize)>,
     pub waiter: Box<dyn Waiter>,
     connector: Box<dyn Connector>,
     /// What this rank is doing, for peers that ask.
@@ -69,17 +76,41 @@ pub(crate) struct Engine {
 }
 
 /// The flight recorder's view of the operation in flight, kept by the engine so that
-/// recording costs no lock per frame.
+/// recording costs no lock and no allocation per frame.
 struct OpTrack {
     seq: u64,
     kind: OpKind,
+    head: RecHead,
+    /// Idle time so far, and whether the recorder has been shown the operation.
+    waited_ns: u64,
+    shown: bool,
     /// Bytes each link had moved when the operation started: (peer, sent, received).
-    start: Vec<(usize, u64, u64)>,
+    start: PeerCounts,
     /// Idle nanoseconds per peer waited on.
-    waits: Vec<(usize, u64)>,
+    waits: PeerCounts,
     /// The peer waited on last, and whether the recorder has been told.
     waiting_on: Option<usize>,
     told: Option<usize>,
+}
+
+/// Names of a recorded operation's codes, for the flight recorder's dumps.
+fn names(
+    kind: u8,
+    dtype: u8,
+    op: u8,
+    algo: u8,
+) -> (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+) {
+    (
+        OpKind::from_code(kind).map_or("?", OpKind::name),
+        crate::reduce::DataType::from_code(dtype).map_or("?", |d| d.name()),
+        crate::reduce::ReduceOp::from_code(op).map(|o| o.name()),
+        crate::algo::Algorithm::from_code(algo).map_or("?", |a| a.name()),
+    )
 }
 
 fn ch_index(ch: Channel) -> usize {
@@ -100,6 +131,7 @@ impl Engine {
                 (0..n).map(|_| None).collect(),
                 (0..n).map(|_| None).collect(),
             ],
+            linked: Vec::new(),
             waiter: links.waiter,
             connector: links.connector,
             beacon: links.beacon,
@@ -108,7 +140,7 @@ impl Engine {
             poisoned: None,
             mem: links.mem,
             pull: pull::PullState::default(),
-            rec: Recorder::new(rank, n, transport, cfg.trace_capacity),
+            rec: Recorder::new(rank, n, transport, cfg.trace_capacity, names),
             track: None,
             enqueued_ns: 0,
             cfg,
@@ -116,24 +148,16 @@ impl Engine {
     }
 
     /// Bytes sent and received per peer over both channels, headers included.
-    fn link_bytes(&self) -> Vec<(usize, u64, u64)> {
-        let mut v: Vec<(usize, u64, u64)> = Vec::new();
-        for links in &self.links {
-            for (q, p) in links.iter().enumerate() {
-                if let Some(p) = p {
-                    let s = &p.stats;
-                    let (sent, recv) = (
-                        s.payload_sent + s.header_sent,
-                        s.payload_recv + s.header_recv,
-                    );
-                    match v.iter_mut().find(|e| e.0 == q) {
-                        Some(e) => {
-                            e.1 += sent;
-                            e.2 += recv;
-                        }
-                        None => v.push((q, sent, recv)),
-                    }
-                }
+    fn link_bytes(&self) -> PeerCounts {
+        let mut v = PeerCounts::default();
+        for &(c, q) in &self.linked {
+            if let Some(p) = &self.links[c][q] {
+                let s = &p.stats;
+                v.add(
+                    q,
+                    s.payload_sent + s.header_sent,
+                    s.payload_recv + s.header_recv,
+                );
             }
         }
         v
@@ -151,27 +175,25 @@ impl Engine {
             return;
         }
         let start_ns = crate::trace::now_ns();
-        self.rec.begin(OpRecord {
+        let head = RecHead {
             seq: fp.seq,
-            kind: fp.kind.name().into(),
-            dtype: fp.dtype.to_string(),
+            kind: fp.kind.code(),
+            dtype: fp.dtype.code(),
+            op: fp.op.map_or(255, |o| o.code()),
             count: fp.count,
-            op: fp.op.map(|o| o.to_string()),
-            root: fp.root,
-            algo: fp.algo.name().into(),
+            root: fp.root.unwrap_or(u32::MAX),
+            algo: fp.algo.code(),
             enqueue_ns: self.enqueued_ns.min(start_ns),
             start_ns,
-            end_ns: None,
-            outcome: String::new(),
-            waiting_on: None,
-            links: Vec::new(),
-            waits: Vec::new(),
-        });
+        };
         self.track = Some(OpTrack {
             seq: fp.seq,
             kind: fp.kind,
+            head,
+            waited_ns: 0,
+            shown: false,
             start: self.link_bytes(),
-            waits: Vec::new(),
+            waits: PeerCounts::default(),
             waiting_on: None,
             told: None,
         });
@@ -189,9 +211,12 @@ impl Engine {
         let Some(t) = self.track.as_mut() else {
             return;
         };
-        match t.waits.iter_mut().find(|w| w.0 == peer) {
-            Some(w) => w.1 += ns,
-            None => t.waits.push((peer, ns)),
+        t.waits.add(peer, ns, 0);
+        t.waited_ns += ns;
+        if !t.shown && t.waited_ns >= SHOW_AFTER_NS {
+            // Waiting long enough that a dump may be taken meanwhile (a hang, SIGUSR1).
+            t.shown = true;
+            self.rec.running(t.head);
         }
         if t.told != Some(peer) {
             // Once per change of peer: a dump taken during a hang names the peer.
@@ -205,32 +230,19 @@ impl Engine {
     fn trace_end(&mut self, r: &Result<()>) {
         if let Some(t) = self.track.take() {
             let now = self.link_bytes();
-            let links = now
-                .iter()
-                .map(|&(peer, sent, recv)| {
-                    let (s0, r0) = t
-                        .start
-                        .iter()
-                        .find(|e| e.0 == peer)
-                        .map_or((0, 0), |e| (e.1, e.2));
-                    LinkBytes {
-                        peer,
-                        sent: sent - s0,
-                        recv: recv - r0,
-                    }
-                })
-                .filter(|l| l.sent > 0 || l.recv > 0)
-                .collect();
-            let waits = t
-                .waits
-                .iter()
-                .map(|&(peer, ns)| PeerWait { peer, ns })
-                .collect();
-            let (outcome, waiting_on) = match r {
-                Ok(()) => ("ok".to_string(), None),
-                Err(e) => (e.to_string(), t.waiting_on),
+            let mut peers = PeerCounts::default();
+            for (peer, sent, recv, _) in now.iter() {
+                let (s0, r0) = t.start.get(peer).unwrap_or((0, 0));
+                peers.add(peer, sent - s0, recv - r0);
+            }
+            for (peer, ns, _, _) in t.waits.iter() {
+                peers.add_wait_us(peer, ns.div_ceil(1000));
+            }
+            let (error, waiting_on) = match r {
+                Ok(()) => (None, None),
+                Err(e) => (Some(e.to_string().into_boxed_str()), t.waiting_on),
             };
-            self.rec.end(outcome, waiting_on, links, waits);
+            self.rec.end(t.head, error, waiting_on, peers);
         }
         if let Err(e) = r {
             let reason = match e {
@@ -247,6 +259,7 @@ impl Engine {
         if self.links[ch_index(ch)][peer].is_none() {
             let link = self.connector.connect(peer, ch, deadline)?;
             self.links[ch_index(ch)][peer] = Some(Peer::new(link));
+            self.linked.push((ch_index(ch), peer));
         }
         Ok(())
     }
@@ -336,6 +349,9 @@ impl Engine {
             return; // told them already
         }
         let notice = crate::wire::encode_notice(origin, cause);
+        // A link whose buffer is full (an RDMA ring the peer has not drained) gets a
+        // moment for the peer to read on; never longer than NOTICE_WAIT in all.
+        let end = Instant::now() + NOTICE_WAIT;
         for p in self.links.iter_mut().flatten().flatten() {
             if p.out_mid || p.link.peer() == origin {
                 continue;
@@ -344,6 +360,7 @@ impl Engine {
             while done < notice.len() {
                 match p.link.try_write(&[std::io::IoSlice::new(&notice[done..])]) {
                     Ok(n) if n > 0 => done += n,
+                    Ok(_) if Instant::now() < end => std::thread::yield_now(),
                     _ => break,
                 }
             }

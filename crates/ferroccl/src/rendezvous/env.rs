@@ -24,6 +24,8 @@ pub struct LaunchEnv {
     /// `FERROCCL_RDMA_GID_INDEX`: the GID table index the RDMA transport routes with
     /// (RoCE v2 setups often need one other than 0; `show_gids` lists them).
     pub rdma_gid_index: Option<u8>,
+    /// `FERROCCL_TRACE_CAPACITY`: operations the flight recorder keeps (0: none).
+    pub trace_capacity: Option<usize>,
 }
 
 /// The variables one launcher family sets.
@@ -144,6 +146,15 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
                 })
             })
             .transpose()?;
+        let trace_capacity = var("FERROCCL_TRACE_CAPACITY")
+            .map(|v| {
+                v.trim().parse::<usize>().map_err(|_| {
+                    Error::Env(format!(
+                        "FERROCCL_TRACE_CAPACITY='{v}' is not a number of operations"
+                    ))
+                })
+            })
+            .transpose()?;
         return Ok(Some(LaunchEnv {
             rank,
             world_size,
@@ -153,6 +164,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             source: fam.source,
             token: var("FERROCCL_TOKEN"),
             rdma_gid_index,
+            trace_capacity,
         }));
     }
     Ok(None)
@@ -221,6 +233,7 @@ mod tests {
             source,
             token: None,
             rdma_gid_index: None,
+            trace_capacity: None,
         }
     }
 

@@ -27,7 +27,7 @@
 mod recorder;
 mod signal;
 
-pub(crate) use recorder::{now_ns, Recorder};
+pub(crate) use recorder::{now_ns, PeerCounts, RecHead, Recorder};
 pub use recorder::{read_dir, read_file, RankTrace};
 
 use serde::{Deserialize, Serialize};

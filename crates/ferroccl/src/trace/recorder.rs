@@ -6,6 +6,7 @@ use crate::sync::lock;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -16,22 +17,192 @@ pub(crate) fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// Peers whose bytes and waits an operation's record keeps inline (a ring uses 2,
+/// recursive doubling `log2 n + 1`); beyond, the ones with the most bytes or waiting.
+pub(crate) const PEERS_KEPT: usize = 4;
+
+/// Up to [`PEERS_KEPT`] per-peer entries `(peer, wait µs, a, b)`, inline: recording
+/// allocates nothing.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PeerCounts {
+    len: u8,
+    e: [(u32, u32, u64, u64); PEERS_KEPT],
+}
+
+impl PeerCounts {
+    fn entry(&mut self, peer: usize, weight: u64) -> Option<&mut (u32, u32, u64, u64)> {
+        let n = self.len as usize;
+        if let Some(i) = self.e[..n].iter().position(|x| x.0 == peer as u32) {
+            return Some(&mut self.e[i]);
+        }
+        if n < PEERS_KEPT {
+            self.e[n] = (peer as u32, 0, 0, 0);
+            self.len += 1;
+            return Some(&mut self.e[n]);
+        }
+        // Full: a new peer replaces the smallest entry if it weighs more.
+        let min = self
+            .e
+            .iter_mut()
+            .min_by_key(|x| x.2 + x.3 + u64::from(x.1))?;
+        if weight > min.2 + min.3 + u64::from(min.1) {
+            *min = (peer as u32, 0, 0, 0);
+            return Some(min);
+        }
+        None
+    }
+
+    /// Adds `(a, b)` to `peer`'s entry.
+    pub fn add(&mut self, peer: usize, a: u64, b: u64) {
+        if let Some(x) = self.entry(peer, a + b) {
+            x.2 += a;
+            x.3 += b;
+        }
+    }
+
+    /// Adds `us` microseconds of waiting to `peer`'s entry.
+    pub fn add_wait_us(&mut self, peer: usize, us: u64) {
+        if let Some(x) = self.entry(peer, us) {
+            x.1 = x.1.saturating_add(us.min(u32::MAX as u64) as u32);
+        }
+    }
+
+    pub fn get(&self, peer: usize) -> Option<(u64, u64)> {
+        self.e[..self.len as usize]
+            .iter()
+            .find(|x| x.0 == peer as u32)
+            .map(|x| (x.2, x.3))
+    }
+
+    /// `(peer, a, b, wait µs)`.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, u64, u64, u64)> + '_ {
+        self.e[..self.len as usize]
+            .iter()
+            .map(|x| (x.0 as usize, x.2, x.3, u64::from(x.1)))
+    }
+}
+
+/// Turns the codes of a [`RecHead`] into names: kind, dtype, op, algorithm (the
+/// engine supplies it; the recorder knows no wire format).
+pub(crate) type Names = fn(
+    u8,
+    u8,
+    u8,
+    u8,
+) -> (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+);
+
+/// The call an operation made and when it started, as codes: what the recorder holds
+/// while it runs (small, so that recording copies little).
+#[derive(Clone, Copy)]
+pub(crate) struct RecHead {
+    pub seq: u64,
+    pub count: u64,
+    pub enqueue_ns: u64,
+    pub start_ns: u64,
+    /// `u32::MAX`: none.
+    pub root: u32,
+    pub kind: u8,
+    pub dtype: u8,
+    /// 255: none.
+    pub op: u8,
+    pub algo: u8,
+}
+
+/// One operation as recorded, turned into an [`OpRecord`] only when dumped.
+#[derive(Clone)]
+struct Rec {
+    head: RecHead,
+    /// 0 while running.
+    end_ns: u64,
+    /// The error's text; `None` when it succeeded (or still runs).
+    error: Option<Box<str>>,
+    /// `u32::MAX`: none.
+    waiting_on: u32,
+    /// (peer, wait µs, sent, received).
+    peers: PeerCounts,
+}
+
+impl Rec {
+    fn running(head: RecHead, waiting_on: u32) -> Self {
+        Rec {
+            head,
+            end_ns: 0,
+            error: None,
+            waiting_on,
+            peers: PeerCounts::default(),
+        }
+    }
+
+    fn to_record(&self, names: Names) -> OpRecord {
+        let h = &self.head;
+        let (kind, dtype, op, algo) = names(h.kind, h.dtype, h.op, h.algo);
+        OpRecord {
+            seq: h.seq,
+            kind: kind.into(),
+            dtype: dtype.into(),
+            count: h.count,
+            op: op.map(Into::into),
+            root: (h.root != u32::MAX).then_some(h.root),
+            algo: algo.into(),
+            enqueue_ns: h.enqueue_ns,
+            start_ns: h.start_ns,
+            end_ns: (self.end_ns != 0).then_some(self.end_ns),
+            outcome: match (&self.error, self.end_ns) {
+                (Some(e), _) => e.to_string(),
+                (None, 0) => "running".into(),
+                (None, _) => "ok".into(),
+            },
+            waiting_on: (self.waiting_on != u32::MAX).then_some(self.waiting_on as usize),
+            links: self
+                .peers
+                .iter()
+                .filter(|&(_, s, r, _)| s > 0 || r > 0)
+                .map(|(peer, sent, recv, _)| LinkBytes { peer, sent, recv })
+                .collect(),
+            waits: self
+                .peers
+                .iter()
+                .filter(|&(_, _, _, w)| w > 0)
+                .map(|(peer, _, _, us)| PeerWait {
+                    peer,
+                    ns: us * 1000,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// What a dump needs besides the operations.
 struct Ring {
     info: RankInfo,
-    ops: VecDeque<OpRecord>,
+    ops: VecDeque<Rec>,
     /// The operation in flight, if any.
-    active: Option<OpRecord>,
+    active: Option<RecHead>,
 }
 
 /// One communicator's flight recorder. Operations append under a lock held for one
 /// push; a dump copies the ring under it and writes outside it.
 pub(crate) struct Recorder {
     ring: Mutex<Ring>,
+    names: Names,
+    /// The peer the operation in flight waits on (`u32::MAX`: none), for a dump taken
+    /// during a hang; set without the lock.
+    waiting_on: AtomicU32,
 }
 
 impl Recorder {
-    pub fn new(rank: usize, world_size: usize, transport: &str, capacity: usize) -> Arc<Self> {
+    pub fn new(
+        rank: usize,
+        world_size: usize,
+        transport: &str,
+        capacity: usize,
+        names: Names,
+    ) -> Arc<Self> {
         let r = Arc::new(Recorder {
             ring: Mutex::new(Ring {
                 info: RankInfo {
@@ -50,6 +221,8 @@ impl Recorder {
                 ops: VecDeque::with_capacity(capacity.min(4096)),
                 active: None,
             }),
+            waiting_on: AtomicU32::new(u32::MAX),
+            names,
         });
         Registry::add(&r);
         r
@@ -62,36 +235,37 @@ impl Recorder {
         g.info.clock_error_ns = error_ns;
     }
 
-    /// An operation started.
-    pub fn begin(&self, op: OpRecord) {
+    /// The operation in flight, for a dump taken while it runs. The engine says so
+    /// only once an operation has waited a while (a short one ends before a dump could
+    /// matter, and recording it costs no lock until it ends).
+    pub fn running(&self, op: RecHead) {
         lock(&self.ring).active = Some(op);
     }
 
     /// The operation in flight now waits on `peer` (for a dump taken during a hang).
     pub fn waiting_on(&self, peer: usize) {
-        if let Some(a) = lock(&self.ring).active.as_mut() {
-            a.waiting_on = Some(peer);
-        }
+        self.waiting_on.store(peer as u32, Ordering::Relaxed);
     }
 
     /// The operation in flight ended: complete its record and keep it.
     pub fn end(
         &self,
-        outcome: String,
+        head: RecHead,
+        error: Option<Box<str>>,
         waiting_on: Option<usize>,
-        links: Vec<LinkBytes>,
-        waits: Vec<PeerWait>,
+        peers: PeerCounts,
     ) {
         let end = now_ns();
+        self.waiting_on.store(u32::MAX, Ordering::Relaxed);
         let mut g = lock(&self.ring);
-        let Some(mut op) = g.active.take() else {
-            return;
+        g.active = None;
+        let op = Rec {
+            head,
+            end_ns: end.max(1),
+            error,
+            waiting_on: waiting_on.map_or(u32::MAX, |p| p as u32),
+            peers,
         };
-        op.end_ns = Some(end);
-        op.outcome = outcome;
-        op.waiting_on = waiting_on;
-        op.links = links;
-        op.waits = waits;
         if g.info.capacity == 0 {
             g.info.dropped += 1;
             return;
@@ -112,11 +286,10 @@ impl Recorder {
         info.dumped_ns = now_ns();
         let mut lines = Vec::with_capacity(g.ops.len() + 2);
         lines.push(Line::Rank(info));
-        lines.extend(g.ops.iter().cloned().map(Line::Op));
-        if let Some(a) = &g.active {
-            let mut a = a.clone();
-            a.outcome = "running".into();
-            lines.push(Line::Op(a));
+        lines.extend(g.ops.iter().map(|r| Line::Op(r.to_record(self.names))));
+        if let Some(a) = g.active {
+            let a = Rec::running(a, self.waiting_on.load(Ordering::Relaxed));
+            lines.push(Line::Op(a.to_record(self.names)));
         }
         lines
     }
