@@ -41,31 +41,6 @@ const AGREE_STEP: u32 = 2;
 /// Worlds up to this size check every pair of ranks directly.
 pub(crate) const FULL_CHECK_MAX: usize = 8;
 
-/// An empty check frame to `peer` at `step`.
-fn check_out(peer: usize, step: u32) -> Out {
-    Out {
-        peer,
-        step,
-        seg: 0,
-        off: 0,
-        len: 0,
-        after_recv: None,
-    }
-}
-
-/// An empty check frame from `peer` at `step`.
-fn check_in(peer: usize, step: u32) -> In {
-    In {
-        peer,
-        step,
-        seg: 0,
-        off: 0,
-        len: 0,
-        land: Land::Copy,
-        after_send: None,
-    }
-}
-
 /// The frames of a chain over `len` bytes in segments of `seg` bytes, from the side of
 /// the rank at `pos` (0 starts, `n-1` ends). Everyone but the first receives each
 /// segment from the left (landing as `land`), everyone but the last forwards it to the
@@ -82,17 +57,17 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
     // neighbour that disagrees and will not send it); the others' after the data (so
     // forwarding never waits for a rank further along).
     let full = n <= FULL_CHECK_MAX;
-    plan.outs.push(check_out(right(rank, n), CHECK_STEP));
+    plan.outs.push(Out::check(right(rank, n), CHECK_STEP));
     if full {
         for d in 2..n {
-            plan.outs.push(check_out((rank + d) % n, CHECK_STEP));
+            plan.outs.push(Out::check((rank + d) % n, CHECK_STEP));
         }
     }
-    plan.ins.push(check_in(left(rank, n), CHECK_STEP));
+    plan.ins.push(In::check(left(rank, n), CHECK_STEP));
     let checks = plan.ins.len();
     let late_checks: Vec<In> = if full {
         (2..n)
-            .map(|d| check_in((rank + n - d) % n, CHECK_STEP))
+            .map(|d| In::check((rank + n - d) % n, CHECK_STEP))
             .collect()
     } else {
         Vec::new()

@@ -86,6 +86,21 @@ pub(crate) struct Out {
     pub after_recv: Option<usize>,
 }
 
+impl Out {
+    /// An empty frame to `peer`: its header alone carries the call's fingerprint, for
+    /// the receiver to check (root agreement, the pull executor's exchange).
+    pub fn check(peer: usize, step: u32) -> Self {
+        Out {
+            peer,
+            step,
+            seg: 0,
+            off: 0,
+            len: 0,
+            after_recv: None,
+        }
+    }
+}
+
 /// What a received frame does to the buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Land {
@@ -115,6 +130,19 @@ pub(crate) struct In {
 }
 
 impl In {
+    /// The empty frame [`Out::check`] sends, from `peer`.
+    pub fn check(peer: usize, step: u32) -> Self {
+        In {
+            peer,
+            step,
+            seg: 0,
+            off: 0,
+            len: 0,
+            land: Land::Copy,
+            after_send: None,
+        }
+    }
+
     /// Whether applying this frame makes its bytes final on this rank.
     pub fn is_final(&self) -> bool {
         matches!(self.land, Land::Copy | Land::Reduce { finish: true, .. })

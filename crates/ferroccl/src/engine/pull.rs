@@ -319,37 +319,9 @@ impl Engine {
     /// An empty frame each way with every peer of the call: their headers carry the
     /// fingerprints, so a rank that called something else fails with a mismatch here.
     fn exchange_fingerprints(&mut self, fp: &Fingerprint, peers: &[usize]) -> Result<()> {
-        let hello = |peer: usize| (peer, u32::MAX);
         let plan = Plan {
-            outs: peers
-                .iter()
-                .map(|&q| {
-                    let (peer, step) = hello(q);
-                    Out {
-                        peer,
-                        step,
-                        seg: 0,
-                        off: 0,
-                        len: 0,
-                        after_recv: None,
-                    }
-                })
-                .collect(),
-            ins: peers
-                .iter()
-                .map(|&q| {
-                    let (peer, step) = hello(q);
-                    In {
-                        peer,
-                        step,
-                        seg: 0,
-                        off: 0,
-                        len: 0,
-                        land: Land::Copy,
-                        after_send: None,
-                    }
-                })
-                .collect(),
+            outs: peers.iter().map(|&q| Out::check(q, u32::MAX)).collect(),
+            ins: peers.iter().map(|&q| In::check(q, u32::MAX)).collect(),
         };
         self.stream(
             Channel::Collective,
