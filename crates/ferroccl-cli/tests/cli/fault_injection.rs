@@ -363,6 +363,28 @@ fn the_store_dying_during_rendezvous_is_a_typed_error() {
     );
 }
 
+/// Waits (at most 30 s, else the test fails) until rank 0 prints its bench header:
+/// its communicator exists, so the job is running and SIGUSR1 has its handler. Rank 0's
+/// stdout keeps being drained afterwards so the rank never blocks on a full pipe.
+fn wait_until_running(rank0: &mut Child) {
+    let out = rank0.stdout.take().expect("rank 0's stdout is piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(out);
+        let mut line = String::new();
+        let mut told = false;
+        while std::io::BufRead::read_line(&mut r, &mut line).unwrap_or(0) > 0 {
+            if !told && line.contains("# ferroccl bench") {
+                let _ = tx.send(());
+                told = true;
+            }
+            line.clear();
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("rank 0 printed its bench header within 30 s");
+}
+
 /// A fresh directory for trace files.
 fn trace_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("ferroccl-cli-trace-{name}-{}", std::process::id()));
@@ -395,14 +417,7 @@ fn survivors_dump_their_flight_recorder_naming_the_killed_rank() {
         ],
         &[("FERROCCL_TRACE_DIR", &d)],
     );
-    // Rank 0 prints its header once its communicator exists: the job is running.
-    let mut out = std::io::BufReader::new(ranks[0].stdout.take().expect("piped"));
-    let mut line = String::new();
-    while std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) > 0
-        && !line.contains("# ferroccl bench")
-    {
-        line.clear();
-    }
+    wait_until_running(&mut ranks[0]);
     std::thread::sleep(Duration::from_millis(200));
     signal(&ranks[1], libc::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -452,13 +467,7 @@ fn sigusr1_dumps_a_running_rank() {
         ],
         &[("FERROCCL_TRACE_DIR", &d)],
     );
-    let mut out = std::io::BufReader::new(ranks[0].stdout.take().expect("piped"));
-    let mut line = String::new();
-    while std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) > 0
-        && !line.contains("# ferroccl bench")
-    {
-        line.clear();
-    }
+    wait_until_running(&mut ranks[0]);
     let file = dir.join("rank-0.jsonl");
     let deadline = Instant::now() + Duration::from_secs(20);
     // The handler is installed before the header is printed; signal until the dump
