@@ -134,7 +134,7 @@ pub(crate) fn reduce(rank: usize, n: usize, root: usize, len: usize, seg: usize)
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{check_plans, simulate};
+    use super::super::tests::{check_plans, run_views, simulate, End};
     use super::*;
 
     #[test]
@@ -168,80 +168,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    /// How a call ends on one rank when every rank follows its own root.
-    #[derive(Debug, PartialEq)]
-    enum End {
-        Ok(Vec<f64>),
-        /// A frame's root differed from this rank's (the executor's mismatch).
-        Mismatch,
-        /// The peer it waited on failed first and closed its links.
-        Closed,
-    }
-
-    /// Runs each rank's plan for its own root, as the stream executor does: a frame
-    /// whose sender's root differs fails the receiver, a failed rank's links close
-    /// (frames it sent before stay readable). Panics if any rank would wait forever.
-    fn run_disagreeing(plans: &[Plan], roots: &[usize], mut bufs: Vec<Vec<f64>>) -> Vec<End> {
-        use std::collections::VecDeque;
-        let n = plans.len();
-        let (mut si, mut ai) = (vec![0usize; n], vec![0usize; n]);
-        let mut end: Vec<Option<End>> = (0..n).map(|_| None).collect();
-        type Wire = VecDeque<(u32, u32, usize, Vec<f64>)>;
-        let mut wires: Vec<Vec<Wire>> = (0..n)
-            .map(|_| (0..n).map(|_| VecDeque::new()).collect())
-            .collect();
-        loop {
-            let mut moved = false;
-            for r in 0..n {
-                if end[r].is_some() {
-                    continue;
-                }
-                let p = &plans[r];
-                while si[r] < p.outs.len() {
-                    let o = &p.outs[si[r]];
-                    if o.after_recv.is_some_and(|d| ai[r] <= d) {
-                        break;
-                    }
-                    let data = bufs[r][o.off / 8..(o.off + o.len) / 8].to_vec();
-                    wires[r][o.peer].push_back((o.step, o.seg, roots[r], data));
-                    si[r] += 1;
-                    moved = true;
-                }
-                while ai[r] < p.ins.len() {
-                    let i = &p.ins[ai[r]];
-                    let Some((step, seg, root, data)) = wires[i.peer][r].pop_front() else {
-                        if matches!(end[i.peer], Some(End::Mismatch | End::Closed)) {
-                            end[r] = Some(End::Closed);
-                            moved = true;
-                        }
-                        break;
-                    };
-                    if root != roots[r] {
-                        end[r] = Some(End::Mismatch);
-                        moved = true;
-                        break;
-                    }
-                    assert_eq!((step, seg, data.len() * 8), (i.step, i.seg, i.len));
-                    let dst = &mut bufs[r][i.off / 8..(i.off + i.len) / 8];
-                    match i.land {
-                        Land::Copy => dst.copy_from_slice(&data),
-                        Land::Reduce { .. } => dst.iter_mut().zip(&data).for_each(|(d, s)| *d += s),
-                    }
-                    ai[r] += 1;
-                    moved = true;
-                }
-                if end[r].is_none() && si[r] == p.outs.len() && ai[r] == p.ins.len() {
-                    end[r] = Some(End::Ok(bufs[r].clone()));
-                    moved = true;
-                }
-            }
-            if end.iter().all(Option::is_some) {
-                return end.into_iter().flatten().collect();
-            }
-            assert!(moved, "ranks with roots {roots:?} wait forever: {end:?}");
         }
     }
 
@@ -283,7 +209,7 @@ mod tests {
                 let agree = roots.iter().all(|&x| x == roots[0]);
                 let bufs = || (0..n).map(|r| vec![r as f64 + 1.0; 4]).collect::<Vec<_>>();
                 let b: Vec<Plan> = (0..n).map(|r| broadcast(r, n, roots[r], 32, 8)).collect();
-                let ends = run_disagreeing(&b, &roots, bufs());
+                let ends = run_views(&b, &roots, bufs());
                 for (r, e) in ends.iter().enumerate() {
                     if let End::Ok(v) = e {
                         assert_eq!(
@@ -294,7 +220,7 @@ mod tests {
                     }
                 }
                 let p: Vec<Plan> = (0..n).map(|r| reduce(r, n, roots[r], 32, 8)).collect();
-                let rends = run_disagreeing(&p, &roots, bufs());
+                let rends = run_views(&p, &roots, bufs());
                 let sum = (n * (n + 1) / 2) as f64;
                 for (r, e) in rends.iter().enumerate() {
                     if let (End::Ok(v), true) = (e, roots[r] == r) {

@@ -257,18 +257,49 @@ pub(crate) mod tests {
     /// Runs the plans of all ranks on `bufs` (one buffer of f64 per rank, reduced with
     /// `+`), as a push executor with unbounded links would: sends copy the bytes out
     /// when they leave. Panics on a deadlock. Returns the buffers.
-    pub fn simulate(plans: &[Plan], mut bufs: Vec<Vec<f64>>) -> Vec<Vec<f64>> {
+    pub fn simulate(plans: &[Plan], bufs: Vec<Vec<f64>>) -> Vec<Vec<f64>> {
+        let views = vec![0; plans.len()];
+        run_views(plans, &views, bufs)
+            .into_iter()
+            .enumerate()
+            .map(|(r, e)| match e {
+                End::Ok(b) => b,
+                e => panic!("rank {r} ended {e:?} although every rank made the same call"),
+            })
+            .collect()
+    }
+
+    /// How a call ends on one rank in [`run_views`].
+    #[derive(Debug, PartialEq)]
+    pub enum End {
+        Ok(Vec<f64>),
+        /// A frame's sender saw the call differently (the executor's mismatch).
+        Mismatch,
+        /// The peer it waited on failed first and closed its links.
+        Closed,
+    }
+
+    /// [`simulate`] where rank `r` made the call as it sees it, `views[r]` (the plans
+    /// of ranks with different views may not fit each other): a frame whose sender's
+    /// view differs fails the receiver with a mismatch, as its header would; a failed
+    /// rank's links close (frames it sent before stay readable). Panics if any rank
+    /// would wait forever.
+    pub fn run_views(plans: &[Plan], views: &[usize], mut bufs: Vec<Vec<f64>>) -> Vec<End> {
         use std::collections::VecDeque;
         let n = plans.len();
         let (mut si, mut ai) = (vec![0usize; n], vec![0usize; n]);
-        // wires[r][q]: frames r sent q not yet received (step, seg, data).
-        type Wire = VecDeque<(u32, u32, Vec<f64>)>;
+        let mut end: Vec<Option<End>> = (0..n).map(|_| None).collect();
+        // wires[r][q]: frames r sent q not yet received (step, seg, sender's view, data).
+        type Wire = VecDeque<(u32, u32, usize, Vec<f64>)>;
         let mut wires: Vec<Vec<Wire>> = (0..n)
             .map(|_| (0..n).map(|_| VecDeque::new()).collect())
             .collect();
         loop {
             let mut moved = false;
             for r in 0..n {
+                if end[r].is_some() {
+                    continue;
+                }
                 let p = &plans[r];
                 while si[r] < p.outs.len() {
                     let o = &p.outs[si[r]];
@@ -276,7 +307,7 @@ pub(crate) mod tests {
                         break;
                     }
                     let data = bufs[r][o.off / 8..(o.off + o.len) / 8].to_vec();
-                    wires[r][o.peer].push_back((o.step, o.seg, data));
+                    wires[r][o.peer].push_back((o.step, o.seg, views[r], data));
                     si[r] += 1;
                     moved = true;
                 }
@@ -285,27 +316,40 @@ pub(crate) mod tests {
                     if i.after_send.is_some_and(|s| si[r] <= s) {
                         break;
                     }
-                    let Some((step, seg, data)) = wires[i.peer][r].pop_front() else {
+                    let Some((step, seg, view, data)) = wires[i.peer][r].pop_front() else {
+                        if matches!(end[i.peer], Some(End::Mismatch | End::Closed)) {
+                            end[r] = Some(End::Closed);
+                            moved = true;
+                        }
                         break;
                     };
+                    if view != views[r] {
+                        end[r] = Some(End::Mismatch);
+                        moved = true;
+                        break;
+                    }
                     assert_eq!((step, seg), (i.step, i.seg), "rank {r} from {}", i.peer);
+                    assert_eq!(data.len() * 8, i.len, "rank {r} from {}", i.peer);
                     let dst = &mut bufs[r][i.off / 8..(i.off + i.len) / 8];
                     match i.land {
                         Land::Copy => dst.copy_from_slice(&data),
-                        Land::Reduce { .. } => {
-                            for (d, s) in dst.iter_mut().zip(&data) {
-                                *d += s;
-                            }
-                        }
+                        Land::Reduce { .. } => dst.iter_mut().zip(&data).for_each(|(d, s)| *d += s),
                     }
                     ai[r] += 1;
                     moved = true;
                 }
+                if end[r].is_none() && si[r] == p.outs.len() && ai[r] == p.ins.len() {
+                    end[r] = Some(End::Ok(bufs[r].clone()));
+                    moved = true;
+                }
             }
-            if (0..n).all(|r| si[r] == plans[r].outs.len() && ai[r] == plans[r].ins.len()) {
-                return bufs;
+            if end.iter().all(Option::is_some) {
+                return end.into_iter().flatten().collect();
             }
-            assert!(moved, "plans deadlock: sent {si:?}, applied {ai:?}");
+            assert!(
+                moved,
+                "plans deadlock (views {views:?}): sent {si:?}, applied {ai:?}"
+            );
         }
     }
 
