@@ -364,9 +364,15 @@ fn the_store_dying_during_rendezvous_is_a_typed_error() {
 }
 
 /// Waits (at most 30 s, else the test fails) until rank 0 prints its bench header:
-/// its communicator exists, so the job is running and SIGUSR1 has its handler. Rank 0's
-/// stdout keeps being drained afterwards so the rank never blocks on a full pipe.
+/// its communicator exists, so the job is running and SIGUSR1 has its handler.
 fn wait_until_running(rank0: &mut Child) {
+    wait_for_line(rank0, |l| l.contains("# ferroccl bench"));
+}
+
+/// Waits (at most 30 s, else the test fails) for a line of rank 0's stdout that
+/// `matches`. The stdout keeps being drained afterwards so the rank never blocks on a
+/// full pipe.
+fn wait_for_line(rank0: &mut Child, matches: fn(&str) -> bool) {
     let out = rank0.stdout.take().expect("rank 0's stdout is piped");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -374,7 +380,7 @@ fn wait_until_running(rank0: &mut Child) {
         let mut line = String::new();
         let mut told = false;
         while std::io::BufRead::read_line(&mut r, &mut line).unwrap_or(0) > 0 {
-            if !told && line.contains("# ferroccl bench") {
+            if !told && matches(&line) {
                 let _ = tx.send(());
                 told = true;
             }
@@ -382,7 +388,7 @@ fn wait_until_running(rank0: &mut Child) {
         }
     });
     rx.recv_timeout(Duration::from_secs(30))
-        .expect("rank 0 printed its bench header within 30 s");
+        .expect("rank 0 printed the awaited line within 30 s");
 }
 
 /// A fresh directory for trace files.
@@ -403,9 +409,11 @@ fn survivors_dump_their_flight_recorder_naming_the_killed_rank() {
         &[
             "all_reduce",
             "-b",
-            "64K",
+            "1K",
             "-e",
             "64K",
+            "-f",
+            "64",
             "-n",
             "100000",
             "-w",
@@ -417,8 +425,9 @@ fn survivors_dump_their_flight_recorder_naming_the_killed_rank() {
         ],
         &[("FERROCCL_TRACE_DIR", &d)],
     );
-    wait_until_running(&mut ranks[0]);
-    std::thread::sleep(Duration::from_millis(200));
+    // Killed once the 1 KiB row is out: the ranks have recorded operations and are in
+    // the 64 KiB ones (an event, not a sleep).
+    wait_for_line(&mut ranks[0], |l| !l.starts_with('#') && l.contains("1024"));
     signal(&ranks[1], libc::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(30);
     let victim = ranks.remove(1);
@@ -459,7 +468,7 @@ fn sigusr1_dumps_a_running_rank() {
             "-e",
             "1K",
             "-n",
-            "200000",
+            "5000000",
             "-w",
             "1",
             "-c",
