@@ -14,22 +14,32 @@
 //! A rank may return Ok from a broadcast or reduce only once every rank is known to
 //! have made the same call, root included: otherwise ranks that disagree on the root
 //! would return different data, or wait for data nobody sends (a reduce where every
-//! rank names itself the root). Each plan therefore carries empty frames whose headers
-//! carry the call's fingerprint, checked on arrival:
+//! rank names itself the root). Every frame's header carries the call's fingerprint,
+//! checked on arrival, and a data frame leaves a rank only once the frames before it
+//! on that rank checked out, so the data a rank receives from its left neighbour tells
+//! it that every rank *before* it in the chain made its call. What it must still hear
+//! is the ranks after it, and a disagreement must never leave a rank waiting for data
+//! nobody sends. So each plan adds empty check frames, all sent first, depending on
+//! nothing:
 //!
-//! - up to [`FULL_CHECK_MAX`] ranks, every rank sends one to every other rank first
-//!   and reads them all before it returns (its left neighbour's before that
-//!   neighbour's data, the others' after its own data): each rank checks every other
-//!   directly. The frames leave at once and travel beside the data.
-//! - beyond, every rank sends one to its right neighbour and receives one from its left
-//!   first (so no rank waits for data from a left neighbour that disagrees, and some
-//!   rank always sees a disagreement at once), and after its data, the frames of a
-//!   recursive-doubling barrier: its last frame reaches a rank only after every rank
-//!   has checked a neighbour's fingerprint against its own, `log2 n` rounds.
+//! - every rank except the chain's first sends one to its right neighbour (the first
+//!   sends its data there at once), and every rank reads its left neighbour's frame
+//!   before anything else: of any two neighbours that disagree, the right one sees it
+//!   at once, whatever else is waiting.
+//! - up to [`FULL_CHECK_MAX`] ranks, every rank also sends one to each rank before it
+//!   in the chain, read there after the data: a rank hears from all after it
+//!   directly, and from all before it through its data.
+//! - beyond, after the data, the frames of a recursive-doubling barrier instead: its
+//!   last frame reaches a rank only after every rank has checked its left neighbour,
+//!   `log2 n` rounds.
 //!
 //! A rank that sees a disagreement fails with a mismatch naming both calls; the others
 //! learn of it through the notice it sends before closing its links. Nobody waits for
 //! the timeout, and no rank returns Ok unless every rank called the same thing.
+//!
+//! Cost: a broadcast root sends nothing but its data and reads one check from each
+//! other rank; a reduce root reads its data and sends the checks. Over two ranks that
+//! is one empty frame per call, from the last rank to the first.
 
 use super::schedule::{left, right};
 use super::{frames, In, Land, Out, Plan};
@@ -44,36 +54,32 @@ pub(crate) const FULL_CHECK_MAX: usize = 8;
 /// The frames of a chain over `len` bytes in segments of `seg` bytes, from the side of
 /// the rank at `pos` (0 starts, `n-1` ends). Everyone but the first receives each
 /// segment from the left (landing as `land`), everyone but the last forwards it to the
-/// right once it has arrived.
+/// right once it has arrived; the check frames are described in the module docs.
 fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) -> Plan {
     let mut plan = Plan::default();
     if n == 1 {
         return plan;
     }
-    // The check frames that go first (see the module docs).
-    // The check frames (see the module docs). They all leave before any data and
-    // depend on nothing, so ranks that disagree always hear from each other. The left
-    // neighbour's is read before its data (so no rank waits for data from a
-    // neighbour that disagrees and will not send it); the others' after the data (so
-    // forwarding never waits for a rank further along).
     let full = n <= FULL_CHECK_MAX;
-    plan.outs.push(Out::check(right(rank, n), CHECK_STEP));
-    if full {
-        for d in 2..n {
-            plan.outs.push(Out::check((rank + d) % n, CHECK_STEP));
-        }
+    // The rank at chain position `p`.
+    let at = |p: usize| (rank + n + p - pos) % n;
+    // Checks out: to the right unless the data goes there at once; to every rank before
+    // this one (which includes the right neighbour when this rank is last).
+    if pos > 0 && (pos < n - 1 || !full) {
+        plan.outs.push(Out::check(right(rank, n), CHECK_STEP));
     }
-    plan.ins.push(In::check(left(rank, n), CHECK_STEP));
+    if full {
+        plan.outs
+            .extend((0..pos).map(|p| Out::check(at(p), CHECK_STEP)));
+    }
+    // The left neighbour's frame first: its check (it sends one unless it is first)...
+    if pos != 1 {
+        plan.ins.push(In::check(left(rank, n), CHECK_STEP));
+    }
     let checks = plan.ins.len();
-    let late_checks: Vec<In> = if full {
-        (2..n)
-            .map(|d| In::check((rank + n - d) % n, CHECK_STEP))
-            .collect()
-    } else {
-        Vec::new()
-    };
     for (i, (j, r)) in frames(len, seg).enumerate() {
         if pos > 0 {
+            // ...or its data.
             plan.ins.push(In {
                 peer: left(rank, n),
                 step: 0,
@@ -95,8 +101,13 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
             });
         }
     }
-    plan.ins.extend(late_checks);
-    if !full {
+    if full {
+        // The checks of the ranks after this one, after the data (so forwarding never
+        // waits for them); the last one, the left neighbour of the first, came first.
+        let last = if pos == 0 { n - 1 } else { n };
+        plan.ins
+            .extend((pos + 1..last).map(|p| In::check(at(p), CHECK_STEP)));
+    } else {
         // The agreement barrier, after the data on every link.
         let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
         let barrier = super::doubling::plan(rank, n, 0);
@@ -142,10 +153,11 @@ mod tests {
         for n in 2..=12 {
             for root in 0..n {
                 for rank in 0..n {
-                    for plan in [
-                        broadcast(rank, n, root, 64, 16),
-                        reduce(rank, n, root, 64, 16),
-                    ] {
+                    let plans = [
+                        (broadcast(rank, n, root, 64, 16), (rank + n - root) % n),
+                        (reduce(rank, n, root, 64, 16), (rank + 2 * n - root - 1) % n),
+                    ];
+                    for (plan, pos) in plans {
                         // Checks go out before any data and depend on nothing.
                         let data_out = plan.outs.iter().position(|o| o.step == 0);
                         let last_check = plan.outs.iter().rposition(|o| o.step == CHECK_STEP);
@@ -157,10 +169,17 @@ mod tests {
                             .iter()
                             .filter(|o| o.step == CHECK_STEP)
                             .all(|o| o.after_recv.is_none() && o.len == 0));
-                        // Up to FULL_CHECK_MAX ranks, each rank hears from every other
-                        // (by a check, or by the data it receives).
+                        // The first frame to the right neighbour depends on nothing,
+                        // and the first frame read is the left neighbour's.
+                        let first_right = plan.outs.iter().find(|o| o.peer == right(rank, n));
+                        assert!(first_right.is_some_and(|o| o.after_recv.is_none()));
+                        assert_eq!(plan.ins[0].peer, left(rank, n));
+                        // Up to FULL_CHECK_MAX ranks, each rank hears directly from
+                        // every rank after it in the chain, and from those before it
+                        // through its left neighbour's data.
                         if n <= FULL_CHECK_MAX {
                             let mut heard: Vec<usize> = plan.ins.iter().map(|i| i.peer).collect();
+                            heard.extend((0..pos).map(|p| (rank + n + p - pos) % n));
                             heard.sort_unstable();
                             heard.dedup();
                             assert_eq!(heard.len(), n - 1, "n={n} rank={rank}");
