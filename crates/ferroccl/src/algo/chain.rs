@@ -37,9 +37,10 @@
 //! learn of it through the notice it sends before closing its links. Nobody waits for
 //! the timeout, and no rank returns Ok unless every rank called the same thing.
 //!
-//! Cost: a broadcast root sends nothing but its data and reads one check from each
-//! other rank; a reduce root reads its data and sends the checks. Over two ranks that
-//! is one empty frame per call, from the last rank to the first.
+//! Cost, up to [`FULL_CHECK_MAX`] ranks: a broadcast root sends nothing but its data
+//! and reads one check from each other rank; a reduce root reads its data and sends
+//! the checks. Over two ranks that is one empty frame per call, from the chain's last
+//! rank to its first.
 
 use super::schedule::{left, right};
 use super::{frames, In, Land, Out, Plan};
