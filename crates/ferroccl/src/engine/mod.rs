@@ -43,7 +43,7 @@ const STATUS_BUDGET: Duration = Duration::from_secs(2);
 /// that a dump taken during a hang has it); shorter ones are recorded when they end.
 const SHOW_AFTER_NS: u64 = 1_000_000;
 /// How long a failing rank tries at most to get its notices onto full links.
-const NOTICE_WAIT: Duration = Duration::from_millis(50);
+pub(super) const NOTICE_WAIT: Duration = Duration::from_millis(50);
 /// Peers asked at most, after a timeout (the ones waited on first).
 const STATUS_MAX_PEERS: usize = 64;
 

@@ -1,7 +1,7 @@
 //! The push executor: a plan over links that move bytes (TCP, RDMA, in-process pipes).
 
 use super::pacer::frame_error;
-use super::{Engine, Pacer};
+use super::{Engine, Pacer, NOTICE_WAIT};
 use crate::algo::{In, Land, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::Combine;
@@ -9,6 +9,12 @@ use crate::transport::Channel;
 use crate::wire::{Fingerprint, FrameHeader, InFrame, OutFrame};
 use std::ops::Range;
 use std::time::Instant;
+
+/// The send in progress: `out` is outs[`si`] once it has started.
+struct Sending {
+    si: usize,
+    out: Option<OutFrame>,
+}
 
 /// The buffer an operation runs on: read-only for one that only sends.
 pub(crate) enum Data<'a> {
@@ -101,6 +107,12 @@ impl Engine {
         self.locate_on_timeout(r, fp, || plan.peers())
     }
 
+    /// Runs the plan (see [`Engine::stream`]); on a failure, first finishes the frame
+    /// that was half sent, if its peer takes it within [`NOTICE_WAIT`], so that the
+    /// notice the communicator sends next lands between frames where the peer reads it
+    /// (a peer that reads a half frame and then a closed link can only blame this rank).
+    /// The rest of the frame is the bytes it started with: no receive has changed them
+    /// (that waits for the frame to leave), so the peer gets what it would have got.
     fn stream_inner(
         &mut self,
         ch: Channel,
@@ -110,6 +122,37 @@ impl Engine {
         comb: &mut dyn Combine,
         scratch: &mut [u8],
     ) -> Result<()> {
+        let mut st = Sending { si: 0, out: None };
+        let r = self.run_plan(ch, fp, plan, data, comb, scratch, &mut st);
+        if r.is_err() {
+            if let (Some(frame), Some(o)) = (st.out.as_mut(), plan.outs.get(st.si)) {
+                if let Ok(peer) = self.link(ch, o.peer) {
+                    let end = Instant::now() + NOTICE_WAIT;
+                    while let Ok((_, false)) = frame.progress(peer, data.read(o.off..o.off + o.len))
+                    {
+                        if Instant::now() >= end {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// The loop of [`Engine::stream`]; `st` holds the send in progress when it fails.
+    #[allow(clippy::too_many_arguments)]
+    fn run_plan(
+        &mut self,
+        ch: Channel,
+        fp: &Fingerprint,
+        plan: &Plan,
+        data: &mut Data<'_>,
+        comb: &mut dyn Combine,
+        scratch: &mut [u8],
+        st: &mut Sending,
+    ) -> Result<()> {
         let (outs, ins) = (&plan.outs, &plan.ins);
         let rank = self.rank;
         let header = |step: u32, seg: u32, len: usize| FrameHeader {
@@ -118,24 +161,24 @@ impl Engine {
             seg,
             len: len as u32,
         };
-        // `si`: next send; `ai`: next receive, which is applied once complete (or held in
-        // scratch, `held`, until its send dependency has left).
-        let (mut si, mut ai) = (0usize, 0usize);
+        // `st.si`: next send (`st.out` once it has started); `ai`: next receive, which is
+        // applied once complete (or held in scratch, `held`, until its send dependency
+        // has left).
+        let mut ai = 0usize;
         let mut held = false;
-        let mut out: Option<OutFrame> = None;
         let mut inp: Option<InFrame> = None;
         let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
-        while si < outs.len() || ai < ins.len() {
+        while st.si < outs.len() || ai < ins.len() {
             let mut progressed = false;
-            while si < outs.len() {
-                let o = &outs[si];
-                if out.is_none() {
+            while st.si < outs.len() {
+                let o = &outs[st.si];
+                if st.out.is_none() {
                     if o.after_recv.is_some_and(|d| ai <= d) {
                         break;
                     }
-                    out = Some(OutFrame::new(&header(o.step, o.seg, o.len)));
+                    st.out = Some(OutFrame::new(&header(o.step, o.seg, o.len)));
                 }
-                let Some(frame) = out.as_mut() else { break };
+                let Some(frame) = st.out.as_mut() else { break };
                 let peer = self.link(ch, o.peer)?;
                 let (moved, done) = frame
                     .progress(peer, data.read(o.off..o.off + o.len))
@@ -144,11 +187,11 @@ impl Engine {
                 if !done {
                     break;
                 }
-                out = None;
-                si += 1;
+                st.out = None;
+                st.si += 1;
                 progressed = true;
             }
-            if held && ins[ai].after_send.is_none_or(|s| si > s) {
+            if held && ins[ai].after_send.is_none_or(|s| st.si > s) {
                 apply(&ins[ai], data, scratch, comb)?;
                 held = false;
                 ai += 1;
@@ -158,7 +201,7 @@ impl Engine {
                 let i = &ins[ai];
                 let lands_in_place = matches!(i.land, Land::Copy);
                 if inp.is_none() {
-                    if lands_in_place && i.after_send.is_some_and(|s| si <= s) {
+                    if lands_in_place && i.after_send.is_some_and(|s| st.si <= s) {
                         break;
                     }
                     inp = Some(InFrame::new(header(i.step, i.seg, i.len)));
@@ -179,14 +222,14 @@ impl Engine {
                 }
                 inp = None;
                 progressed = true;
-                if i.after_send.is_some_and(|s| si <= s) {
+                if i.after_send.is_some_and(|s| st.si <= s) {
                     held = true;
                     break;
                 }
                 apply(i, data, scratch, comb)?;
                 ai += 1;
             }
-            if si == outs.len() && ai == ins.len() {
+            if st.si == outs.len() && ai == ins.len() {
                 break;
             }
             if progressed {
@@ -194,11 +237,11 @@ impl Engine {
                 continue;
             }
             // Waiting for a receive, or for a peer to take a send.
-            let recv_wait = ai < ins.len() && !held && (si == outs.len() || inp.is_some());
+            let recv_wait = ai < ins.len() && !held && (st.si == outs.len() || inp.is_some());
             let peer = if recv_wait {
                 ins[ai].peer
             } else {
-                outs[si.min(outs.len() - 1)].peer
+                outs[st.si.min(outs.len() - 1)].peer
             };
             self.trace_waiting(peer);
             let t0 = Instant::now();
@@ -210,7 +253,7 @@ impl Engine {
                         i.peer, i.step, i.seg
                     )
                 } else {
-                    let o = &outs[si.min(outs.len() - 1)];
+                    let o = &outs[st.si.min(outs.len() - 1)];
                     format!(
                         "rank {} to take data (step {}, segment {})",
                         o.peer, o.step, o.seg
