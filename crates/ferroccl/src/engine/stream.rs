@@ -95,50 +95,43 @@ impl Engine {
             .unwrap_or(0);
         self.scratch_bytes(scratch_need);
         let mut scratch = std::mem::take(&mut self.scratch);
-        let r = self.stream_inner(
+        let mut st = Sending { si: 0, out: None };
+        let r = self.run_plan(
             ch,
             fp,
             plan,
             &mut data,
             comb,
             bytemuck::cast_slice_mut(&mut scratch),
+            &mut st,
         );
         self.scratch = scratch;
+        if r.is_err() {
+            self.finish_half_sent(ch, plan, &data, &mut st);
+        }
         self.locate_on_timeout(r, fp, || plan.peers())
     }
 
-    /// Runs the plan (see [`Engine::stream`]); on a failure, first finishes the frame
-    /// that was half sent, if its peer takes it within [`NOTICE_WAIT`], so that the
-    /// notice the communicator sends next lands between frames where the peer reads it
-    /// (a peer that reads a half frame and then a closed link can only blame this rank).
-    /// The rest of the frame is the bytes it started with: no receive has changed them
-    /// (that waits for the frame to leave), so the peer gets what it would have got.
-    fn stream_inner(
-        &mut self,
-        ch: Channel,
-        fp: &Fingerprint,
-        plan: &Plan,
-        data: &mut Data<'_>,
-        comb: &mut dyn Combine,
-        scratch: &mut [u8],
-    ) -> Result<()> {
-        let mut st = Sending { si: 0, out: None };
-        let r = self.run_plan(ch, fp, plan, data, comb, scratch, &mut st);
-        if r.is_err() {
-            if let (Some(frame), Some(o)) = (st.out.as_mut(), plan.outs.get(st.si)) {
-                if let Ok(peer) = self.link(ch, o.peer) {
-                    let end = Instant::now() + NOTICE_WAIT;
-                    while let Ok((_, false)) = frame.progress(peer, data.read(o.off..o.off + o.len))
-                    {
-                        if Instant::now() >= end {
-                            break;
-                        }
-                        std::thread::yield_now();
-                    }
-                }
+    /// After a failure: finishes the frame that was half sent, if its peer takes it
+    /// within [`NOTICE_WAIT`], so that the notice the communicator sends next lands
+    /// between frames, where the peer reads it (a peer that reads half a frame and then
+    /// a closed link can only blame this rank). The rest of the frame is the bytes it
+    /// started with: no receive has changed them (that waits for the frame to leave), so
+    /// the peer gets what it would have got.
+    fn finish_half_sent(&mut self, ch: Channel, plan: &Plan, data: &Data<'_>, st: &mut Sending) {
+        let (Some(frame), Some(o)) = (st.out.as_mut(), plan.outs.get(st.si)) else {
+            return;
+        };
+        let Ok(peer) = self.link(ch, o.peer) else {
+            return;
+        };
+        let end = Instant::now() + NOTICE_WAIT;
+        while let Ok((_, false)) = frame.progress(peer, data.read(o.off..o.off + o.len)) {
+            if Instant::now() >= end {
+                break;
             }
+            std::thread::yield_now();
         }
-        r
     }
 
     /// The loop of [`Engine::stream`]; `st` holds the send in progress when it fails.
