@@ -138,22 +138,10 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
         };
         let master_port = var("MASTER_PORT").map(|p| parse_port(&p)).transpose()?;
         let rdma_gid_index = var("FERROCCL_RDMA_GID_INDEX")
-            .map(|v| {
-                v.trim().parse::<u8>().map_err(|_| {
-                    Error::Env(format!(
-                        "FERROCCL_RDMA_GID_INDEX='{v}' is not a GID table index (0..=255)"
-                    ))
-                })
-            })
+            .map(|v| parse_var("FERROCCL_RDMA_GID_INDEX", &v, "a GID table index (0..=255)"))
             .transpose()?;
         let trace_capacity = var("FERROCCL_TRACE_CAPACITY")
-            .map(|v| {
-                v.trim().parse::<usize>().map_err(|_| {
-                    Error::Env(format!(
-                        "FERROCCL_TRACE_CAPACITY='{v}' is not a number of operations"
-                    ))
-                })
-            })
+            .map(|v| parse_var("FERROCCL_TRACE_CAPACITY", &v, "a number of operations"))
             .transpose()?;
         return Ok(Some(LaunchEnv {
             rank,
@@ -168,6 +156,14 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
         }));
     }
     Ok(None)
+}
+
+/// Parses a ferroccl variable's value, or says which variable is not `what`.
+fn parse_var<T: std::str::FromStr>(name: &str, value: &str, what: &str) -> Result<T> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| Error::Env(format!("{name}='{value}' is not {what}")))
 }
 
 /// Parses a rank, size or local rank.
