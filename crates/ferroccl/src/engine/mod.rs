@@ -42,7 +42,8 @@ const STATUS_BUDGET: Duration = Duration::from_secs(2);
 /// Idle time after which an operation in flight is shown to the flight recorder (so
 /// that a dump taken during a hang has it); shorter ones are recorded when they end.
 const SHOW_AFTER_NS: u64 = 1_000_000;
-/// How long a failing rank tries at most to get its notices onto full links.
+/// How long a failing rank tries at most to get its notices onto full links, and how
+/// long it waits for a peer to take more of a half-sent frame before giving up on it.
 pub(super) const NOTICE_WAIT: Duration = Duration::from_millis(50);
 /// Peers asked at most, after a timeout (the ones waited on first).
 const STATUS_MAX_PEERS: usize = 64;

@@ -112,10 +112,10 @@ impl Engine {
         self.locate_on_timeout(r, fp, || plan.peers())
     }
 
-    /// After a failure: finishes the frame that was half sent, if its peer takes it
-    /// within [`NOTICE_WAIT`], so that the notice the communicator sends next lands
-    /// between frames, where the peer reads it (a peer that reads half a frame and then
-    /// a closed link can only blame this rank). The rest of the frame is the bytes it
+    /// After a failure: finishes the frame that was half sent, while its peer keeps
+    /// taking bytes (giving up after [`NOTICE_WAIT`] without any), so that the notice
+    /// the communicator sends next lands between frames, where the peer reads it (a peer
+    /// that reads half a frame and then a closed link can only blame this rank). The rest of the frame is the bytes it
     /// started with: no receive has changed them (that waits for the frame to leave), so
     /// the peer gets what it would have got.
     fn finish_half_sent(&mut self, ch: Channel, plan: &Plan, data: &Data<'_>, st: &mut Sending) {
@@ -125,9 +125,13 @@ impl Engine {
         let Ok(peer) = self.link(ch, o.peer) else {
             return;
         };
-        let end = Instant::now() + NOTICE_WAIT;
-        while let Ok((_, false)) = frame.progress(peer, data.read(o.off..o.off + o.len)) {
-            if Instant::now() >= end {
+        // Give up after NOTICE_WAIT without progress (not in all: a loaded machine may
+        // drain a large frame slowly, and the notice is worth the wait).
+        let mut last = Instant::now();
+        while let Ok((moved, false)) = frame.progress(peer, data.read(o.off..o.off + o.len)) {
+            if moved > 0 {
+                last = Instant::now();
+            } else if last.elapsed() >= NOTICE_WAIT {
                 break;
             }
             std::thread::yield_now();
