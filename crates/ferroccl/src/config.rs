@@ -77,6 +77,17 @@ pub struct Job {
     /// challenge-response, and anything that cannot is refused. Never sent in clear.
     /// Must be the same on every rank. Default: none.
     pub token: Option<Vec<u8>>,
+    /// The launcher's name for this job (`ferroccl launch`'s id, torchrun's run id, the
+    /// Slurm job and step, Open MPI's job; see [`crate::rendezvous::LaunchEnv::job_id`]).
+    /// Rank 0's store refuses a rank that names another job, and both jobs' ranks say
+    /// "another job (…) is using the store at host:port" instead of failing on each
+    /// other's ranks. Default: none (no check).
+    pub job_id: Option<String>,
+    /// `master_addr` is a PyTorch `TCPStore` that torchrun's agent serves
+    /// (`TORCHELASTIC_USE_AGENT_STORE=True`): rank 0 serves ferroccl's store on a free
+    /// port instead and publishes its address there, and the others read it there (see
+    /// [`crate::rendezvous::TorchStore`]). Default: false.
+    pub agent_store: bool,
 }
 
 /// How collectives run. Values that shape the traffic (`segment_bytes`,
@@ -302,6 +313,8 @@ impl Config {
                 master_addr: master_addr.into(),
                 serve_store: true,
                 token: None,
+                job_id: None,
+                agent_store: false,
             },
             tuning: Tuning::default(),
             transport: TransportOptions::default(),
@@ -319,7 +332,9 @@ impl Config {
 
     /// Reads the launcher environment (torchrun, Slurm, Open MPI, PMI; see
     /// [`crate::rendezvous::detect_env`]). `MASTER_ADDR` defaults to `127.0.0.1` and
-    /// `MASTER_PORT` to 29500; `FERROCCL_TOKEN`, when set, becomes [`Job::token`], and
+    /// `MASTER_PORT` to 29500; the launcher's job identity becomes [`Job::job_id`],
+    /// `TORCHELASTIC_USE_AGENT_STORE` [`Job::agent_store`]; `FERROCCL_TOKEN`, when set,
+    /// becomes [`Job::token`], and
     /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`], `FERROCCL_TRACE_CAPACITY`
     /// [`Tuning::trace_capacity`].
     pub fn from_env() -> Result<Self> {
@@ -340,6 +355,8 @@ impl Config {
         let mut c = Config::new(env.rank, env.world_size, addr);
         c.job.local_rank = env.local_rank.unwrap_or(0);
         c.job.token = env.token.map(String::into_bytes);
+        c.job.job_id = env.job_id;
+        c.job.agent_store = env.agent_store;
         c.transport.rdma.gid_index = env.rdma_gid_index.unwrap_or(0);
         if let Some(n) = env.trace_capacity {
             c.tuning.trace_capacity = n;
@@ -408,6 +425,16 @@ impl ConfigBuilder {
     /// [`Job::token`].
     pub fn token(mut self, token: impl Into<Vec<u8>>) -> Self {
         self.0.job.token = Some(token.into());
+        self
+    }
+    /// [`Job::job_id`].
+    pub fn job_id(mut self, id: impl Into<String>) -> Self {
+        self.0.job.job_id = Some(id.into());
+        self
+    }
+    /// [`Job::agent_store`].
+    pub fn agent_store(mut self, yes: bool) -> Self {
+        self.0.job.agent_store = yes;
         self
     }
     /// [`Tuning::timeout`].

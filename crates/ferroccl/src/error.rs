@@ -39,7 +39,7 @@ pub enum Error {
     Config(String),
 
     /// Could not bind a listening socket because the address is taken.
-    #[error("address {addr} is already in use ({what}); pick another port or stop the process holding it")]
+    #[error("address {addr} is already in use ({what}); another job or program may hold the port: pick another port or stop the process holding it")]
     AddrInUse {
         /// The address we tried to bind.
         addr: SocketAddr,
@@ -56,6 +56,19 @@ pub enum Error {
         after: Duration,
         /// The last connection error.
         detail: String,
+    },
+
+    /// A rank reached the rendezvous store of another job: two jobs were given one
+    /// `MASTER_ADDR:MASTER_PORT`. Said by the ranks that joined the wrong store, and by
+    /// a rank 0 that found the port held by the other job's store.
+    #[error("another job ({theirs}) is using the store at {addr}; this process belongs to {ours}: give each job its own MASTER_PORT")]
+    OtherJob {
+        /// The store's address.
+        addr: String,
+        /// The job the store serves, as its launcher named it.
+        theirs: String,
+        /// This process's job.
+        ours: String,
     },
 
     /// The rendezvous store answered with an error, or with something we did not ask for.

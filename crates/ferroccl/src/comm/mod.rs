@@ -16,6 +16,7 @@
 mod collectives;
 #[cfg(feature = "cuda")]
 mod device;
+mod meet;
 mod p2p;
 mod scope;
 
@@ -34,7 +35,7 @@ use crate::wire::{Fingerprint, OpKind, WireStats};
 use scope::{Completion, JobFn};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::net::{SocketAddr, ToSocketAddrs};
+
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -151,26 +152,21 @@ impl Communicator {
         // Before touching the store: a machine without the transport's device fails
         // at once.
         transport.probe(&cfg)?;
+        let (server, store_addr) = meet::meet(&cfg)?;
+        let mut cfg = cfg;
+        // From here on the job's store is ferroccl's own, wherever it was found.
+        cfg.job.master_addr = store_addr;
+        cfg.job.agent_store = false;
         let j = &cfg.job;
-        let server = if j.rank == 0 && j.serve_store {
-            let addr = resolve(&j.master_addr)?;
-            Some(StoreServer::bind_with_token(
-                addr,
-                j.world_size,
-                j.token.clone(),
-            )?)
-        } else {
-            None
-        };
         let mut store = StoreClient::connect_with_token(
             &j.master_addr,
             cfg.tuning.connect_timeout,
             j.token.as_deref(),
         )?;
-        let comm_id = store.join(j.rank, j.world_size)?;
+        let comm_id = store.join_job(j.rank, j.world_size, j.job_id.as_deref())?;
         // The flight recorder's clock offset to the store's host (rank 0's); a store
         // that cannot say leaves it unknown.
-        let clock = if j.rank == 0 && j.serve_store {
+        let clock = if server.is_some() {
             Some((0, 0)) // the store runs in this process: one clock
         } else {
             // An offset within its own error bound (ranks on the store's host) is
@@ -488,11 +484,4 @@ impl Drop for Communicator {
         e.shutdown();
         e.rec.dump_to_env_dir("drop");
     }
-}
-
-fn resolve(addr: &str) -> Result<SocketAddr> {
-    addr.to_socket_addrs()
-        .map_err(|e| Error::Config(format!("cannot resolve master address {addr:?}: {e}")))?
-        .next()
-        .ok_or_else(|| Error::Config(format!("master address {addr:?} resolves to nothing")))
 }

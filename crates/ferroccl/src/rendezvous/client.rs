@@ -1,9 +1,9 @@
 //! A rank's connection to the store: connect with retry and backoff, the client's side
-//! of the job-token exchange, and JOIN, SET, GET and ADD.
+//! of the job-token exchange, and JOIN, SET, GET, ADD and WHO.
 
 use super::proto::{
-    encode_request, read_response, ErrorCode, ReadError, Request, Response, MAX_KEY_LEN,
-    MAX_VALUE_LEN,
+    encode_request, read_response, ErrorCode, ReadError, Request, Response, MAX_JOB_ID_LEN,
+    MAX_KEY_LEN, MAX_VALUE_LEN,
 };
 use crate::error::{Error, Result};
 use std::io::{self, Write};
@@ -167,14 +167,51 @@ impl StoreClient {
     /// environments of the ranks disagree); an out-of-range or duplicate rank is
     /// [`Error::Rendezvous`].
     pub fn join(&mut self, rank: usize, world_size: usize) -> Result<u64> {
+        self.join_job(rank, world_size, None)
+    }
+
+    /// [`StoreClient::join`] naming this rank's job (the launcher's job identity, see
+    /// `Job::job_id` in `crate::config`): a store that serves another named job refuses
+    /// it with [`Error::OtherJob`].
+    pub fn join_job(
+        &mut self,
+        rank: usize,
+        world_size: usize,
+        job_id: Option<&str>,
+    ) -> Result<u64> {
         let what = format!("JOIN as rank {rank} of {world_size}");
+        let ours = job_id.unwrap_or_default();
+        if ours.len() > MAX_JOB_ID_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "job identity of {} bytes exceeds the store's limit of {MAX_JOB_ID_LEN} bytes",
+                ours.len()
+            )));
+        }
         let request = Request::Join {
             rank: rank as u64,
             world_size: world_size as u64,
+            job_id: ours.to_owned(),
         };
         match self.call(&what, &request, REPLY_TIMEOUT)? {
             Response::Joined { comm_id } => Ok(comm_id),
             other => Err(self.unexpected(&what, &other)),
+        }
+    }
+
+    /// The identity of the job this store serves, as its launcher named it (`None`:
+    /// the store's job has none). Asked without the job token, so that a rank 0 that
+    /// finds its port taken can say whose store holds it.
+    pub fn who(&mut self) -> Result<Option<String>> {
+        self.who_within(REPLY_TIMEOUT)
+    }
+
+    /// [`StoreClient::who`], waiting at most `timeout` for the answer (something other
+    /// than a ferroccl store may hold the port, and never answer).
+    pub fn who_within(&mut self, timeout: Duration) -> Result<Option<String>> {
+        match self.call("WHO", &Request::Who, timeout)? {
+            Response::Value(v) if v.is_empty() => Ok(None),
+            Response::Value(v) => Ok(Some(String::from_utf8_lossy(&v).into_owned())),
+            other => Err(self.unexpected("WHO", &other)),
         }
     }
 
@@ -290,6 +327,15 @@ impl StoreClient {
         let code = ErrorCode::from_u8(code);
         if code.is_none_or(ErrorCode::closes_connection) {
             self.broken = Some(message.clone());
+        }
+        if code == Some(ErrorCode::OtherJob) {
+            // The store's job, then ours as we sent it, one per line.
+            let (theirs, ours) = message.split_once('\n').unwrap_or((&message, ""));
+            return Err(Error::OtherJob {
+                addr: self.addr.clone(),
+                theirs: theirs.to_owned(),
+                ours: ours.to_owned(),
+            });
         }
         Err(match code {
             Some(ErrorCode::WorldSize) => Error::Env(message),

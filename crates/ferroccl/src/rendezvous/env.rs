@@ -26,6 +26,15 @@ pub struct LaunchEnv {
     pub rdma_gid_index: Option<u8>,
     /// `FERROCCL_TRACE_CAPACITY`: operations the flight recorder keeps (0: none).
     pub trace_capacity: Option<usize>,
+    /// The launcher's name for this job, the same on every rank of it and different
+    /// for another job: `FERROCCL_JOB_ID` (`ferroccl launch`), torchrun's
+    /// `TORCHELASTIC_RUN_ID` and restart count, Slurm's `SLURM_JOB_ID` and
+    /// `SLURM_STEP_ID`, Open MPI's `PMIX_NAMESPACE` or `OMPI_MCA_ess_base_jobid`, PMI's
+    /// `PMI_KVSNAME`. `None` when the launcher gives none.
+    pub job_id: Option<String>,
+    /// `TORCHELASTIC_USE_AGENT_STORE` is true: `MASTER_ADDR:MASTER_PORT` is a PyTorch
+    /// TCPStore that torchrun's agent serves, not a port for rank 0 to take.
+    pub agent_store: bool,
 }
 
 /// The variables one launcher family sets.
@@ -38,6 +47,53 @@ struct Family {
     /// `salloc` exports `SLURM_NTASKS` into the allocation's interactive shell, where no
     /// task exists yet, so for Slurm it only means "not started by srun".
     lone_size_is_error: bool,
+}
+
+/// Whether a Slurm step runs this process. `SLURM_PROCID`/`SLURM_NTASKS` describe a
+/// task only inside a step (srun); the batch script of `sbatch` and the shell of
+/// `salloc` see the allocation's values, with no step id.
+fn in_slurm_step(var: &impl Fn(&str) -> Option<String>) -> bool {
+    var("SLURM_STEP_ID")
+        .or_else(|| var("SLURM_STEPID"))
+        .is_some()
+}
+
+/// The job identity of [`LaunchEnv::job_id`], from the variables of the launcher that
+/// started this process (`source`) and `ferroccl launch`'s own.
+fn job_identity(source: &str, var: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    if let Some(id) = var("FERROCCL_JOB_ID") {
+        return Some(format!("ferroccl launch job {id}"));
+    }
+    let slurm_step = || {
+        let job = var("SLURM_JOB_ID").or_else(|| var("SLURM_JOBID"))?;
+        let step = var("SLURM_STEP_ID").or_else(|| var("SLURM_STEPID"))?;
+        Some(format!("Slurm job {job} step {step}"))
+    };
+    let own = match source {
+        // rdzv-id "none" is torchrun's default: the same for every job.
+        "torchrun" => {
+            let attempt = var("TORCHELASTIC_RESTART_COUNT");
+            match (
+                var("TORCHELASTIC_RUN_ID").filter(|id| id != "none"),
+                attempt,
+            ) {
+                (Some(id), attempt) => Some(format!(
+                    "torchrun run {id} attempt {}",
+                    attempt.as_deref().unwrap_or("0")
+                )),
+                // The default rdzv id, "none", names no job; the attempt still tells
+                // a restarted job from the one before it.
+                (None, Some(attempt)) => Some(format!("torchrun attempt {attempt}")),
+                (None, None) => None,
+            }
+        }
+        "openmpi" => var("PMIX_NAMESPACE")
+            .map(|ns| format!("Open MPI job {ns}"))
+            .or_else(|| var("OMPI_MCA_ess_base_jobid").map(|j| format!("Open MPI job {j}"))),
+        "pmi" => var("PMI_KVSNAME").map(|kvs| format!("PMI job {kvs}")),
+        _ => None,
+    };
+    own.or_else(slurm_step)
 }
 
 /// Launcher families, in order of precedence.
@@ -92,6 +148,10 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             .filter(|v| !v.is_empty())
     };
     for fam in &FAMILIES {
+        if fam.source == "slurm" && !in_slurm_step(&var) {
+            // sbatch's script, salloc's shell: the allocation, not a task of a step.
+            continue;
+        }
         let (rank, size) = match (var(fam.rank), var(fam.size)) {
             (Some(rank), Some(size)) => (rank, size),
             (None, None) => continue,
@@ -153,6 +213,10 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             token: var("FERROCCL_TOKEN"),
             rdma_gid_index,
             trace_capacity,
+            job_id: job_identity(fam.source, &var),
+            agent_store: fam.source == "torchrun"
+                && var("TORCHELASTIC_USE_AGENT_STORE")
+                    .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1")),
         }));
     }
     Ok(None)
@@ -230,6 +294,8 @@ mod tests {
             token: None,
             rdma_gid_index: None,
             trace_capacity: None,
+            job_id: None,
+            agent_store: false,
         }
     }
 
@@ -271,6 +337,7 @@ mod tests {
             ("SLURM_PROCID", "5"),
             ("SLURM_NTASKS", "7"),
             ("SLURM_LOCALID", "3"),
+            ("SLURM_STEP_ID", "0"),
         ];
         let all: Vec<_> = [&torch[..], &ompi, &pmi, &slurm].concat();
         let cases: Vec<(Vars, Option<LaunchEnv>)> = vec![
@@ -306,6 +373,120 @@ mod tests {
     }
 
     #[test]
+    fn slurm_variables_count_only_inside_a_step() {
+        // What sbatch's batch script sees for a 3-task allocation: no step id.
+        let batch = [
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_LOCALID", "0"),
+        ];
+        assert_eq!(
+            detect(&batch).ok(),
+            Some(None),
+            "a batch script is not a task"
+        );
+        // Even an inconsistent allocation environment is not this process's concern.
+        assert_eq!(detect(&[("SLURM_PROCID", "7")]).ok(), Some(None));
+        // srun inside it: step 0, task 2 of 3.
+        let step = [
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_LOCALID", "2"),
+        ];
+        let got = detect(&step).unwrap().unwrap();
+        assert_eq!((got.source, got.rank, got.world_size), ("slurm", 2, 3));
+        assert_eq!(got.job_id.as_deref(), Some("Slurm job 4242 step 0"));
+        // Old Slurm spells it SLURM_STEPID.
+        let old = [
+            ("SLURM_JOBID", "9"),
+            ("SLURM_STEPID", "3"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+        ];
+        let got = detect(&old).unwrap().unwrap();
+        assert_eq!(got.job_id.as_deref(), Some("Slurm job 9 step 3"));
+    }
+
+    #[test]
+    fn job_identity_comes_from_the_launcher_that_started_the_rank() {
+        let id = |vars: &[(&str, &str)]| detect(vars).unwrap().unwrap().job_id;
+        let torch = [("RANK", "0"), ("WORLD_SIZE", "2")];
+        let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
+            torch.iter().chain(extra).copied().collect()
+        };
+        assert_eq!(id(&torch), None);
+        assert_eq!(
+            id(&with(&[
+                ("TORCHELASTIC_RUN_ID", "abc"),
+                ("TORCHELASTIC_RESTART_COUNT", "2")
+            ])),
+            Some("torchrun run abc attempt 2".into())
+        );
+        // torchrun's default rdzv id is "none" for every job: only the attempt counts.
+        assert_eq!(id(&with(&[("TORCHELASTIC_RUN_ID", "none")])), None);
+        assert_eq!(
+            id(&with(&[
+                ("TORCHELASTIC_RUN_ID", "none"),
+                ("TORCHELASTIC_RESTART_COUNT", "1")
+            ])),
+            Some("torchrun attempt 1".into())
+        );
+        // ferroccl launch's own id wins, also over an enclosing Slurm step.
+        assert_eq!(
+            id(&with(&[
+                ("FERROCCL_JOB_ID", "7f3a"),
+                ("TORCHELASTIC_RUN_ID", "abc"),
+                ("SLURM_JOB_ID", "5"),
+                ("SLURM_STEP_ID", "0")
+            ])),
+            Some("ferroccl launch job 7f3a".into())
+        );
+        let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")];
+        let mut v = ompi.to_vec();
+        v.push(("OMPI_MCA_ess_base_jobid", "123456"));
+        assert_eq!(id(&v), Some("Open MPI job 123456".into()));
+        v.push(("PMIX_NAMESPACE", "prterun-n1-77@1"));
+        assert_eq!(id(&v), Some("Open MPI job prterun-n1-77@1".into()));
+        // PMI under srun --mpi=pmi2: the Slurm step names the job.
+        let pmi = [
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("SLURM_JOB_ID", "88"),
+            ("SLURM_STEP_ID", "4"),
+        ];
+        assert_eq!(id(&pmi), Some("Slurm job 88 step 4".into()));
+        let mut pmi = pmi.to_vec();
+        pmi.push(("PMI_KVSNAME", "kvs_991_0"));
+        assert_eq!(id(&pmi), Some("PMI job kvs_991_0".into()));
+    }
+
+    #[test]
+    fn agent_store_is_read_only_from_torchrun() {
+        let get = |v: &[(&str, &str)]| detect(v).unwrap().unwrap().agent_store;
+        assert!(!get(&[("RANK", "0"), ("WORLD_SIZE", "1")]));
+        for yes in ["True", "true", "1"] {
+            assert!(get(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("TORCHELASTIC_USE_AGENT_STORE", yes)
+            ]));
+        }
+        assert!(!get(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "False")
+        ]));
+        assert!(!get(&[
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "1"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True")
+        ]));
+    }
+
+    #[test]
     fn env_reads_master_whatever_the_family() {
         for family in [
             [("RANK", "0"), ("WORLD_SIZE", "2")],
@@ -313,6 +494,8 @@ mod tests {
             [("PMI_RANK", "0"), ("PMI_SIZE", "2")],
             [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
         ] {
+            let mut family = family.to_vec();
+            family.push(("SLURM_STEP_ID", "1"));
             let mut vars = family.to_vec();
             vars.push(("MASTER_ADDR", "node17.cluster"));
             vars.push(("MASTER_PORT", "29500"));
@@ -349,7 +532,7 @@ mod tests {
             (vec![("PMI_SIZE", "2")], vec!["PMI_SIZE", "PMI_RANK"]),
             (vec![("PMI_RANK", "2")], vec!["PMI_RANK", "PMI_SIZE"]),
             (
-                vec![("SLURM_PROCID", "2")],
+                vec![("SLURM_PROCID", "2"), ("SLURM_STEP_ID", "0")],
                 vec!["SLURM_PROCID", "SLURM_NTASKS"],
             ),
             (
@@ -381,7 +564,11 @@ mod tests {
                 vec!["RANK=4", "WORLD_SIZE=4"],
             ),
             (
-                vec![("SLURM_PROCID", "9"), ("SLURM_NTASKS", "3")],
+                vec![
+                    ("SLURM_PROCID", "9"),
+                    ("SLURM_NTASKS", "3"),
+                    ("SLURM_STEP_ID", "0"),
+                ],
                 vec!["SLURM_PROCID=9", "SLURM_NTASKS=3"],
             ),
             (

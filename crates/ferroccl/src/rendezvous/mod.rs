@@ -24,12 +24,14 @@
 //!
 //! | kind   | direction | body                                                   |
 //! |--------|-----------|--------------------------------------------------------|
-//! | `0x01` JOIN   | request | rank `u64`, world size `u64`                     |
+//! | `0x01` JOIN   | request | rank `u64`, world size `u64`, job identity (UTF-8, the rest; may be empty) |
 //! | `0x02` SET    | request | key length `u32`, key (UTF-8), value (the rest)  |
 //! | `0x03` GET    | request | key length `u32`, key, timeout in ms `u64`       |
 //! | `0x04` ADD    | request | key length `u32`, key, delta `i64`               |
 //! | `0x05` AUTH   | request | the client's nonce (16 bytes), when the job has a token |
 //! | `0x06` PROOF  | request | the client's HMAC over the exchange (32 bytes)   |
+//! | `0x07` TIME   | request | empty; answered with COUNT, the store's clock in ns |
+//! | `0x08` WHO    | request | empty; answered with VALUE, the store's job identity (also before authentication) |
 //! | `0x81` JOINED | reply   | communicator id `u64`                            |
 //! | `0x82` DONE   | reply   | empty (answers SET)                              |
 //! | `0x83` VALUE  | reply   | the value (answers GET)                          |
@@ -48,10 +50,14 @@
 //!
 //! # Layout
 //!
+//! A JOIN that names a job other than the store's is refused (ERROR code 10, "other
+//! job"): two jobs given one `MASTER_PORT` fail at once, each naming the other.
+//!
 //! `env.rs` reads the launcher environment; `proto.rs` is the wire protocol above, pure
 //! encoding and decoding; `server.rs` is the [`StoreServer`] and `client.rs` the
 //! [`StoreClient`]; `auth.rs` is the job-token challenge-response that both of them, and
-//! the TCP transport between ranks, use. A store with a token answers an unauthenticated
+//! the TCP transport between ranks, use; `torch.rs` is a client of PyTorch's
+//! `TCPStore`, for torchrun's agent store. A store with a token answers an unauthenticated
 //! request with ERROR code 9 (unauthorized).
 
 pub(crate) mod auth;
@@ -59,11 +65,13 @@ mod client;
 mod env;
 mod proto;
 mod server;
+mod torch;
 
 pub use client::StoreClient;
 pub use env::{detect_env, detect_from, LaunchEnv};
-pub use proto::{MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use proto::{MAX_JOB_ID_LEN, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use server::StoreServer;
+pub use torch::{TorchProtocol, TorchStore};
 
 /// A fresh random job token (32 bytes from the operating system, as 64 hex digits), for
 /// a launcher to hand every rank of one job as `FERROCCL_TOKEN` ([`crate::config::Job::token`]).

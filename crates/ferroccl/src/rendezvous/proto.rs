@@ -15,6 +15,8 @@ const MAGIC: [u8; 4] = *b"FCRV";
 const VERSION: u16 = 1;
 /// Bytes in a frame header.
 const HEADER_LEN: usize = 12;
+/// Largest job identity in a JOIN, in bytes.
+pub const MAX_JOB_ID_LEN: usize = 256;
 /// Largest error message in an ERROR frame; longer ones are truncated when sent.
 const MAX_MESSAGE_LEN: usize = 16 * 1024;
 
@@ -27,6 +29,7 @@ pub(super) mod kind {
     pub const AUTH: u8 = 0x05;
     pub const PROOF: u8 = 0x06;
     pub const TIME: u8 = 0x07;
+    pub const WHO: u8 = 0x08;
     pub const JOINED: u8 = 0x81;
     pub const DONE: u8 = 0x82;
     pub const VALUE: u8 = 0x83;
@@ -57,6 +60,8 @@ pub(super) enum ErrorCode {
     ShuttingDown = 8,
     /// A request before authentication, or a proof that does not verify.
     Unauthorized = 9,
+    /// JOIN by a rank of another job (its launcher's job identity differs).
+    OtherJob = 10,
 }
 
 impl ErrorCode {
@@ -71,6 +76,7 @@ impl ErrorCode {
             7 => Self::NotCounter,
             8 => Self::ShuttingDown,
             9 => Self::Unauthorized,
+            10 => Self::OtherJob,
             _ => return None,
         })
     }
@@ -79,7 +85,11 @@ impl ErrorCode {
     pub(super) fn closes_connection(self) -> bool {
         matches!(
             self,
-            Self::Malformed | Self::TooLarge | Self::ShuttingDown | Self::Unauthorized
+            Self::Malformed
+                | Self::TooLarge
+                | Self::ShuttingDown
+                | Self::Unauthorized
+                | Self::OtherJob
         )
     }
 }
@@ -130,6 +140,9 @@ pub(super) enum Request {
     Join {
         rank: u64,
         world_size: u64,
+        /// The launcher's job identity (empty: none known). Clients of version 1
+        /// without it send 16 bytes, which decode as none.
+        job_id: String,
     },
     Set {
         key: String,
@@ -154,6 +167,10 @@ pub(super) enum Request {
     /// The store's clock (nanoseconds since the Unix epoch, as a COUNT): the flight
     /// recorder's reference clock.
     Time,
+    /// Which job this store serves (a VALUE with the job identity, empty when none):
+    /// answered before authentication, so that a rank 0 that finds its port taken can
+    /// say whose store holds it.
+    Who,
 }
 
 /// The store's reply.
@@ -198,9 +215,14 @@ fn put_key(body: &mut Vec<u8>, key: &str) {
 pub(super) fn encode_request(req: &Request) -> Vec<u8> {
     let mut body = Vec::new();
     let kind = match req {
-        Request::Join { rank, world_size } => {
+        Request::Join {
+            rank,
+            world_size,
+            job_id,
+        } => {
             body.extend_from_slice(&rank.to_le_bytes());
             body.extend_from_slice(&world_size.to_le_bytes());
+            body.extend_from_slice(job_id.as_bytes());
             kind::JOIN
         }
         Request::Set { key, value } => {
@@ -227,6 +249,7 @@ pub(super) fn encode_request(req: &Request) -> Vec<u8> {
             kind::PROOF
         }
         Request::Time => kind::TIME,
+        Request::Who => kind::WHO,
     };
     encode_frame(kind, &body)
 }
@@ -294,12 +317,12 @@ fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
 /// The largest body a request of this kind can have; `None` for an unknown kind.
 fn request_body_limit(kind: u8) -> Option<usize> {
     match kind {
-        kind::JOIN => Some(16),
+        kind::JOIN => Some(16 + MAX_JOB_ID_LEN),
         kind::SET => Some(4 + MAX_KEY_LEN + MAX_VALUE_LEN),
         kind::GET | kind::ADD => Some(4 + MAX_KEY_LEN + 8),
         kind::AUTH => Some(super::auth::NONCE_LEN),
         kind::PROOF => Some(super::auth::MAC_LEN),
-        kind::TIME => Some(0),
+        kind::TIME | kind::WHO => Some(0),
         _ => None,
     }
 }
@@ -385,8 +408,14 @@ fn decode_request(kind: u8, body: &[u8]) -> Result<Request, WireError> {
         kind::JOIN => {
             let rank = b.u64("rank")?;
             let world_size = b.u64("world size")?;
-            b.finish("JOIN")?;
-            Request::Join { rank, world_size }
+            let job_id = std::str::from_utf8(b.rest())
+                .map_err(|_| WireError::malformed("job identity is not UTF-8"))?
+                .to_owned();
+            Request::Join {
+                rank,
+                world_size,
+                job_id,
+            }
         }
         kind::SET => {
             let key = b.key()?;
@@ -429,6 +458,10 @@ fn decode_request(kind: u8, body: &[u8]) -> Result<Request, WireError> {
         kind::TIME => {
             b.finish("TIME")?;
             Request::Time
+        }
+        kind::WHO => {
+            b.finish("WHO")?;
+            Request::Who
         }
         other => {
             return Err(WireError::malformed(format!(
@@ -588,7 +621,14 @@ mod tests {
             Request::Join {
                 rank: 3,
                 world_size: 8,
+                job_id: String::new(),
             },
+            Request::Join {
+                rank: 1,
+                world_size: 2,
+                job_id: "Slurm job 77 step 3".into(),
+            },
+            Request::Who,
             Request::Set {
                 key: "addr/3".into(),
                 value: b"10.0.0.3:4000".to_vec(),
@@ -701,10 +741,10 @@ mod tests {
         };
         let bytes = encode_request(&req);
         assert_eq!(read_request(&mut &bytes[..]).ok(), Some(req));
-        // Trailing bytes and non-UTF-8 keys are refused.
+        // A job identity that is not UTF-8, and non-UTF-8 keys, are refused.
         let mut join = 0u64.to_le_bytes().to_vec();
         join.extend_from_slice(&1u64.to_le_bytes());
-        join.push(0);
+        join.push(0xff);
         assert!(decode_request(kind::JOIN, &join).is_err());
         let mut bad_key = 2u32.to_le_bytes().to_vec();
         bad_key.extend_from_slice(&[0xff, 0xfe]);
@@ -731,8 +771,13 @@ mod tests {
     fn arb_request() -> impl Strategy<Value = Request> {
         let key = "[a-z0-9/_.-]{0,40}";
         prop_oneof![
-            (any::<u64>(), any::<u64>())
-                .prop_map(|(rank, world_size)| Request::Join { rank, world_size }),
+            (any::<u64>(), any::<u64>(), "[ -~]{0,40}").prop_map(|(rank, world_size, job_id)| {
+                Request::Join {
+                    rank,
+                    world_size,
+                    job_id,
+                }
+            }),
             (key, proptest::collection::vec(any::<u8>(), 0..300))
                 .prop_map(|(key, value)| Request::Set { key, value }),
             (key, any::<u64>()).prop_map(|(key, timeout_ms)| Request::Get { key, timeout_ms }),

@@ -40,6 +40,9 @@ struct Shared {
     /// The job token every connection must prove (see `Job::token` in `crate::config`), if
     /// any.
     token: Option<Vec<u8>>,
+    /// The launcher's identity of the job this store serves (see `Job::job_id` in
+    /// `crate::config`), if known.
+    job_id: Option<String>,
     shutdown: AtomicBool,
     state: Mutex<State>,
     /// Signalled whenever a key changes, and at shutdown.
@@ -75,6 +78,19 @@ impl StoreServer {
         world_size: usize,
         token: Option<Vec<u8>>,
     ) -> Result<Self> {
+        Self::bind_job(addr, world_size, token, None)
+    }
+
+    /// [`StoreServer::bind_with_token`] for a job the launcher names (`job_id`, see
+    /// `Job::job_id` in `crate::config`): a JOIN from a rank that names another job is
+    /// refused with [`Error::OtherJob`] on that rank, and this store says so in its log;
+    /// a JOIN that names no job is served as before.
+    pub fn bind_job(
+        addr: SocketAddr,
+        world_size: usize,
+        token: Option<Vec<u8>>,
+        job_id: Option<String>,
+    ) -> Result<Self> {
         if world_size == 0 {
             return Err(Error::InvalidArgument(
                 "a rendezvous store needs a world size of at least 1".into(),
@@ -89,6 +105,7 @@ impl StoreServer {
             world_size,
             comm_id: new_comm_id(local),
             token,
+            job_id: job_id.filter(|j| !j.is_empty()),
             shutdown: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
@@ -341,6 +358,8 @@ impl Shared {
                 "this job's store uses no job token but the client sent one: is FERROCCL_TOKEN set on some ranks only?",
             )),
             (AuthState::Open | AuthState::Proven, request, _) => Ok(request),
+            // Who holds this port is no secret, and a rank 0 that cannot bind asks it.
+            (_, Request::Who, _) => Ok(Request::Who),
             (AuthState::Required, Request::Auth { nonce }, Some(token)) => {
                 let server = super::auth::nonce();
                 let mac = super::auth::mac(token, "ferroccl store server", &[&nonce, &server]);
@@ -370,7 +389,12 @@ impl Shared {
 
     fn handle(&self, request: Request) -> Response {
         match request {
-            Request::Join { rank, world_size } => self.join(rank, world_size),
+            Request::Join {
+                rank,
+                world_size,
+                job_id,
+            } => self.join(rank, world_size, &job_id),
+            Request::Who => Response::Value(self.job_id.clone().unwrap_or_default().into_bytes()),
             Request::Set { key, value } => {
                 lock(&self.state).kv.insert(key, value);
                 self.changed.notify_all();
@@ -390,13 +414,29 @@ impl Shared {
         }
     }
 
-    fn join(&self, rank: u64, world_size: u64) -> Response {
+    fn join(&self, rank: u64, world_size: u64, job_id: &str) -> Response {
+        // Another job's rank first: its world size and rank mean nothing here.
+        if let Some(ours) = &self.job_id {
+            if !job_id.is_empty() && job_id != ours {
+                tracing::warn!(
+                    store = %self.addr,
+                    "a rank of another job ({job_id}) tried to join this job's store ({ours}); \
+                     refused: give each job its own MASTER_PORT"
+                );
+                return Self::error(ErrorCode::OtherJob, format!("{ours}\n{job_id}"));
+            }
+        }
+        let maybe_other = if job_id.is_empty() || self.job_id.is_none() {
+            " (or another job, launched without a job identity, is using this store's port)"
+        } else {
+            ""
+        };
         if world_size != self.world_size as u64 {
             return Self::error(
                 ErrorCode::WorldSize,
                 format!(
                     "rank {rank} has WORLD_SIZE={world_size} but the store at {} serves a job \
-                     of {} ranks",
+                     of {} ranks{maybe_other}",
                     self.addr, self.world_size
                 ),
             );
@@ -415,7 +455,7 @@ impl Shared {
                 ErrorCode::DuplicateRank,
                 format!(
                     "rank {rank} joined twice: two processes of this job were launched with \
-                     rank {rank}"
+                     rank {rank}{maybe_other}"
                 ),
             );
         }

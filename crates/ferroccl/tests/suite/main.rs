@@ -16,6 +16,7 @@ mod faults;
 mod fuzz_wire;
 mod handshake;
 mod inprocess;
+mod jobs;
 mod layers;
 mod memsim;
 mod rdma_proto;

@@ -1,0 +1,104 @@
+//! Where a rank meets its job: rank 0 serves the rendezvous store (at `MASTER_ADDR:
+//! MASTER_PORT`, or on a free port published in torchrun's agent store), and every
+//! rank learns the store's address.
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::rendezvous::{StoreClient, StoreServer, TorchStore};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+/// How long a rank 0 that found its port taken spends asking who holds it.
+const WHO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The store this rank serves (rank 0, unless someone else serves it) and the address
+/// every rank joins.
+pub(super) fn meet(cfg: &Config) -> Result<(Option<StoreServer>, String)> {
+    let j = &cfg.job;
+    if j.agent_store {
+        return via_agent_store(cfg);
+    }
+    if j.rank != 0 || !j.serve_store {
+        return Ok((None, j.master_addr.clone()));
+    }
+    let addr = resolve(&j.master_addr)?;
+    match StoreServer::bind_job(addr, j.world_size, j.token.clone(), j.job_id.clone()) {
+        Ok(server) => Ok((Some(server), j.master_addr.clone())),
+        Err(e @ Error::AddrInUse { .. }) => Err(who_holds(addr, j.job_id.as_deref()).unwrap_or(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// The key under which rank 0 publishes ferroccl's store in torchrun's agent store:
+/// per job identity, which carries torchrun's restart count, so that a restarted job
+/// never reads the address of the attempt before it.
+fn agent_key(cfg: &Config) -> String {
+    format!(
+        "ferroccl/{}/store",
+        cfg.job.job_id.as_deref().unwrap_or("job")
+    )
+}
+
+/// torchrun's agent holds `MASTER_ADDR:MASTER_PORT` with a PyTorch TCPStore: rank 0
+/// serves ferroccl's store on a free port of the address it reaches the agent from, and
+/// publishes it there; the other ranks wait for it.
+fn via_agent_store(cfg: &Config) -> Result<(Option<StoreServer>, String)> {
+    let j = &cfg.job;
+    let key = agent_key(cfg);
+    let mut agent = TorchStore::connect(&j.master_addr, cfg.tuning.connect_timeout)?;
+    if j.rank == 0 {
+        let ip = agent.local_addr()?.ip();
+        let server = StoreServer::bind_job(
+            SocketAddr::new(ip, 0),
+            j.world_size,
+            j.token.clone(),
+            j.job_id.clone(),
+        )?;
+        let addr = server.local_addr().to_string();
+        agent.set(&key, addr.as_bytes())?;
+        tracing::debug!(agent = %j.master_addr, store = %addr, ?key, "published the store in torchrun's agent store");
+        Ok((Some(server), addr))
+    } else {
+        let value = agent
+            .wait_get(&key, cfg.tuning.connect_timeout)
+            .map_err(|e| match e {
+                Error::Rendezvous(m) => Error::Rendezvous(format!(
+                    "{m}: rank 0 did not publish ferroccl's store (did it start, and is \
+                     TORCHELASTIC_USE_AGENT_STORE set alike on every rank?)"
+                )),
+                e => e,
+            })?;
+        let addr = String::from_utf8(value).map_err(|_| {
+            Error::Rendezvous(format!(
+                "key '{key}' in torchrun's agent store at {} is not an address",
+                j.master_addr
+            ))
+        })?;
+        Ok((None, addr))
+    }
+}
+
+/// Asks whatever holds `addr` which job's store it is: [`Error::OtherJob`] when it is
+/// another named job's ferroccl store; `None` (keep the bind error) otherwise.
+fn who_holds(addr: SocketAddr, ours: Option<&str>) -> Option<Error> {
+    let mut c = StoreClient::connect(&addr.to_string(), WHO_TIMEOUT).ok()?;
+    let theirs = c.who_within(WHO_TIMEOUT).ok()??;
+    if ours == Some(theirs.as_str()) {
+        // Our own job's store: a second rank 0 of this job; the bind error says it.
+        return None;
+    }
+    Some(Error::OtherJob {
+        addr: addr.to_string(),
+        theirs,
+        ours: ours
+            .unwrap_or("a job its launcher gave no identity")
+            .to_owned(),
+    })
+}
+
+pub(super) fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| Error::Config(format!("cannot resolve master address {addr:?}: {e}")))?
+        .next()
+        .ok_or_else(|| Error::Config(format!("master address {addr:?} resolves to nothing")))
+}
