@@ -2,7 +2,8 @@
 //!
 //! Each rank gets torchrun's variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //! `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) plus `FERROCCL_LAUNCHED=1` and a
-//! job token `FERROCCL_TOKEN` (generated unless already set), so
+//! job token `FERROCCL_TOKEN` and a job identity `FERROCCL_JOB_ID` (each generated
+//! unless already set), so
 //! `ferroccl::rendezvous::detect_env` finds it exactly as under torchrun. Variables of
 //! other launchers are removed so that a `ferroccl launch` inside an `srun` or `mpirun`
 //! allocation is not mistaken for the outer job.
@@ -43,6 +44,12 @@ pub struct LaunchArgs {
     /// `MASTER_PORT` given to every rank [default: a free port on 127.0.0.1].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
+    /// When a rank fails, stop the others and start all ranks again, up to this many
+    /// times (each attempt gets a fresh store and communicator; `FERROCCL_RESTART_COUNT`
+    /// and `TORCHELASTIC_RESTART_COUNT` say which attempt it is). `ferroccl train
+    /// --resume latest` then goes on from its newest checkpoint.
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: usize,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<OsString>,
@@ -53,6 +60,7 @@ pub fn main(a: LaunchArgs) -> ExitCode {
     let opts = LaunchOptions {
         master_addr: a.master_addr,
         master_port: a.master_port,
+        max_restarts: a.max_restarts,
         ..LaunchOptions::default()
     };
     match run(a.nproc, &a.command, &opts) {
@@ -77,6 +85,8 @@ pub struct LaunchOptions {
     /// A rank whose stdout is passed through without the `[rank] ` prefix (`ferroccl
     /// bench` uses it so rank 0's table reads as the tool's own output).
     pub bare_stdout_rank: Option<usize>,
+    /// How many times a failed job is started again (all ranks, fresh store).
+    pub max_restarts: usize,
 }
 
 impl Default for LaunchOptions {
@@ -86,6 +96,7 @@ impl Default for LaunchOptions {
             master_port: None,
             grace_period: Duration::from_secs(3),
             bare_stdout_rank: None,
+            max_restarts: 0,
         }
     }
 }
@@ -242,6 +253,10 @@ const FOREIGN_VARS: &[&str] = &[
     "SLURM_PROCID",
     "SLURM_NTASKS",
     "SLURM_LOCALID",
+    // An enclosing torchrun's: this launch's ranks meet at their own MASTER_PORT.
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
 ];
 /// Prefix of Open MPI's per-process variables, all removed.
 const FOREIGN_PREFIX: &str = "OMPI_COMM_WORLD_";
@@ -262,8 +277,11 @@ const DRAIN_IDLE: Duration = Duration::from_secs(1);
 /// the others are sent SIGTERM, then SIGKILL after `opts.grace_period`, and the error
 /// names the rank, how it ended and which ranks were stopped. SIGINT/SIGTERM received
 /// meanwhile are forwarded to the ranks and reported as [`LaunchError::Interrupted`].
-/// No rank is left running when this returns. `ferroccl bench` uses it to re-execute
-/// itself when no launcher started it.
+/// No rank is left running when this returns. With `opts.max_restarts`, a failed rank
+/// (not an interrupt) stops the others and the whole job starts again, on a fresh port
+/// with `FERROCCL_RESTART_COUNT` one higher, until it succeeds or the restarts are
+/// spent. `ferroccl bench` and `train` use it to re-execute themselves when no launcher
+/// started them.
 pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(), LaunchError> {
     if nproc == 0 {
         return Err(LaunchError::NoRanks(nproc));
@@ -271,19 +289,69 @@ pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(
     let Some((program, args)) = command.split_first() else {
         return Err(LaunchError::EmptyCommand);
     };
-    let port = match opts.master_port {
-        Some(p) => p,
-        None => free_port().map_err(LaunchError::FreePort)?,
-    };
     let signals = SignalGuard::install().map_err(|source| LaunchError::Io {
         what: "installing SIGINT/SIGTERM handlers",
         source,
     })?;
+    // One identity for the job; each attempt is told apart by its restart count.
+    let job_id = std::env::var("FERROCCL_JOB_ID")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| ferroccl::rendezvous::new_token()[..16].to_owned());
+    let mut attempt = 0;
+    let result = loop {
+        let result = run_attempt(
+            nproc,
+            program,
+            args,
+            opts,
+            &format!("{job_id}.{attempt}"),
+            attempt,
+        );
+        match result {
+            Err(LaunchError::RankFailed { rank, status, .. }) if attempt < opts.max_restarts => {
+                attempt += 1;
+                let _guard = lock_output();
+                let _ = writeln!(
+                    io::stderr().lock(),
+                    "ferroccl launch: rank {rank} failed ({status}); restarting all {nproc} ranks \
+                     (restart {attempt} of {})",
+                    opts.max_restarts
+                );
+            }
+            other => break other,
+        }
+    };
+    drop(signals);
+    result
+}
+
+/// One attempt of a job: starts the ranks and waits for them.
+fn run_attempt(
+    nproc: usize,
+    program: &OsString,
+    args: &[OsString],
+    opts: &LaunchOptions,
+    job_id: &str,
+    attempt: usize,
+) -> Result<(), LaunchError> {
+    // A fresh port per attempt unless one was given: the last attempt's store may
+    // still be closing.
+    let port = match opts.master_port {
+        Some(p) => p,
+        None => free_port().map_err(LaunchError::FreePort)?,
+    };
     let mut job = Job::new(Arc::new(Forwarding {
         bare_stdout_rank: opts.bare_stdout_rank,
         ..Forwarding::default()
     }));
-    let result = job.start(nproc, program, args, &opts.master_addr, port);
+    let env = AttemptEnv {
+        master_addr: &opts.master_addr,
+        port,
+        job_id,
+        attempt,
+    };
+    let result = job.start(nproc, program, args, &env);
     let result = match result {
         Ok(()) => job.wait(opts.grace_period),
         Err(e) => {
@@ -292,8 +360,15 @@ pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(
         }
     };
     job.reap_and_drain();
-    drop(signals);
     result
+}
+
+/// What differs between the attempts of one job.
+struct AttemptEnv<'a> {
+    master_addr: &'a str,
+    port: u16,
+    job_id: &'a str,
+    attempt: usize,
 }
 
 /// Binds 127.0.0.1:0 and releases it, as torchrun does: the port is free now and is very
@@ -335,8 +410,7 @@ impl Job {
         nproc: usize,
         program: &OsString,
         args: &[OsString],
-        master_addr: &str,
-        port: u16,
+        env: &AttemptEnv<'_>,
     ) -> Result<(), LaunchError> {
         let foreign: Vec<OsString> = std::env::vars_os()
             .map(|(k, _)| k)
@@ -358,10 +432,14 @@ impl Job {
                 .env("WORLD_SIZE", nproc.to_string())
                 .env("LOCAL_RANK", rank.to_string())
                 .env("LOCAL_WORLD_SIZE", nproc.to_string())
-                .env("MASTER_ADDR", master_addr)
-                .env("MASTER_PORT", port.to_string())
+                .env("MASTER_ADDR", env.master_addr)
+                .env("MASTER_PORT", env.port.to_string())
                 .env("FERROCCL_LAUNCHED", "1")
                 .env("FERROCCL_TOKEN", &token)
+                // The job's identity, in every rank's JOIN: a rank of another job (or
+                // of an earlier attempt) that reaches this store is refused by name.
+                .env("FERROCCL_JOB_ID", env.job_id)
+                .env("FERROCCL_RESTART_COUNT", env.attempt.to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

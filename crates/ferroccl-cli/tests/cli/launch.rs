@@ -488,3 +488,55 @@ fn launch_gives_every_rank_the_same_fresh_token() {
     };
     assert_ne!(run(), run(), "a fresh token per launch");
 }
+
+#[test]
+fn a_failed_rank_restarts_the_whole_job_until_the_restarts_are_spent() {
+    // Rank 1 fails in the first attempt only; the second attempt succeeds.
+    let script = r#"if [ "$FERROCCL_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi
+echo "ok rank=$RANK attempt=$FERROCCL_RESTART_COUNT job=$FERROCCL_JOB_ID port=$MASTER_PORT""#;
+    let out = launch(&["-n", "2", "--max-restarts", "2", "--", "sh", "-c", script]);
+    let (so, se) = (out.stdout(), out.stderr());
+    assert_eq!(out.code(), Some(0), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(
+        se.contains("rank 1 failed (exit status 3); restarting all 2 ranks (restart 1 of 2)"),
+        "{se}"
+    );
+    // (Rank 0 of the first attempt may have finished before rank 1 failed.)
+    let oks: Vec<&str> = lines(&so)
+        .into_iter()
+        .filter(|l| l.contains("ok rank=") && l.contains("attempt=1"))
+        .collect();
+    assert_eq!(oks.len(), 2, "each rank once in the second attempt: {so}");
+    // Both ranks of the attempt share one job identity, which names the attempt.
+    let field = |l: &str, k: &str| -> String {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {l}"))
+            .to_owned()
+    };
+    let jobs: BTreeSet<String> = oks.iter().map(|l| field(l, "job=")).collect();
+    assert_eq!(jobs.len(), 1, "{so}");
+    assert!(
+        jobs.iter().all(|j| j.ends_with(".1") && j.len() > 2),
+        "{jobs:?}"
+    );
+
+    // Always failing: the first attempt plus one restart, then the rank's own error.
+    let out = launch(&[
+        "-n",
+        "2",
+        "--max-restarts",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "[ \"$RANK\" = 0 ] || exit 5",
+    ]);
+    let se = out.stderr();
+    assert_eq!(out.code(), Some(5), "{se}");
+    assert_eq!(se.matches("restarting all 2 ranks").count(), 1, "{se}");
+    assert!(
+        se.contains("ferroccl launch: rank 1 failed (exit status 5)"),
+        "{se}"
+    );
+}

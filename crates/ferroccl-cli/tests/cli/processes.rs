@@ -253,3 +253,93 @@ fn bench_runs_every_collective() {
         }
     }
 }
+
+#[test]
+fn bare_bench_inside_an_sbatch_script_uses_its_flags_not_the_allocation() {
+    // What sbatch's batch script sees for a 3-task allocation: task variables, no step.
+    let mut cmd = Command::new(EXE);
+    cmd.args([
+        "bench", "--ranks", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1",
+    ])
+    .env("SLURM_JOB_ID", "4242")
+    .env("SLURM_PROCID", "0")
+    .env("SLURM_NTASKS", "3")
+    .env("SLURM_LOCALID", "0")
+    .env_remove("SLURM_STEP_ID")
+    .env_remove("SLURM_STEPID");
+    let out = run(cmd, Duration::from_secs(60));
+    let (so, se) = text(&out);
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(so.contains("2 ranks"), "ran as --ranks says: {so}");
+    assert!(so.contains("# Out of bounds values : 0 OK"), "{so}");
+}
+
+/// A torchrun that works on this machine: `FERROCCL_TORCHRUN`, else `torchrun` on the
+/// PATH. Debian 12's python3-torch (1.13) ships one that fails on its own Python 3.11
+/// before starting a worker (`to_map`: 'NoneType' object has no attribute 'get'), so a
+/// candidate must first run `true` as its worker.
+fn torchrun() -> Option<String> {
+    let cand = std::env::var("FERROCCL_TORCHRUN").unwrap_or_else(|_| "torchrun".into());
+    let mut probe = Command::new(&cand);
+    probe.args([
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        "--no_python",
+        "true",
+    ]);
+    probe
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let ok = probe.status().is_ok_and(|s| s.success());
+    ok.then_some(cand)
+}
+
+#[test]
+fn bench_runs_under_a_real_torchrun_with_its_agent_store() {
+    // Run with torch 2.15.0 (PyPI): FERROCCL_TORCHRUN=/opt/torch2/bin/torchrun.
+    let Some(torchrun) = torchrun() else {
+        eprintln!("SKIPPED: no working torchrun (set FERROCCL_TORCHRUN)");
+        return;
+    };
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    // The static backend: the agent serves a TCPStore on MASTER_PORT itself, which
+    // rank 0 used to try to bind.
+    let mut cmd = Command::new(&torchrun);
+    cmd.args([
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "3",
+        "--rdzv_backend",
+        "static",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        &port,
+        "--no_python",
+        EXE,
+        "bench",
+        "-b",
+        "1K",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]);
+    let out = run(cmd, Duration::from_secs(120));
+    let (so, se) = text(&out);
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(
+        so.contains("3 ranks") && so.contains("# Out of bounds values : 0 OK"),
+        "{so}"
+    );
+    assert_eq!(rows(&so).len(), 3, "{so}");
+}
