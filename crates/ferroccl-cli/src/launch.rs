@@ -44,6 +44,15 @@ pub struct LaunchArgs {
     /// `MASTER_PORT` given to every rank [default: a free port on 127.0.0.1].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
+    /// Hosts in the job: run one `ferroccl launch` per host, each with its `--node-rank`,
+    /// the same `--master-addr` (a host all can reach, where node 0 runs) and the same
+    /// `--master-port`; set the same `FERROCCL_TOKEN` on every host to authenticate.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nnodes: u64,
+    /// This host's place among the `--nnodes` hosts: its ranks are
+    /// `node_rank * nproc .. (node_rank + 1) * nproc`.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: u64,
     /// When a rank fails, stop the others and start all ranks again, up to this many
     /// times (each attempt gets a fresh store and communicator; `FERROCCL_RESTART_COUNT`
     /// and `TORCHELASTIC_RESTART_COUNT` say which attempt it is). `ferroccl train
@@ -61,6 +70,8 @@ pub fn main(a: LaunchArgs) -> ExitCode {
         master_addr: a.master_addr,
         master_port: a.master_port,
         max_restarts: a.max_restarts,
+        nnodes: usize::try_from(a.nnodes).unwrap_or(usize::MAX),
+        node_rank: usize::try_from(a.node_rank).unwrap_or(usize::MAX),
         ..LaunchOptions::default()
     };
     match run(a.nproc, &a.command, &opts) {
@@ -87,6 +98,10 @@ pub struct LaunchOptions {
     pub bare_stdout_rank: Option<usize>,
     /// How many times a failed job is started again (all ranks, fresh store).
     pub max_restarts: usize,
+    /// Hosts in the job (one launcher each).
+    pub nnodes: usize,
+    /// This launcher's host among them.
+    pub node_rank: usize,
 }
 
 impl Default for LaunchOptions {
@@ -97,6 +112,8 @@ impl Default for LaunchOptions {
             grace_period: Duration::from_secs(3),
             bare_stdout_rank: None,
             max_restarts: 0,
+            nnodes: 1,
+            node_rank: 0,
         }
     }
 }
@@ -132,6 +149,9 @@ pub enum LaunchError {
     /// `-n 0`: a job needs at least one rank.
     #[error("-n must be at least 1 (got {0})")]
     NoRanks(usize),
+    /// `--node-rank` is not below `--nnodes`, or a multi-host job has no fixed port.
+    #[error("{0}")]
+    Nodes(String),
     /// No command was given.
     #[error("no command given (usage: ferroccl launch -n N -- CMD ARGS...)")]
     EmptyCommand,
@@ -188,7 +208,7 @@ impl LaunchError {
     /// for one that cannot be executed, 2 for a usage error, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            LaunchError::NoRanks(_) | LaunchError::EmptyCommand => 2,
+            LaunchError::NoRanks(_) | LaunchError::EmptyCommand | LaunchError::Nodes(_) => 2,
             LaunchError::FreePort(_) | LaunchError::Io { .. } => 1,
             LaunchError::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => 127,
             LaunchError::Spawn { .. } => 126,
@@ -289,15 +309,37 @@ pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(
     let Some((program, args)) = command.split_first() else {
         return Err(LaunchError::EmptyCommand);
     };
+    if opts.node_rank >= opts.nnodes {
+        return Err(LaunchError::Nodes(format!(
+            "--node-rank {} is not below --nnodes {} (hosts are 0..{})",
+            opts.node_rank, opts.nnodes, opts.nnodes
+        )));
+    }
+    if opts.nnodes > 1 && opts.master_port.is_none() {
+        return Err(LaunchError::Nodes(
+            "a job of several hosts needs --master-port: every host's launcher must give \
+             its ranks the same one"
+                .into(),
+        ));
+    }
     let signals = SignalGuard::install().map_err(|source| LaunchError::Io {
         what: "installing SIGINT/SIGTERM handlers",
         source,
     })?;
-    // One identity for the job; each attempt is told apart by its restart count.
+    // One identity for the job, the same on every host's launcher; each attempt is told
+    // apart by its restart count.
     let job_id = std::env::var("FERROCCL_JOB_ID")
         .ok()
         .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| ferroccl::rendezvous::new_token()[..16].to_owned());
+        .unwrap_or_else(|| match opts.nnodes {
+            1 => ferroccl::rendezvous::new_token()[..16].to_owned(),
+            _ => format!(
+                "{}-hosts-at-{}:{}",
+                opts.nnodes,
+                opts.master_addr,
+                opts.master_port.unwrap_or_default()
+            ),
+        });
     let mut attempt = 0;
     let result = loop {
         let result = run_attempt(
@@ -350,6 +392,8 @@ fn run_attempt(
         port,
         job_id,
         attempt,
+        nnodes: opts.nnodes,
+        node_rank: opts.node_rank,
     };
     let result = job.start(nproc, program, args, &env);
     let result = match result {
@@ -369,6 +413,8 @@ struct AttemptEnv<'a> {
     port: u16,
     job_id: &'a str,
     attempt: usize,
+    nnodes: usize,
+    node_rank: usize,
 }
 
 /// Binds 127.0.0.1:0 and releases it, as torchrun does: the port is free now and is very
@@ -394,6 +440,8 @@ struct Job {
     ranks: Vec<Rank>,
     readers: Vec<JoinHandle<()>>,
     fwd: Arc<Forwarding>,
+    /// The job-wide rank of `ranks[0]` (this host's first).
+    first_rank: usize,
 }
 
 impl Job {
@@ -402,6 +450,7 @@ impl Job {
             ranks: Vec::new(),
             readers: Vec::new(),
             fwd,
+            first_rank: 0,
         }
     }
 
@@ -425,12 +474,15 @@ impl Job {
             .ok()
             .filter(|t| !t.is_empty())
             .unwrap_or_else(ferroccl::rendezvous::new_token);
-        for rank in 0..nproc {
+        self.first_rank = env.node_rank * nproc;
+        for local in 0..nproc {
+            let rank = self.first_rank + local;
             let mut cmd = Command::new(program);
             cmd.args(args)
                 .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", nproc.to_string())
-                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", (env.nnodes * nproc).to_string())
+                .env("LOCAL_RANK", local.to_string())
+                .env("GROUP_RANK", env.node_rank.to_string())
                 .env("LOCAL_WORLD_SIZE", nproc.to_string())
                 .env("MASTER_ADDR", env.master_addr)
                 .env("MASTER_PORT", env.port.to_string())
@@ -508,7 +560,7 @@ impl Job {
             if let Some(st) = poll_exit(r) {
                 r.exit = Some(st);
                 if failed.is_none() && !st.success() {
-                    failed = Some((i, st));
+                    failed = Some((self.first_rank + i, st));
                 }
             }
         }
@@ -518,6 +570,7 @@ impl Job {
     fn running(&self) -> Vec<usize> {
         (0..self.ranks.len())
             .filter(|&i| self.ranks[i].exit.is_none())
+            .map(|i| self.first_rank + i)
             .collect()
     }
 

@@ -343,3 +343,92 @@ fn bench_runs_under_a_real_torchrun_with_its_agent_store() {
     );
     assert_eq!(rows(&so).len(), 3, "{so}");
 }
+
+#[test]
+fn two_launchers_one_per_host_form_one_job() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let host = |node: &str| {
+        let mut c = Command::new(EXE);
+        c.args([
+            "launch",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            node,
+            "--master-port",
+            &port,
+            "-n",
+            "2",
+            "--",
+            EXE,
+            "bench",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ])
+        .env("FERROCCL_TOKEN", "shared-secret-of-both-hosts");
+        c
+    };
+    let second = std::thread::spawn({
+        let c = host("1");
+        move || run(c, Duration::from_secs(90))
+    });
+    let first = run(host("0"), Duration::from_secs(90));
+    let second = second
+        .join()
+        .unwrap_or_else(|_| panic!("second launcher panicked"));
+    let (so, se) = text(&first);
+    assert!(
+        first.status.success(),
+        "node 0: stdout:\n{so}\nstderr:\n{se}"
+    );
+    assert!(second.status.success(), "node 1: {}", second.stderr);
+    assert!(
+        so.contains("4 ranks") && so.contains("# Out of bounds values : 0 OK"),
+        "{so}"
+    );
+    // Node 1's launcher runs ranks 2 and 3 (its output lines carry their numbers).
+    assert!(
+        !second.stdout.contains("[0]") && !second.stdout.contains("[1]"),
+        "{}",
+        second.stdout
+    );
+
+    // A host number out of range, and a multi-host job without a port, are usage errors.
+    let out = common::proc::ferroccl(
+        &[
+            "launch",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "2",
+            "-n",
+            "1",
+            "--",
+            "true",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--node-rank 2 is not below --nnodes 2"),
+        "{}",
+        out.stderr
+    );
+    let out = common::proc::ferroccl(
+        &["launch", "--nnodes", "2", "-n", "1", "--", "true"],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--master-port"), "{}", out.stderr);
+}

@@ -12,7 +12,7 @@ pub const EXE: &str = env!("CARGO_BIN_EXE_ferroccl");
 
 /// Variables through which launchers hand out ranks; a test's commands must not
 /// inherit them from whatever runs the tests.
-pub const LAUNCHER_VARS: [&str; 11] = [
+pub const LAUNCHER_VARS: [&str; 16] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -24,6 +24,11 @@ pub const LAUNCHER_VARS: [&str; 11] = [
     "OMPI_COMM_WORLD_SIZE",
     "PMI_RANK",
     "PMI_SIZE",
+    "SLURM_STEP_ID",
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "FERROCCL_JOB_ID",
 ];
 
 /// What a finished command left.
@@ -59,8 +64,12 @@ fn lossy(b: &Mutex<Vec<u8>>) -> String {
 /// `deadline`. Output is read as it comes, so a chatty command never blocks on a
 /// full pipe.
 pub fn run_cmd(mut cmd: Command, deadline: Duration) -> Output {
+    // The test's own environment must not leak in; what the test set stays.
+    let set: Vec<std::ffi::OsString> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
     for v in LAUNCHER_VARS {
-        cmd.env_remove(v);
+        if !set.iter().any(|k| k == v) {
+            cmd.env_remove(v);
+        }
     }
     let mut child = cmd
         .stdin(Stdio::null())
