@@ -316,4 +316,34 @@ fn bench_law_on_2_and_3_hosts_shaped_to_1gbit() {
     // n = 2: 1 MiB .. 8 MiB. n = 3: 768 KiB .. 6 MiB (divisible by 3 × 4).
     law_on_cluster(2, 1 << 20, 8 << 20);
     law_on_cluster(3, 768 << 10, 6 << 20);
+    launch_per_host(d);
+}
+
+/// `ferroccl launch --nnodes 3 --node-rank i` on each of 3 hosts, 2 ranks each: one job
+/// of 6 ranks across the namespaces, rank 0's table from host 0.
+fn launch_per_host(d: Duration) {
+    let cmd = format!(
+        "FERROCCL_TOKEN=one-job-three-hosts exec {EXE} launch --nnodes 3 --node-rank \"$RANK\" \
+         --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" -n 2 -- \
+         {EXE} bench -b 64K -e 1M -f 16 -n 2 -w 1"
+    );
+    let out = script(
+        &["run", "3", "--", "sh", "-c", &cmd],
+        &[("FCCL_RUN_TIMEOUT", "100")],
+        d,
+        true,
+    );
+    let ctx = out.dump();
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    assert!(
+        out.stdout
+            .contains("[host 0] [0] # ferroccl bench: all_reduce, 6 ranks"),
+        "{ctx}"
+    );
+    assert!(
+        out.stdout
+            .contains("[host 0] [0] # Out of bounds values : 0 OK"),
+        "{ctx}"
+    );
+    assert!(out.stderr.contains("all 3 hosts exited with status 0"), "{ctx}");
 }
