@@ -354,9 +354,14 @@ pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(
             Err(LaunchError::RankFailed { rank, status, .. }) if attempt < opts.max_restarts => {
                 attempt += 1;
                 let _guard = lock_output();
+                let why = if status == RankExit::Code(ferroccl::ddp::PREEMPTED_EXIT_CODE) {
+                    "stopped for preemption, after its checkpoint"
+                } else {
+                    "failed"
+                };
                 let _ = writeln!(
                     io::stderr().lock(),
-                    "ferroccl launch: rank {rank} failed ({status}); restarting all {nproc} ranks \
+                    "ferroccl launch: rank {rank} {why} ({status}); restarting all {nproc} ranks \
                      (restart {attempt} of {})",
                     opts.max_restarts
                 );

@@ -9,6 +9,8 @@
 //! * [`checkpoint`]: atomic, checksummed checkpoints written by one rank.
 //! * [`rng::Rng`]: the seedable, serialisable generator everything random draws from.
 //! * [`metrics`]: JSON-lines records and the equal-steps check.
+//! * [`preempt::Preemption`]: SIGTERM turned into a collective "stop after this step",
+//!   and the exit status (75) that `ferroccl launch --max-restarts` restarts on.
 //!
 //! The model side lives in the `ferroccl-candle` package, which drives these with
 //! a candle CNN; another framework would drive them the same way: after each backward
@@ -18,6 +20,7 @@ pub mod buckets;
 pub mod checkpoint;
 pub mod lr;
 pub mod metrics;
+pub mod preempt;
 pub mod rng;
 pub mod sampler;
 pub mod scaler;
@@ -25,6 +28,7 @@ pub mod scaler;
 pub use buckets::{BucketPlan, GradReducer, WireDtype};
 pub use checkpoint::{Checkpoint, CheckpointDir};
 pub use lr::{Decay, LrSchedule};
+pub use preempt::{Preemption, PREEMPTED_EXIT_CODE};
 pub use rng::Rng;
 pub use sampler::DistributedSampler;
 pub use scaler::LossScaler;
