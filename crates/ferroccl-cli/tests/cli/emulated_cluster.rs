@@ -345,5 +345,8 @@ fn launch_per_host(d: Duration) {
             .contains("[host 0] [0] # Out of bounds values : 0 OK"),
         "{ctx}"
     );
-    assert!(out.stderr.contains("all 3 hosts exited with status 0"), "{ctx}");
+    assert!(
+        out.stderr.contains("all 3 hosts exited with status 0"),
+        "{ctx}"
+    );
 }

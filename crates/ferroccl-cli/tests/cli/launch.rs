@@ -540,3 +540,21 @@ echo "ok rank=$RANK attempt=$FERROCCL_RESTART_COUNT job=$FERROCCL_JOB_ID port=$M
         "{se}"
     );
 }
+
+#[test]
+fn a_preempted_rank_restarts_the_job_and_is_named_so() {
+    // Exit status 75 is ferroccl::ddp::PREEMPTED_EXIT_CODE: stopped after a checkpoint.
+    let script = r#"[ "$FERROCCL_RESTART_COUNT" != 0 ] || exit 75"#;
+    let out = launch(&["-n", "2", "--max-restarts", "1", "--", "sh", "-c", script]);
+    let se = out.stderr();
+    assert_eq!(out.code(), Some(0), "{se}");
+    assert!(
+        se.contains(
+            "stopped for preemption, after its checkpoint (exit status 75); restarting all 2 ranks"
+        ),
+        "{se}"
+    );
+    // Without restarts left, the launcher exits 75 itself, for a requeueing wrapper.
+    let out = launch(&["-n", "1", "--", "sh", "-c", "exit 75"]);
+    assert_eq!(out.code(), Some(75), "{}", out.stderr());
+}
