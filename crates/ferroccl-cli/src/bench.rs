@@ -76,6 +76,11 @@ pub struct BenchArgs {
     /// All-reduces up to this size use recursive doubling instead of the ring (0: always ring).
     #[arg(long = "small-message-bytes", value_parser = parse_size)]
     pub small_message_bytes: Option<usize>,
+    /// All-reduce algorithm: auto (rd up to --small-message-bytes, ring above), ring, rd
+    /// (recursive doubling) or rabenseifner (recursive halving then doubling). Ranks
+    /// started by a launcher also read FERROCCL_ALGO; this flag wins.
+    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner"])]
+    pub algo: Option<String>,
     /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
     #[arg(long = "busy-poll-us")]
     pub busy_poll_us: Option<u64>,
@@ -167,6 +172,12 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     if a.law.is_some() {
         // The law is the ring's: recursive doubling would follow another one.
         c.tuning.small_message_bytes = 0;
+    }
+    if let Some(algo) = &a.algo {
+        // clap admits only the names the parser knows.
+        if let Ok(algo) = algo.parse() {
+            c.tuning.all_reduce_algo = algo;
+        }
     }
     c
 }
@@ -692,10 +703,15 @@ fn bench_typed<T: Element>(
                 }
             );
         } else if coll == Coll::AllReduce {
-            println!(
-                "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
-                c.config().tuning.small_message_bytes
-            );
+            match c.config().tuning.all_reduce_algo {
+                ferroccl::AllReduceAlgo::Auto => println!(
+                    "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
+                    c.config().tuning.small_message_bytes
+                ),
+                forced => println!(
+                    "# algo: {forced:?} for every size (rab: Rabenseifner, recursive halving then doubling)"
+                ),
+            }
         }
         let blank = ["", "", "", "", ""];
         println!(
@@ -770,6 +786,7 @@ fn bench_typed<T: Element>(
             let algo = match coll {
                 Coll::AllReduce => match c.all_reduce_algorithm(bytes) {
                     ferroccl::Algorithm::Ring => "ring",
+                    ferroccl::Algorithm::Rabenseifner => "rab",
                     _ => "rd",
                 },
                 Coll::ReduceScatter | Coll::AllGather => "ring",

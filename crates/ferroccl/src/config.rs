@@ -57,6 +57,42 @@ pub struct Config {
     pub transport: TransportOptions,
 }
 
+/// Which algorithm an all-reduce uses ([`Tuning::all_reduce_algo`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AllReduceAlgo {
+    /// Recursive doubling up to [`Tuning::small_message_bytes`], the ring above.
+    #[default]
+    Auto,
+    /// The ring: `2(n-1)` steps, `2(n-1)/n·S` bytes per rank.
+    Ring,
+    /// Recursive doubling: `log2 n` steps, the whole buffer at each (one frame, so
+    /// buffers over 4 GiB run the ring).
+    RecursiveDoubling,
+    /// Rabenseifner: the ring's bytes in `2·log2 n` steps (host buffers streamed over
+    /// links; a transport that reads peers' memory runs the ring).
+    Rabenseifner,
+}
+
+impl std::str::FromStr for AllReduceAlgo {
+    type Err = Error;
+    /// `auto`, `ring`, `rd` (or `recursive-doubling`), `rabenseifner`; anything else
+    /// is an error naming them, never a fallback.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Self::Auto,
+            "ring" => Self::Ring,
+            "rd" | "recursive-doubling" | "doubling" => Self::RecursiveDoubling,
+            "rabenseifner" | "rab" => Self::Rabenseifner,
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown all-reduce algorithm '{other}': use auto, ring, rd or rabenseifner"
+                )))
+            }
+        })
+    }
+}
+
 /// This process's place in a job: rank, size, and the rendezvous.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -118,6 +154,11 @@ pub struct Tuning {
     /// uses the ring. Default 64 KiB, where the two cross over on loopback TCP at 2 and
     /// 4 ranks.
     pub small_message_bytes: usize,
+    /// Which all-reduce algorithm runs: chosen by size ([`AllReduceAlgo::Auto`], the
+    /// default) or forced (`FERROCCL_ALGO=ring|rd|rabenseifner` in
+    /// [`Config::from_env`], `ferroccl bench --algo`). Must be the same on every rank
+    /// (a disagreement is a [`Error::Mismatch`]).
+    pub all_reduce_algo: AllReduceAlgo,
     /// The clock [`Tuning::timeout`] is measured on: the system's, or a [`Clock::manual`]
     /// one that tests advance by hand so that a timeout fires exactly when they say.
     pub clock: Clock,
@@ -287,6 +328,7 @@ impl Default for Tuning {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             busy_poll: DEFAULT_BUSY_POLL,
             small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
+            all_reduce_algo: AllReduceAlgo::Auto,
             clock: Clock::system(),
             trace_capacity: DEFAULT_TRACE_CAPACITY,
         }
@@ -360,6 +402,11 @@ impl Config {
         c.transport.rdma.gid_index = env.rdma_gid_index.unwrap_or(0);
         if let Some(n) = env.trace_capacity {
             c.tuning.trace_capacity = n;
+        }
+        if let Some(a) = &env.algo {
+            c.tuning.all_reduce_algo = a
+                .parse()
+                .map_err(|e: Error| Error::Env(format!("FERROCCL_ALGO: {e}")))?;
         }
         Ok(c)
     }
@@ -455,6 +502,11 @@ impl ConfigBuilder {
     /// [`Tuning::busy_poll`].
     pub fn busy_poll(mut self, d: Duration) -> Self {
         self.0.tuning.busy_poll = d;
+        self
+    }
+    /// [`Tuning::all_reduce_algo`].
+    pub fn all_reduce_algo(mut self, a: AllReduceAlgo) -> Self {
+        self.0.tuning.all_reduce_algo = a;
         self
     }
     /// [`Tuning::small_message_bytes`].

@@ -9,6 +9,8 @@
 //!   segmenting, neighbours. Property-tested on its own.
 //! - [`ring`]: reduce-scatter, all-gather and all-reduce: steps of one ring.
 //! - [`doubling`]: recursive-doubling all-reduce (and the barrier) for small messages.
+//! - [`halving`]: Rabenseifner's all-reduce (recursive halving, then doubling): the
+//!   ring's bytes in `2·log2(n)` steps.
 //! - [`chain`]: broadcast and reduce as pipelined chains from a root.
 //!
 //! # The plan contract
@@ -22,6 +24,7 @@
 
 pub(crate) mod chain;
 pub(crate) mod doubling;
+pub(crate) mod halving;
 pub(crate) mod ring;
 pub(crate) mod schedule;
 
@@ -41,6 +44,10 @@ pub enum Algorithm {
     Chain,
     /// Straight to one peer (send/recv).
     Direct,
+    /// Rabenseifner: recursive-halving reduce-scatter, recursive-doubling all-gather;
+    /// the ring's `2(n-1)/n·S` bytes in `2·log2(n)` steps (plus two when `n` is not a
+    /// power of two).
+    Rabenseifner,
 }
 
 impl Algorithm {
@@ -51,6 +58,7 @@ impl Algorithm {
             Algorithm::RecursiveDoubling => "recursive doubling",
             Algorithm::Chain => "chain",
             Algorithm::Direct => "direct",
+            Algorithm::Rabenseifner => "rabenseifner",
         }
     }
 
@@ -60,6 +68,7 @@ impl Algorithm {
             Algorithm::RecursiveDoubling => 1,
             Algorithm::Chain => 2,
             Algorithm::Direct => 3,
+            Algorithm::Rabenseifner => 4,
         }
     }
 
@@ -69,6 +78,7 @@ impl Algorithm {
             1 => Some(Algorithm::RecursiveDoubling),
             2 => Some(Algorithm::Chain),
             3 => Some(Algorithm::Direct),
+            4 => Some(Algorithm::Rabenseifner),
             _ => None,
         }
     }
@@ -369,6 +379,7 @@ pub(crate) mod tests {
             Algorithm::RecursiveDoubling,
             Algorithm::Chain,
             Algorithm::Direct,
+            Algorithm::Rabenseifner,
         ] {
             assert_eq!(Algorithm::from_code(a.code()), Some(a));
         }

@@ -7,7 +7,7 @@
 
 use super::scope::{job_over, JobFn};
 use super::Communicator;
-use crate::algo::{self, chain, doubling, ring, schedule, Algorithm, Plan};
+use crate::algo::{self, chain, doubling, halving, ring, schedule, Algorithm, Plan};
 use crate::engine::{Data, Engine, PullCall};
 use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
@@ -86,6 +86,10 @@ pub(super) fn all_reduce_plan(
 ) -> Plan {
     match algo {
         Algorithm::RecursiveDoubling => doubling::plan(rank, n, count * esize),
+        Algorithm::Rabenseifner => {
+            let seg = algo::segment_bytes(segment_bytes, esize) / esize;
+            halving::plan(rank, n, count, esize, seg)
+        }
         _ => {
             let chunks = schedule::balanced_chunks(count, n);
             let seg = ring::seg_elems(&chunks, esize, segment_bytes);

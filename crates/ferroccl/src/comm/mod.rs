@@ -322,10 +322,18 @@ impl Communicator {
     /// The algorithm an all-reduce of `bytes` bytes of host memory uses on this
     /// communicator.
     pub fn all_reduce_algorithm(&self, bytes: usize) -> Algorithm {
-        if bytes <= self.cfg.tuning.small_message_bytes && self.world_size > 1 && !self.host_pull {
-            Algorithm::RecursiveDoubling
-        } else {
-            Algorithm::Ring
+        use crate::config::AllReduceAlgo;
+        // Recursive doubling sends the whole buffer as one frame.
+        let rd_fits = self.world_size > 1 && !self.host_pull && bytes <= u32::MAX as usize;
+        match self.cfg.tuning.all_reduce_algo {
+            AllReduceAlgo::RecursiveDoubling if rd_fits => Algorithm::RecursiveDoubling,
+            AllReduceAlgo::Rabenseifner if self.world_size > 1 && !self.host_pull => {
+                Algorithm::Rabenseifner
+            }
+            AllReduceAlgo::Auto if bytes <= self.cfg.tuning.small_message_bytes && rd_fits => {
+                Algorithm::RecursiveDoubling
+            }
+            _ => Algorithm::Ring,
         }
     }
 

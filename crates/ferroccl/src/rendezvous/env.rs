@@ -32,6 +32,8 @@ pub struct LaunchEnv {
     /// `SLURM_STEP_ID`, Open MPI's `PMIX_NAMESPACE` or `OMPI_MCA_ess_base_jobid`, PMI's
     /// `PMI_KVSNAME`. `None` when the launcher gives none.
     pub job_id: Option<String>,
+    /// `FERROCCL_ALGO`: the all-reduce algorithm to force (parsed by the config).
+    pub algo: Option<String>,
     /// `TORCHELASTIC_USE_AGENT_STORE` is true: `MASTER_ADDR:MASTER_PORT` is a PyTorch
     /// TCPStore that torchrun's agent serves, not a port for rank 0 to take.
     pub agent_store: bool,
@@ -214,6 +216,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             rdma_gid_index,
             trace_capacity,
             job_id: job_identity(fam.source, &var),
+            algo: var("FERROCCL_ALGO"),
             agent_store: fam.source == "torchrun"
                 && var("TORCHELASTIC_USE_AGENT_STORE")
                     .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1")),
@@ -295,6 +298,7 @@ mod tests {
             rdma_gid_index: None,
             trace_capacity: None,
             job_id: None,
+            algo: None,
             agent_store: false,
         }
     }

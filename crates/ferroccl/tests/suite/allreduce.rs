@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::{all_errors, eps, input, run, run_all, test_config, Net};
-use ferroccl::{Config, DataType, Element, Error, ReduceOp};
+use ferroccl::{AllReduceAlgo, Config, DataType, Element, Error, ReduceOp};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use std::time::Duration;
@@ -23,9 +23,10 @@ fn check_case<T: Element>(
 ) -> Result<(), String> {
     let mut cfg = test_config();
     cfg.tuning.segment_bytes = seg_bytes;
-    cfg.tuning.small_message_bytes = match algo {
-        Algo::Ring => 0,
-        Algo::Doubling => u32::MAX as usize,
+    cfg.tuning.all_reduce_algo = match algo {
+        Algo::Ring => AllReduceAlgo::Ring,
+        Algo::Doubling => AllReduceAlgo::RecursiveDoubling,
+        Algo::Rabenseifner => AllReduceAlgo::Rabenseifner,
     };
     let results = run(n, net, &cfg, DEADLINE, move |c| {
         let mut v = input::<T>(seed, c.rank(), count, op);
@@ -81,6 +82,7 @@ fn check_case<T: Element>(
 enum Algo {
     Ring,
     Doubling,
+    Rabenseifner,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -116,7 +118,7 @@ fn any_op() -> impl Strategy<Value = ReduceOp> {
     prop::sample::select(ReduceOp::ALL.to_vec())
 }
 fn any_algo() -> impl Strategy<Value = Algo> {
-    prop::sample::select(vec![Algo::Ring, Algo::Doubling])
+    prop::sample::select(vec![Algo::Ring, Algo::Doubling, Algo::Rabenseifner])
 }
 
 proptest! {
@@ -158,7 +160,7 @@ fn edge_worlds_and_counts() {
     // The STYLE.md matrix: worlds 1, 2, 3, 7, 8, 16; counts 0, 1, < n, not divisible, large.
     for n in [1usize, 2, 3, 7, 8, 16] {
         for count in [0, 1, n.saturating_sub(1), 2 * n + 1, 100_003] {
-            for algo in [Algo::Ring, Algo::Doubling] {
+            for algo in [Algo::Ring, Algo::Doubling, Algo::Rabenseifner] {
                 check_dyn(
                     Net::Local,
                     DataType::F32,
@@ -213,6 +215,74 @@ fn large_message_over_tcp_pipelines_many_segments() {
         Algo::Doubling,
     )
     .unwrap();
+    // Rabenseifner with halves larger than the socket buffers, cut into segments.
+    check_dyn(
+        Net::Tcp,
+        DataType::F32,
+        6,
+        3 << 20,
+        ReduceOp::Sum,
+        256 << 10,
+        14,
+        Algo::Rabenseifner,
+    )
+    .unwrap();
+}
+
+/// Rabenseifner's law: in a power-of-two world every rank sends the ring's
+/// 2(n-1)/n·S (counted by the links, exactly when S divides into n blocks), in
+/// 2·log2(n) steps; otherwise ranks p..n send S and their partners S more.
+#[test]
+fn wire_bytes_of_rabenseifner() {
+    for n in [2usize, 3, 4, 6, 8] {
+        let count = 1024usize;
+        let mut cfg = test_config();
+        cfg.tuning.all_reduce_algo = AllReduceAlgo::Rabenseifner;
+        let res = run(n, Net::Local, &cfg, DEADLINE, move |c| {
+            assert_eq!(
+                c.all_reduce_algorithm(count * 4),
+                ferroccl::Algorithm::Rabenseifner
+            );
+            let before = c.wire_stats();
+            let mut v = vec![1i32; count];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok((c.wire_stats().since(&before), v[count - 1]))
+        })
+        .unwrap();
+        let p = if n.is_power_of_two() {
+            n
+        } else {
+            n.next_power_of_two() / 2
+        };
+        let s = (count * 4) as u64;
+        for (r, (st, last)) in res.iter().enumerate() {
+            let law = 2 * (p as u64 - 1) * s / p as u64;
+            let want = if r >= p {
+                s
+            } else {
+                law + if r + p < n { s } else { 0 }
+            };
+            assert_eq!(st.payload_sent, want, "n={n} rank {r}");
+            assert_eq!(*last, n as i32);
+        }
+    }
+}
+
+#[test]
+fn an_algorithm_named_in_the_environment_is_parsed_or_refused() {
+    for (name, want) in [
+        ("ring", AllReduceAlgo::Ring),
+        ("rd", AllReduceAlgo::RecursiveDoubling),
+        ("Rabenseifner", AllReduceAlgo::Rabenseifner),
+        ("auto", AllReduceAlgo::Auto),
+    ] {
+        assert_eq!(name.parse::<AllReduceAlgo>().ok(), Some(want), "{name}");
+    }
+    let e = "tree-ish".parse::<AllReduceAlgo>().unwrap_err().to_string();
+    assert!(
+        e.contains("'tree-ish'") && e.contains("rabenseifner"),
+        "{e}"
+    );
 }
 
 /// Recursive doubling's own law: ranks below p send log2(p)·S, plus S to their extra
