@@ -342,6 +342,24 @@ fn bench_runs_under_a_real_torchrun_with_its_agent_store() {
         "{so}"
     );
     assert_eq!(rows(&so).len(), 3, "{so}");
+    // The trainer too, with torchrun's c10d rendezvous (--standalone: agent store too).
+    let mut cmd = Command::new(&torchrun);
+    cmd.args([
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "--no_python",
+        EXE,
+        "train",
+        "--synthetic",
+        "256",
+        "--max-steps",
+        "3",
+    ]);
+    let out = run(cmd, Duration::from_secs(120));
+    let (so, se) = text(&out);
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(so.contains("ranks 2  steps 3"), "{so}");
 }
 
 #[test]
