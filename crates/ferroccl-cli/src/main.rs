@@ -26,6 +26,7 @@ mod law;
 mod plan;
 mod planner;
 mod plot;
+mod simulate;
 mod trace;
 #[cfg(feature = "candle")]
 mod train;
@@ -57,6 +58,8 @@ enum Command {
     /// SVG plots from bench and compare-peers JSON files: busbw against size, and
     /// measured against ring-law time for `bench --law` files.
     Plot(plot::PlotArgs),
+    /// Predict the all-reduce algorithms' times at any scale by playing their real plans on a model network
+    Simulate(simulate::SimulateArgs),
     /// Merge the flight recorder's dumps of all ranks (DIR/rank-N.jsonl) into a
     /// Perfetto/Chrome trace, and report stragglers and, for a failed or hung job, who
     /// waited for whom.
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         Command::Launch(a) => launch::main(a),
         Command::Plan(a) => plan::main(a),
         Command::Plot(a) => plot::main(a),
+        Command::Simulate(a) => simulate::main(a),
         Command::Trace(a) => trace::main(a),
         #[cfg(feature = "candle")]
         Command::Train(a) => train::main(a),

@@ -168,7 +168,7 @@ pub mod trace;
 pub mod transport;
 pub(crate) mod wire;
 
-pub use algo::Algorithm;
+pub use algo::{sim, Algorithm};
 pub use comm::{AbortHandle, Communicator, Handle, Pending, Scope};
 pub use config::{AllReduceAlgo, Clock, Config, ConfigBuilder, TransportKind};
 pub use error::{Error, Result};

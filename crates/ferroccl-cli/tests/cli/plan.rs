@@ -691,3 +691,52 @@ fn bad_input_errors() {
     );
     fails(&plan(&["-n", "4"]), &["missing --per-rank-batch"]);
 }
+
+#[test]
+fn simulate_prints_every_algorithm_and_the_least() {
+    let out = common::proc::ferroccl(
+        &[
+            "simulate",
+            "--ranks",
+            "4,64",
+            "-b",
+            "1K",
+            "-e",
+            "4M",
+            "-f",
+            "64",
+            "--alpha-us",
+            "20",
+            "--link",
+            "100Gbit",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    let rows: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim_start().starts_with("ranks"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 6, "2 worlds x 3 sizes:\n{}", out.stdout);
+    for r in &rows {
+        let t: Vec<f64> = r[2..5].iter().map(|x| x.parse().unwrap()).collect();
+        let best = t.iter().cloned().fold(f64::INFINITY, f64::min);
+        let chosen = match r[5] {
+            "ring" => t[0],
+            "rd" => t[1],
+            "rab" => t[2],
+            other => panic!("chosen {other}"),
+        };
+        assert_eq!(chosen, best, "{r:?}");
+    }
+    // 64 ranks, 1 KiB: latency-bound, the ring's 126 steps lose.
+    assert_ne!(rows[3][5], "ring", "{:?}", rows[3]);
+    let bad = common::proc::ferroccl(
+        &["simulate", "--ranks", "0"],
+        std::time::Duration::from_secs(20),
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(bad.stderr.contains("--ranks"), "{}", bad.stderr);
+}

@@ -27,6 +27,7 @@ pub(crate) mod doubling;
 pub(crate) mod halving;
 pub(crate) mod ring;
 pub(crate) mod schedule;
+pub mod sim;
 
 use std::ops::Range;
 
@@ -204,6 +205,37 @@ impl Plan {
         self.ins
             .iter()
             .position(|i| i.peer == from && i.step == step && i.seg == seg)
+    }
+}
+
+/// The all-reduce plan of `rank` by `algo`: the one dispatch host and device buffers
+/// (and the simulator) share. `segment_bytes` is the pipelining segment.
+pub(crate) fn all_reduce_plan(
+    algo: Algorithm,
+    rank: usize,
+    n: usize,
+    count: usize,
+    esize: usize,
+    segment_bytes: usize,
+) -> Plan {
+    match algo {
+        Algorithm::RecursiveDoubling => doubling::plan(rank, n, count * esize),
+        Algorithm::Rabenseifner => {
+            let seg = self::segment_bytes(segment_bytes, esize) / esize;
+            halving::plan(rank, n, count, esize, seg)
+        }
+        _ => {
+            let chunks = schedule::balanced_chunks(count, n);
+            let seg = ring::seg_elems(&chunks, esize, segment_bytes);
+            ring::plan(
+                rank,
+                n,
+                &chunks,
+                esize,
+                0..schedule::allreduce_steps(n),
+                seg,
+            )
+        }
     }
 }
 

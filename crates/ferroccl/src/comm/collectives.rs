@@ -7,7 +7,7 @@
 
 use super::scope::{job_over, JobFn};
 use super::Communicator;
-use crate::algo::{self, chain, doubling, halving, ring, schedule, Algorithm, Plan};
+use crate::algo::{self, all_reduce_plan, chain, doubling, ring, schedule, Algorithm, Plan};
 use crate::engine::{Data, Engine, PullCall};
 use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
@@ -71,37 +71,6 @@ fn execute(
             Data::Write(b),
             &mut NoCombine,
         ),
-    }
-}
-
-/// The all-reduce plan of `rank` by `algo`: the one dispatch host and device buffers
-/// share. `segment_bytes` is the pipelining segment of the ring.
-pub(super) fn all_reduce_plan(
-    algo: Algorithm,
-    rank: usize,
-    n: usize,
-    count: usize,
-    esize: usize,
-    segment_bytes: usize,
-) -> Plan {
-    match algo {
-        Algorithm::RecursiveDoubling => doubling::plan(rank, n, count * esize),
-        Algorithm::Rabenseifner => {
-            let seg = algo::segment_bytes(segment_bytes, esize) / esize;
-            halving::plan(rank, n, count, esize, seg)
-        }
-        _ => {
-            let chunks = schedule::balanced_chunks(count, n);
-            let seg = ring::seg_elems(&chunks, esize, segment_bytes);
-            ring::plan(
-                rank,
-                n,
-                &chunks,
-                esize,
-                0..schedule::allreduce_steps(n),
-                seg,
-            )
-        }
     }
 }
 

@@ -1,0 +1,164 @@
+//! `ferroccl simulate`: the all-reduce algorithms' real plans played on a model
+//! network ([`ferroccl::sim`]), for worlds of up to thousands of ranks, in seconds.
+//!
+//! Per world size and message size it prints each algorithm's predicted time, the one
+//! with the least, and how much faster than the ring that is.
+
+use crate::bench::parse_size;
+use clap::Args;
+use ferroccl::sim::{choose_all_reduce, Network};
+use ferroccl::{Algorithm, Error, Result};
+use std::process::ExitCode;
+
+/// Arguments of `ferroccl simulate`.
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    /// World sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096")]
+    pub ranks: Vec<usize>,
+    /// Smallest message in bytes (suffixes K, M, G).
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_size, default_value = "1K")]
+    pub min_bytes: usize,
+    /// Largest message in bytes.
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_size, default_value = "256M")]
+    pub max_bytes: usize,
+    /// Factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
+    pub step_factor: usize,
+    /// Latency per message between hosts, microseconds.
+    #[arg(long = "alpha-us", default_value_t = 20.0)]
+    pub alpha_us: f64,
+    /// Port bandwidth between hosts (10Gbit, 100Gbit/s, 12.5GB/s; tc's 500mbit too).
+    #[arg(long, default_value = "100Gbit")]
+    pub link: String,
+    /// Reduction speed of one rank (bytes combined per second).
+    #[arg(long, default_value = "10GB/s")]
+    pub reduce: String,
+    /// Ranks per host (consecutive ranks share one); 1: every rank its own host.
+    #[arg(long = "ranks-per-host", default_value_t = 1)]
+    pub ranks_per_host: usize,
+    /// Latency within a host, microseconds [default: --alpha-us].
+    #[arg(long = "intra-alpha-us")]
+    pub intra_alpha_us: Option<f64>,
+    /// Bandwidth within a host [default: --link].
+    #[arg(long = "intra-link")]
+    pub intra_link: Option<String>,
+    /// Pipelining segment in bytes, as the engine's (Config::segment_bytes).
+    #[arg(long = "segment-bytes", value_parser = parse_size, default_value = "512K")]
+    pub segment_bytes: usize,
+}
+
+/// Entry point.
+pub fn main(a: SimulateArgs) -> ExitCode {
+    match run(&a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferroccl simulate: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn network(a: &SimulateArgs) -> Result<Network> {
+    let rate = |flag: &str, text: &str| {
+        crate::planner::parse_rate(flag, text).map_err(|e| Error::InvalidArgument(e.to_string()))
+    };
+    let us = |flag: &str, v: f64| {
+        if v.is_finite() && v >= 0.0 {
+            Ok(v * 1e-6)
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{flag} must be a non-negative number of microseconds, got {v}"
+            )))
+        }
+    };
+    let beta = rate("--link", &a.link)?;
+    let mut net = Network::flat(
+        us("--alpha-us", a.alpha_us)?,
+        beta,
+        1.0 / rate("--reduce", &a.reduce)?,
+    );
+    if a.ranks_per_host == 0 {
+        return Err(Error::InvalidArgument(
+            "--ranks-per-host must be at least 1".into(),
+        ));
+    }
+    net.ranks_per_host = a.ranks_per_host;
+    net.intra_alpha = us("--intra-alpha-us", a.intra_alpha_us.unwrap_or(a.alpha_us))?;
+    net.intra_beta = match &a.intra_link {
+        Some(l) => rate("--intra-link", l)?,
+        None => beta,
+    };
+    Ok(net)
+}
+
+fn short(algo: Algorithm) -> &'static str {
+    match algo {
+        Algorithm::Ring => "ring",
+        Algorithm::RecursiveDoubling => "rd",
+        Algorithm::Rabenseifner => "rab",
+        _ => "?",
+    }
+}
+
+fn run(a: &SimulateArgs) -> Result<()> {
+    let net = network(a)?;
+    if a.ranks.is_empty() || a.ranks.contains(&0) {
+        return Err(Error::InvalidArgument(
+            "--ranks must list world sizes of at least 1".into(),
+        ));
+    }
+    if a.min_bytes == 0 || a.min_bytes > a.max_bytes || a.step_factor < 2 {
+        return Err(Error::InvalidArgument(
+            "sizes: need 0 < --minbytes <= --maxbytes and --stepfactor >= 2".into(),
+        ));
+    }
+    if a.segment_bytes < 4 {
+        return Err(Error::InvalidArgument(
+            "--segment-bytes must be at least 4".into(),
+        ));
+    }
+    println!(
+        "# ferroccl simulate: all_reduce of float32, alpha {} us, link {:.3} GB/s, reduce {:.3} GB/s, {} rank(s) per host (within: alpha {} us, {:.3} GB/s), segment {} B",
+        net.alpha * 1e6,
+        net.beta / 1e9,
+        1.0 / net.gamma / 1e9,
+        net.ranks_per_host,
+        net.intra_alpha * 1e6,
+        net.intra_beta / 1e9,
+        a.segment_bytes
+    );
+    println!(
+        "# the real plans of each algorithm in virtual time; times in microseconds; '-' cannot run"
+    );
+    println!(
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+        "ranks", "size(B)", "ring", "rd", "rab", "chosen", "ring/best"
+    );
+    for &n in &a.ranks {
+        let mut size = a.min_bytes;
+        while size <= a.max_bytes {
+            let count = (size / 4).max(1);
+            let (best, times) = choose_all_reduce(n, count, 4, a.segment_bytes, &net);
+            let col = |t: Option<f64>| t.map_or("-".to_owned(), |t| format!("{:.1}", t * 1e6));
+            let of = |algo: Algorithm| times.iter().find(|(x, _)| *x == algo).and_then(|x| x.1);
+            let ring = of(Algorithm::Ring);
+            let ratio = match (ring, of(best)) {
+                (Some(r), Some(b)) if b > 0.0 => format!("{:.2}", r / b),
+                _ => "-".into(),
+            };
+            println!(
+                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+                n,
+                count * 4,
+                col(ring),
+                col(of(Algorithm::RecursiveDoubling)),
+                col(of(Algorithm::Rabenseifner)),
+                short(best),
+                ratio
+            );
+            size = size.saturating_mul(a.step_factor);
+        }
+    }
+    Ok(())
+}
