@@ -45,21 +45,6 @@ impl Module for Mlp {
 }
 
 fn main() -> ExitCode {
-    let args = match common::Args::parse(30, 64, 0.1) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("ddp_mlp: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match common::check_equivalence("mlp", &args, 1e-4, Mlp::new) {
-        Ok(lines) => {
-            lines.iter().for_each(|l| println!("{l}"));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("ddp_mlp: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    // steps, global batch, peak learning rate
+    common::main_for("mlp", (30, 64, 0.1), Mlp::new)
 }

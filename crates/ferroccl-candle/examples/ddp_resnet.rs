@@ -82,21 +82,6 @@ impl Module for ResNet {
 }
 
 fn main() -> ExitCode {
-    let args = match common::Args::parse(30, 32, 0.05) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("ddp_resnet: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match common::check_equivalence("resnet", &args, 1e-4, ResNet::new) {
-        Ok(lines) => {
-            lines.iter().for_each(|l| println!("{l}"));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("ddp_resnet: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    // steps, global batch, peak learning rate
+    common::main_for("resnet", (30, 32, 0.05), ResNet::new)
 }

@@ -8,6 +8,7 @@ use ferroccl::{Communicator, Config, Error, Result};
 use ferroccl_candle::data::Dataset;
 use ferroccl_candle::ddp::{Ddp, DdpConfig, Decay, DistributedSampler, LrSchedule, Rng, Sgd};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -367,4 +368,30 @@ pub fn check_equivalence<M: Module + 'static>(
         }
     }
     Ok(lines)
+}
+
+/// An example's `main`: the command line over the defaults, [`check_equivalence`], one
+/// line per run; exit 2 for a bad command line, 1 for a failed check.
+pub fn main_for<M: Module + 'static>(
+    name: &str,
+    (steps, global_batch, lr): (u64, usize, f64),
+    build: fn(VarBuilder) -> candle_core::Result<M>,
+) -> ExitCode {
+    let args = match Args::parse(steps, global_batch, lr) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("ddp_{name}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match check_equivalence(name, &args, 1e-4, build) {
+        Ok(lines) => {
+            lines.iter().for_each(|l| println!("{l}"));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ddp_{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
