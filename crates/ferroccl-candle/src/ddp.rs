@@ -398,7 +398,8 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
 
     /// The optimizer step at learning rate `lr` with the averaged gradients: each
     /// bucket's parameters are updated as soon as that bucket's all-reduce is done.
-    /// Gradients holding inf or NaN are [`Error::Diverged`] (the same on every rank).
+    /// Gradients holding inf or NaN are [`Error::Diverged`] on every rank alike (the
+    /// buckets before the one that held them have been stepped; training is over).
     pub fn step(&mut self, lr: f64) -> Result<StepReport> {
         self.ready_to_step()?;
         let mut waited = Duration::ZERO;

@@ -819,3 +819,38 @@ fn question_two_visible_communication() {
     close(num(&v, "visible_comm_s"), 0.018, 1e-12);
     close(num(&v, "step_s"), 0.328, 1e-12);
 }
+
+/// Question two from a TOML file, keys as the flags; a flag overrides the file's cut,
+/// and a file's `link` gives way to a `--comm-ms` flag.
+#[test]
+fn toml_config_takes_the_visible_communication_keys() {
+    let dir = temp_dir("tomlcomm");
+    let cfg = dir.join("q2.toml");
+    std::fs::write(
+        &cfg,
+        "comm_ms = 90\nstep_ms = 400\ncomm_cut = \"fp16\"\noverlap = 0.4\n",
+    )
+    .expect("write config");
+    let c = cfg.to_str().expect("utf-8");
+    let v = json(&plan(&["--config", c, "--json"]));
+    close(num(&v, "step_s"), 0.337, 1e-12);
+    // 90 / 3 = 30 ms; 40 % hidden: 18 ms visible; 310 + 18 = 328 ms
+    let v = json(&plan(&["--config", c, "--comm-cut", "3", "--json"]));
+    close(num(&v, "step_s"), 0.328, 1e-12);
+    let linked = dir.join("linked.toml");
+    std::fs::write(
+        &linked,
+        "ranks = 2\nper_rank_batch = 8\nstep_ms = 400\nlink = \"10Gbit\"\nparams = \"1M\"\n",
+    )
+    .expect("write config");
+    let v = json(&plan(&[
+        "--config",
+        linked.to_str().expect("utf-8"),
+        "--comm-ms",
+        "90",
+        "--json",
+    ]));
+    close(num(&v, "step_s"), 0.4, 1e-12);
+    assert!(v["input"]["link"].is_null());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,9 +11,11 @@
 //! gradient accumulation over several passes is just several passes. In a pass begun
 //! with `sync = false` (`no_sync`) nothing is communicated; in a synchronising pass,
 //! a bucket's all-reduce starts ([`Communicator::all_reduce_start`]) the moment its
-//! last gradient arrives, and [`GradReducer::finish_pass`] waits for them all. Then
-//! [`GradReducer::grad`] holds the average over ranks, and [`GradReducer::zero`]
-//! clears the buckets for the next step.
+//! last gradient arrives, and [`GradReducer::finish_pass`] waits for them all (or
+//! [`GradReducer::end_pass`] ends the pass and [`GradReducer::wait_bucket`] waits for
+//! one bucket at a time, so that an optimizer can step a bucket's parameters while
+//! the later buckets are still on the wire). Then [`GradReducer::grad`] holds the
+//! average over ranks, and [`GradReducer::zero`] clears the buckets for the next step.
 //!
 //! On the wire the gradients may travel as f16 or bf16 ([`WireDtype`]): each bucket is
 //! multiplied by `1/world` *before* the conversion, so the sum of the ranks'
