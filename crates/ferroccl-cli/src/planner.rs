@@ -572,8 +572,8 @@ pub fn compute(input: &PlanInput) -> Result<Plan> {
     let step_visible: Got<f64> = match (&visible_comm_s, i.overhead) {
         (Ok(v), _) => Ok(*v),
         (Err(_), Some(_)) => Ok(0.0),
-        (Err(_), None) => Err("needs a communication figure (--link or --bench with --params or \
-             --grad-bytes, or --comm-ms) or --overhead (the share lost to communication and the rest)"
+        (Err(_), None) => Err("needs --link or --bench with --params, or --comm-ms, or \
+             --overhead (the share lost to communication and the rest)"
             .into()),
     };
     let step_s = (|| Ok((compute_s.clone()? + step_visible.clone()?) / (1.0 - overhead)))();
@@ -1728,6 +1728,20 @@ mod tests {
         // With only the base lr (tuned on the one GPU at 128): 8 × 0.1 = 0.8
         i.base_batch = None;
         close(compute(&i).expect("valid").scaled_lr, 0.8);
+
+        // Without the 15 % (and no link): no communication figure, so no step time
+        // rather than a silent perfect scaling; what needs no step time is still there.
+        i.overhead = None;
+        let p = compute(&i).expect("valid");
+        assert_eq!(p.step_s, None);
+        assert_eq!(p.throughput, None);
+        assert!(
+            p.skipped["step_s"].contains("--overhead"),
+            "{}",
+            p.skipped["step_s"]
+        );
+        assert_eq!(p.global_batch, Some(1024));
+        close(p.compute_s, 128.0 / 187.5);
     }
 
     /// "Communication is 90 ms of a 400 ms step; if fp16 halves it and overlap hides
