@@ -176,6 +176,9 @@ pub struct Ddp<'c, O> {
     opt: O,
     steps: u64,
     in_pass: bool,
+    /// Set by a pass that only accumulated (`no_sync`), cleared by a synchronising
+    /// one: stepping in between would apply this rank's own gradients only.
+    local_only: bool,
 }
 
 impl<'c, O: Optimizer> Ddp<'c, O> {
@@ -247,6 +250,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
             opt,
             steps: 0,
             in_pass: false,
+            local_only: false,
         };
         // Broadcast fails with a typed mismatch if ranks disagree on a size.
         for p in &mut ddp.params {
@@ -299,6 +303,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     pub fn begin_pass(&mut self, sync: bool) {
         self.reducer.begin_pass(sync);
         self.in_pass = true;
+        self.local_only = !sync;
     }
 
     /// Parameter `param`'s gradient of this pass (registration order); its bucket's
@@ -391,6 +396,13 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
         if self.in_pass {
             return Err(Error::InvalidArgument(
                 "step during a backward pass: call end_pass first".into(),
+            ));
+        }
+        if self.local_only {
+            return Err(Error::InvalidArgument(
+                "step after backward_no_sync: the gradients are this rank's alone until a \
+                 synchronising backward sends them"
+                    .into(),
             ));
         }
         Ok(())

@@ -336,6 +336,25 @@ fn overflowed_scaled_steps_are_skipped_and_nonfinite_plain_steps_stop_every_rank
     }
 }
 
+/// Stepping on gradients that were only accumulated would move each replica its own
+/// way: refused, and the step after the synchronising backward goes through.
+#[test]
+fn a_step_after_no_sync_alone_is_refused() {
+    let out = run(2, Net::Local, &test_config(), DEADLINE, |c| {
+        let (vm, m) = model();
+        let mut ddp = Ddp::new(c, &vm, Sgd::new(0.9, 0.0), DdpConfig::default())?;
+        let (x, y) = batch(0, c.rank() * 8, c.rank() * 8 + 8);
+        ddp.backward_no_sync(&loss(&m, &x, &y))?;
+        let refused = ddp.step(0.1).map(|_| ()).unwrap_err().to_string();
+        ddp.backward(&loss(&m, &x, &y))?;
+        ddp.step(0.1)?;
+        Ok((refused, ddp.weights()))
+    })
+    .expect("2 ranks");
+    assert!(out[0].0.contains("backward_no_sync"), "{}", out[0].0);
+    assert_eq!(out[0].1, out[1].1);
+}
+
 /// The README's "use DDP in your candle model" code is the examples' code.
 #[test]
 fn readme_shows_the_examples_code() {
