@@ -7,7 +7,7 @@
 //!
 //! ```sh
 //! cargo run --release -p ferroccl-candle --example ddp_mlp
-//! cargo run --release -p ferroccl-candle --example ddp_mlp -- --data data/mnist_5k.csv.gz --steps 300
+//! cargo run --release -p ferroccl-candle --example ddp_mlp -- --data data/mnist_5k.csv.gz --steps 100
 //! ```
 
 mod common;

@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! cargo run --release -p ferroccl-candle --example ddp_resnet
-//! cargo run --release -p ferroccl-candle --example ddp_resnet -- --data data/mnist_5k.csv.gz --steps 300
+//! cargo run --release -p ferroccl-candle --example ddp_resnet -- --data data/mnist_5k.csv.gz --steps 100
 //! ```
 
 mod common;
