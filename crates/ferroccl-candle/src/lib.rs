@@ -1,24 +1,24 @@
-//! The data-parallel trainer behind `ferroccl train` (feature `candle`): a small CNN
-//! ([`model::LeNet`]) trained with the framework-independent pieces of
-//! [`ferroccl::ddp`] — sharded sampling, bucketed all-reduce overlapped with a
-//! segmented backward, LR scaling with warmup, mixed precision with dynamic loss
-//! scaling, gradient accumulation, rank-0 checkpoints and exact resume.
+//! ferroccl for candle: [`ddp::Ddp`], data-parallel training for any candle model
+//! (PyTorch's `DistributedDataParallel(model)` in a few lines), and the trainer behind
+//! `ferroccl train` (feature `candle`), which trains a small CNN ([`model::LeNet`]) on
+//! it — sharded sampling, bucketed all-reduce overlapped with a segmented backward,
+//! LR scaling with warmup, mixed precision with dynamic loss scaling, gradient
+//! accumulation, rank-0 checkpoints and exact resume.
 //!
 //! Every rank calls [`train`] with the same [`TrainConfig`]; rank 0's initial weights
 //! are broadcast so replicas start identical, and every optimizer step applies the
 //! same averaged gradients on every rank, so they stay identical.
 
 pub mod data;
+pub mod ddp;
 pub mod model;
 
 use data::{Dataset, PIXELS, SIDE};
+use ddp::{Ddp, DdpConfig, Sgd};
 use ferroccl::ddp::buckets::{DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
-use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir, Tensor as CkptTensor};
+use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir};
 use ferroccl::ddp::metrics::{check_same_steps, Record};
-use ferroccl::ddp::scaler::{all_finite, ScaleAction};
-use ferroccl::ddp::{
-    Decay, DistributedSampler, GradReducer, LossScaler, LrSchedule, Rng, WireDtype,
-};
+use ferroccl::ddp::{Decay, DistributedSampler, LossScaler, LrSchedule, Rng, WireDtype};
 use ferroccl::Communicator;
 use ferroccl::ReduceOp;
 use ferroccl::{Error, Result};
@@ -204,27 +204,6 @@ struct State {
     width: usize,
 }
 
-/// SGD with momentum on the f32 master weights.
-struct Sgd {
-    momentum: f32,
-    weight_decay: f32,
-    bufs: Vec<Vec<f32>>,
-}
-
-impl Sgd {
-    fn step(&mut self, model: &mut LeNet, reducer: &GradReducer<'_>, lr: f32, unscale: f32) {
-        for (j, p) in model.params.iter_mut().enumerate() {
-            let g = reducer.grad(j);
-            let m = &mut self.bufs[j];
-            for ((w, &gi), mi) in p.master.iter_mut().zip(g).zip(m.iter_mut()) {
-                let d = gi * unscale + self.weight_decay * *w;
-                *mi = self.momentum * *mi + d;
-                *w -= lr * *mi;
-            }
-        }
-    }
-}
-
 /// Translates each image by up to ±2 pixels (zero fill), drawing from `rng`.
 fn augment(pixels: &mut [f32], rng: &mut Rng) {
     let mut out = [0.0f32; PIXELS];
@@ -252,28 +231,6 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset)> {
         DataSource::Path(p) => Dataset::load(p)?,
     };
     Ok(all.split(cfg.test_fraction, cfg.seed))
-}
-
-/// Broadcasts rank 0's answer to "did it work?"; on other ranks a failure on rank 0
-/// becomes an error naming it.
-fn agree(comm: &Communicator, r: Result<()>, what: &str) -> Result<()> {
-    let mut ok = [u8::from(r.is_ok())];
-    comm.broadcast(&mut ok, 0)?;
-    match (r, ok[0]) {
-        (Err(e), _) => Err(e),
-        (Ok(()), 0) => Err(Error::InvalidArgument(format!(
-            "rank 0 failed {what} (its error says why)"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// Sends rank 0's bytes to every rank.
-fn broadcast_bytes(comm: &Communicator, bytes: &mut Vec<u8>) -> Result<()> {
-    let mut len = [bytes.len() as i64];
-    comm.broadcast(&mut len, 0)?;
-    bytes.resize(len[0] as usize, 0);
-    comm.broadcast(bytes, 0)
 }
 
 /// Trains on `comm`'s ranks; every rank calls it with the same config.
@@ -311,12 +268,18 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     // preemption would), so a run stopped and resumed follows the same schedule.
     let total_steps = cfg.epochs * steps_per_epoch;
     let stop = total_steps.min(cfg.max_steps.unwrap_or(u64::MAX));
-    let mut model = LeNet::new(cfg.width, cfg.seed)?;
-    let mut sgd = Sgd {
-        momentum: cfg.momentum,
-        weight_decay: cfg.weight_decay,
-        bufs: model.param_lens().iter().map(|&n| vec![0.0; n]).collect(),
-    };
+    let model = LeNet::new(cfg.width, cfg.seed)?;
+    // Rank 0's fresh weights reach every rank here.
+    let mut ddp = Ddp::from_vars(
+        comm,
+        model.named_vars(),
+        Sgd::new(cfg.momentum, cfg.weight_decay),
+        DdpConfig {
+            bucket_bytes: cfg.bucket_bytes,
+            first_bucket_bytes: cfg.first_bucket_bytes,
+            wire: cfg.wire,
+        },
+    )?;
     let mut state = State {
         step: 0,
         epoch: 0,
@@ -346,40 +309,19 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         _ => None,
     };
 
-    // Start: rank 0's weights (fresh or from a checkpoint) reach every rank.
-    let mut blob = Vec::new();
+    // Resume: rank 0's checkpoint (weights, momentum, state) reaches every rank.
     let loaded = if rank == 0 {
-        let r = resume_on_rank0(cfg, ckdir.as_ref(), &mut model, &mut sgd, &state);
-        match r {
-            Ok(Some(s)) => {
-                blob = serde_json::to_vec(&s).expect("state serialises");
-                Ok(())
-            }
-            Ok(None) => Ok(()),
-            Err(e) => Err(e),
-        }
+        load_on_rank0(cfg, ckdir.as_ref(), &state)
     } else {
-        Ok(())
+        Ok(None)
     };
-    agree(comm, loaded, "to load the checkpoint")?;
-    broadcast_bytes(comm, &mut blob)?;
-    if !blob.is_empty() {
-        state = serde_json::from_slice(&blob)
+    if let Some(v) = ddp.restore(loaded)? {
+        state = serde_json::from_value(v)
             .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+        // The schedule continues as stored, but over this run's length.
+        state.lr.total_steps = total_steps;
     }
-    for (p, m) in model.params.iter_mut().zip(&mut sgd.bufs) {
-        comm.broadcast(&mut p.master, 0)?;
-        comm.broadcast(m, 0)?;
-    }
-    model.sync_vars()?;
 
-    let mut reducer = GradReducer::new(
-        comm,
-        &model.param_lens(),
-        cfg.first_bucket_bytes,
-        cfg.bucket_bytes,
-        cfg.wire,
-    );
     let mut metrics = match (&cfg.metrics, rank) {
         (Some(p), 0) => Some(std::io::BufWriter::new(
             std::fs::OpenOptions::new()
@@ -423,7 +365,6 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         let order = &epoch_cache.as_ref().expect("set above").1;
         let mut aug = Rng::derive(cfg.seed ^ (rank as u64).wrapping_mul(0x9e37), state.step);
         let t_step = Instant::now();
-        let mut exposed = Duration::ZERO;
         let scale = state.scaler.scale;
         let mut step_loss = 0.0;
         for a in 0..cfg.accum {
@@ -433,7 +374,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             if cfg.augment {
                 augment(&mut mb.images, &mut aug);
             }
-            reducer.begin_pass(a + 1 == cfg.accum);
+            ddp.begin_pass(a + 1 == cfg.accum);
             let fwd = model.forward(&mb.images, micro, cfg.precision)?;
             let loss = model.loss(&fwd, &mb.labels)?;
             let lv = loss.to_scalar::<f32>().map_err(ce("loss"))? as f64;
@@ -444,7 +385,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             interval.images += micro;
             let scaled = (loss * (scale as f64 / cfg.accum as f64)).map_err(ce("loss scaling"))?;
             if cfg.overlap {
-                model.backward(&fwd, &scaled, |j, g| reducer.grad_ready(j, g))?;
+                model.backward(&fwd, &scaled, |j, g| ddp.grad_ready(j, g))?;
             } else {
                 let mut held: Vec<(usize, Vec<f32>)> = Vec::new();
                 model.backward(&fwd, &scaled, |j, g| {
@@ -452,32 +393,30 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
                     Ok(())
                 })?;
                 for (j, g) in held {
-                    reducer.grad_ready(j, &g)?;
+                    ddp.grad_ready(j, &g)?;
                 }
             }
-            let st = reducer.finish_pass()?;
-            exposed += st.exposed;
-            interval.buckets = interval.buckets.max(st.buckets);
+            ddp.end_pass()?;
         }
         // The averaged gradients are the same on every rank, so every rank decides alike.
-        let finite = reducer.flat().all(all_finite);
-        if !finite && cfg.precision == Precision::F32 {
-            return Err(Error::Diverged {
-                step: state.step,
-                why: format!(
-                    "the averaged gradients hold inf or NaN (loss of this step {:.4e}); \
-                     lower --lr (peak {:.4}) or lengthen --warmup",
-                    step_loss,
-                    state.lr.peak()
-                ),
-            });
-        }
         let lr = state.lr.at(state.step);
-        if state.scaler.update(finite) == ScaleAction::Apply {
-            sgd.step(&mut model, &reducer, lr as f32, 1.0 / scale);
-            model.sync_vars()?;
-        }
-        reducer.zero();
+        let report = if cfg.precision == Precision::F32 {
+            ddp.step(lr).map_err(|e| match e {
+                Error::Diverged { why, .. } => Error::Diverged {
+                    step: state.step,
+                    why: format!(
+                        "{why} (loss of this step {step_loss:.4e}); lower --lr (peak {:.4}) \
+                         or lengthen --warmup",
+                        state.lr.peak()
+                    ),
+                },
+                e => e,
+            })?
+        } else {
+            ddp.step_scaled(lr, &mut state.scaler)?
+        };
+        let exposed = report.exposed;
+        interval.buckets = interval.buckets.max(report.buckets);
         let dt = t_step.elapsed();
         interval.compute += dt.saturating_sub(exposed);
         interval.exposed += exposed;
@@ -504,7 +443,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         }
         if cfg.checkpoint_every > 0 && state.step.is_multiple_of(cfg.checkpoint_every) || end {
             if let Some(d) = &ckdir {
-                d.save(state.step, &snapshot(&model, &sgd, &state)?)?;
+                d.save(state.step, &snapshot(&mut ddp, &state)?)?;
             }
         }
     }
@@ -532,7 +471,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         images_per_s: job[0],
         compute_s: job[1] / world as f64,
         comm_exposed_s: job[2] / world as f64,
-        buckets: reducer.plan().buckets.len(),
+        buckets: ddp.bucket_plan().buckets.len(),
         skipped_steps: state.scaler.skipped,
         wall_s: wall.as_secs_f64(),
     };
@@ -541,11 +480,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     }
     Ok(Outcome {
         summary,
-        params: model
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.master.clone()))
-            .collect(),
+        params: ddp.weights(),
     })
 }
 
@@ -640,36 +575,20 @@ fn evaluate(comm: &Communicator, model: &LeNet, test: &Dataset) -> Result<f64> {
     })
 }
 
-fn snapshot(model: &LeNet, sgd: &Sgd, state: &State) -> Result<Checkpoint> {
-    let mut tensors = Vec::new();
-    for (p, m) in model.params.iter().zip(&sgd.bufs) {
-        tensors.push(CkptTensor {
-            name: format!("param/{}", p.name),
-            shape: p.shape.clone(),
-            data: p.master.clone(),
-        });
-        tensors.push(CkptTensor {
-            name: format!("momentum/{}", p.name),
-            shape: p.shape.clone(),
-            data: m.clone(),
-        });
-    }
-    Ok(Checkpoint {
-        state: serde_json::to_value(state)
-            .map_err(|e| Error::InvalidArgument(format!("checkpoint state: {e}")))?,
-        tensors,
-    })
+fn snapshot(ddp: &mut Ddp<'_, Sgd>, state: &State) -> Result<Checkpoint> {
+    let state = serde_json::to_value(state)
+        .map_err(|e| Error::InvalidArgument(format!("checkpoint state: {e}")))?;
+    Ok(ddp.snapshot(state))
 }
 
-/// On rank 0: loads the checkpoint `cfg.resume` asks for into the model and optimizer
-/// and returns its state; `None` when there is nothing to resume.
-fn resume_on_rank0(
+/// On rank 0: loads the checkpoint `cfg.resume` asks for and checks that it is one of
+/// this run's shape (the tensors are checked by [`Ddp::restore`]); `None` when there
+/// is nothing to resume.
+fn load_on_rank0(
     cfg: &TrainConfig,
     dir: Option<&CheckpointDir>,
-    model: &mut LeNet,
-    sgd: &mut Sgd,
     fresh: &State,
-) -> Result<Option<State>> {
+) -> Result<Option<(PathBuf, Checkpoint)>> {
     let (path, ck) = match &cfg.resume {
         None => return Ok(None),
         Some(Resume::File(p)) => (p.clone(), checkpoint::load(p)?),
@@ -701,30 +620,5 @@ fn resume_on_rank0(
             s.steps_per_epoch, s.seed, fresh.steps_per_epoch, fresh.seed
         )));
     }
-    // Check everything before changing anything.
-    let mut found = Vec::new();
-    for p in &model.params {
-        for kind in ["param", "momentum"] {
-            let name = format!("{kind}/{}", p.name);
-            let t = ck
-                .tensor(&name)
-                .ok_or_else(|| bad(format!("no tensor {name}")))?;
-            if t.shape != p.shape {
-                return Err(bad(format!(
-                    "{name} has shape {:?}, the model {:?}",
-                    t.shape, p.shape
-                )));
-            }
-            found.push(t.data.clone());
-        }
-    }
-    let mut it = found.into_iter();
-    for (p, m) in model.params.iter_mut().zip(&mut sgd.bufs) {
-        p.master = it.next().expect("checked");
-        *m = it.next().expect("checked");
-    }
-    let mut s = s;
-    // The schedule continues as stored, but over this run's length.
-    s.lr.total_steps = fresh.lr.total_steps;
-    Ok(Some(s))
+    Ok(Some((path, ck)))
 }

@@ -6,8 +6,8 @@
 //! segment 2: linear c2·16→h, relu, linear h→10    → logits
 //! ```
 //!
-//! with `(c1, c2, h) = (6, 16, 120) × width`. Parameters are candle `Var`s in f32 (the
-//! master copy); in half precision the forward pass casts them (and the input) to
+//! with `(c1, c2, h) = (6, 16, 120) × width`. Parameters are candle `Var`s in f32 (their
+//! master copies live in [`crate::ddp::Ddp`]); in half precision the forward pass casts them (and the input) to
 //! f16/bf16 and the cast's backward brings the gradients home in f32.
 //!
 //! **Segmented backward.** candle has no per-parameter backward hooks, so the forward
@@ -71,7 +71,7 @@ impl Precision {
     }
 }
 
-/// One parameter: its name, shape, candle variable and f32 master copy.
+/// One parameter: its name, shape and candle variable.
 pub struct Param {
     /// E.g. `conv1.weight`.
     pub name: String,
@@ -79,8 +79,6 @@ pub struct Param {
     pub shape: Vec<usize>,
     /// The variable the forward pass reads.
     pub var: Var,
-    /// The master copy the optimizer updates (then copied into `var`).
-    pub master: Vec<f32>,
 }
 
 /// The network; see the module docs.
@@ -132,7 +130,6 @@ impl LeNet {
                 name: name.into(),
                 shape,
                 var: Var::from_tensor(&t).map_err(ce("init"))?,
-                master,
             });
         }
         Ok(LeNet {
@@ -144,18 +141,19 @@ impl LeNet {
 
     /// Elements of each parameter, forward order.
     pub fn param_lens(&self) -> Vec<usize> {
-        self.params.iter().map(|p| p.master.len()).collect()
+        self.params
+            .iter()
+            .map(|p| p.shape.iter().product())
+            .collect()
     }
 
-    /// Copies the master weights into the variables (after an optimizer step or a
-    /// load).
-    pub fn sync_vars(&self) -> Result<()> {
-        for p in &self.params {
-            let t = Tensor::from_slice(&p.master, p.shape.as_slice(), &self.device)
-                .map_err(ce("updating parameters"))?;
-            p.var.set(&t).map_err(ce("updating parameters"))?;
-        }
-        Ok(())
+    /// The parameters by name, forward order: what [`crate::ddp::Ddp::from_vars`]
+    /// takes.
+    pub fn named_vars(&self) -> Vec<(String, Var)> {
+        self.params
+            .iter()
+            .map(|p| (p.name.clone(), p.var.clone()))
+            .collect()
     }
 
     fn segment(&self, i: usize, x: &Tensor, dt: DType) -> candle_core::Result<Tensor> {
@@ -253,7 +251,7 @@ impl LeNet {
                         .and_then(|g| g.to_vec1::<f32>())
                         .map_err(ce("reading a gradient"))?,
                     // A parameter the loss does not depend on has a zero gradient.
-                    None => vec![0.0; p.master.len()],
+                    None => vec![0.0; p.shape.iter().product()],
                 };
                 ready(j, &g)?;
             }

@@ -5,7 +5,7 @@
 //! (`throughput`/`compute_ms`, `params`/`grad_bytes`, `warmup_epochs`/`warmup_steps`,
 //! `link`+`alpha_us`/`bench`), a flag also replaces the file's other choice. A relative
 //! `bench` path in the file is relative to the file. The formulas live in
-//! `ferroccl::plan`.
+//! `planner.rs`; an input left out skips what needs it, with the reason.
 
 use crate::planner::{self as plan, Compute, GradDtype, Gradient, Link, PlanInput, Warmup};
 use clap::Args;
@@ -42,6 +42,10 @@ pub struct PlanArgs {
     /// micro-batches), milliseconds, without mixed precision.
     #[arg(long, allow_negative_numbers = true)]
     pub compute_ms: Option<f64>,
+    /// Or: the whole step as measured, milliseconds, of which --comm-ms is
+    /// communication (none of it hidden); compute is the rest.
+    #[arg(long, allow_negative_numbers = true)]
+    pub step_ms: Option<f64>,
     /// Mixed-precision speed-up of compute [default: 1, AMP off].
     #[arg(long, allow_negative_numbers = true)]
     pub amp_speedup: Option<f64>,
@@ -75,11 +79,20 @@ pub struct PlanArgs {
     /// Or: a `ferroccl bench --json` file; its fitted α and β replace --link/--alpha-us.
     #[arg(long)]
     pub bench: Option<PathBuf>,
+    /// Or, instead of a link model: communication per step as measured, milliseconds,
+    /// all of it visible.
+    #[arg(long, allow_negative_numbers = true)]
+    pub comm_ms: Option<f64>,
+    /// What communication is divided by: fp16 (or bf16: half the bytes of f32) or a
+    /// compression factor ≥ 1 [default: 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub comm_cut: Option<String>,
     /// Fraction of communication that overlaps backward compute, 0..1 [default: 0].
     #[arg(long, allow_negative_numbers = true)]
     pub overlap: Option<f64>,
     /// Fraction of each step lost to costs not modelled (framework, input pipeline,
-    /// stragglers), in [0, 1) [default: 0].
+    /// stragglers), in [0, 1) [default: 0]. With no link model and no --comm-ms, the
+    /// lump lost to communication and the rest ("about 15 % lost to communication").
     #[arg(long, allow_negative_numbers = true)]
     pub overhead: Option<f64>,
     /// Print every input and output as one JSON object instead of the report.
@@ -117,6 +130,7 @@ struct PlanFile {
     epochs: Option<u64>,
     throughput: Option<f64>,
     compute_ms: Option<f64>,
+    step_ms: Option<f64>,
     amp_speedup: Option<f64>,
     base_lr: Option<f64>,
     base_batch: Option<u64>,
@@ -128,6 +142,8 @@ struct PlanFile {
     link: Option<String>,
     alpha_us: Option<f64>,
     bench: Option<PathBuf>,
+    comm_ms: Option<f64>,
+    comm_cut: Option<Count>,
     overlap: Option<f64>,
     overhead: Option<f64>,
 }
@@ -148,6 +164,7 @@ impl PlanFile {
             epochs: f.epochs,
             throughput: f.throughput,
             compute_ms: f.compute_ms,
+            step_ms: f.step_ms,
             amp_speedup: f.amp_speedup,
             base_lr: f.base_lr,
             base_batch: f.base_batch,
@@ -159,6 +176,8 @@ impl PlanFile {
             link: f.link,
             alpha_us: f.alpha_us,
             bench: f.bench.map(|b| dir.join(b)),
+            comm_ms: f.comm_ms,
+            comm_cut: f.comm_cut.map(Count::text),
             overlap: f.overlap,
             overhead: f.overhead,
             json: false,
@@ -169,11 +188,10 @@ impl PlanFile {
 /// The flags over the file: each key from the flags when given there. Where a flag
 /// picks one of two alternatives, the file's other alternative is dropped.
 fn merge(flags: PlanArgs, mut file: PlanArgs) -> PlanArgs {
-    if flags.throughput.is_some() {
-        file.compute_ms = None;
-    }
-    if flags.compute_ms.is_some() {
+    if flags.throughput.is_some() || flags.compute_ms.is_some() || flags.step_ms.is_some() {
         file.throughput = None;
+        file.compute_ms = None;
+        file.step_ms = None;
     }
     if flags.params.is_some() {
         file.grad_bytes = None;
@@ -189,10 +207,17 @@ fn merge(flags: PlanArgs, mut file: PlanArgs) -> PlanArgs {
     }
     if flags.link.is_some() || flags.alpha_us.is_some() {
         file.bench = None;
+        file.comm_ms = None;
     }
     if flags.bench.is_some() {
         file.link = None;
         file.alpha_us = None;
+        file.comm_ms = None;
+    }
+    if flags.comm_ms.is_some() {
+        file.link = None;
+        file.alpha_us = None;
+        file.bench = None;
     }
     PlanArgs {
         config: flags.config,
@@ -203,6 +228,7 @@ fn merge(flags: PlanArgs, mut file: PlanArgs) -> PlanArgs {
         epochs: flags.epochs.or(file.epochs),
         throughput: flags.throughput.or(file.throughput),
         compute_ms: flags.compute_ms.or(file.compute_ms),
+        step_ms: flags.step_ms.or(file.step_ms),
         amp_speedup: flags.amp_speedup.or(file.amp_speedup),
         base_lr: flags.base_lr.or(file.base_lr),
         base_batch: flags.base_batch.or(file.base_batch),
@@ -214,45 +240,45 @@ fn merge(flags: PlanArgs, mut file: PlanArgs) -> PlanArgs {
         link: flags.link.or(file.link),
         alpha_us: flags.alpha_us.or(file.alpha_us),
         bench: flags.bench.or(file.bench),
+        comm_ms: flags.comm_ms.or(file.comm_ms),
+        comm_cut: flags.comm_cut.or(file.comm_cut),
         overlap: flags.overlap.or(file.overlap),
         overhead: flags.overhead.or(file.overhead),
         json: flags.json,
     }
 }
 
-fn missing(flag: &str, what: &str) -> Error {
-    let key = flag.trim_start_matches('-').replace('-', "_");
-    Error::InvalidArgument(format!(
-        "missing {flag} ({what}), or `{key}` in the --config file"
-    ))
-}
-
 fn both(a: &str, b: &str) -> Error {
     Error::InvalidArgument(format!("give {a} or {b}, not both"))
 }
 
-/// Turns merged arguments into a checked-later [`PlanInput`] (reading a bench file).
-fn input(a: PlanArgs) -> Result<PlanInput> {
-    let ranks = a.ranks.ok_or_else(|| missing("--ranks", "world size"))?;
-    let per_rank_batch = a
-        .per_rank_batch
-        .ok_or_else(|| missing("--per-rank-batch", "samples per rank per micro-batch"))?;
-    let dataset_size = plan::parse_count(
-        "--dataset-size",
-        &a.dataset_size
-            .ok_or_else(|| missing("--dataset-size", "samples per epoch"))?,
-        false,
-    )?;
-    let compute = match (a.throughput, a.compute_ms) {
-        (Some(t), None) => Compute::Throughput(t),
-        (None, Some(ms)) => Compute::StepTimeS(ms / 1e3),
-        (Some(_), Some(_)) => return Err(both("--throughput", "--compute-ms")),
-        (None, None) => {
-            return Err(missing(
-                "--throughput",
-                "single-rank samples/s; or --compute-ms",
+/// `--comm-cut`: fp16/f16/bf16/half (2: half the bytes of f32) or a factor.
+fn comm_cut(text: &str) -> Result<f64> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "fp16" | "f16" | "bf16" | "half" => Ok(2.0),
+        t => t.parse::<f64>().map_err(|_| {
+            Error::InvalidArgument(format!(
+                "--comm-cut {text:?} is neither fp16 nor a factor (2, 4.5)"
             ))
-        }
+        }),
+    }
+}
+
+/// Turns merged arguments into a [`PlanInput`], checked by `plan::compute` (reading a
+/// bench file). Inputs left out stay `None`; two ways of giving one input are refused.
+fn input(a: PlanArgs) -> Result<PlanInput> {
+    let dataset_size = a
+        .dataset_size
+        .map(|d| plan::parse_count("--dataset-size", &d, false))
+        .transpose()?;
+    let compute = match (a.throughput, a.compute_ms, a.step_ms) {
+        (Some(t), None, None) => Some(Compute::Throughput(t)),
+        (None, Some(ms), None) => Some(Compute::StepTimeS(ms / 1e3)),
+        (None, None, Some(ms)) => Some(Compute::MeasuredStepS(ms / 1e3)),
+        (None, None, None) => None,
+        (Some(_), Some(_), _) => return Err(both("--throughput", "--compute-ms")),
+        (Some(_), None, Some(_)) => return Err(both("--throughput", "--step-ms")),
+        (None, Some(_), Some(_)) => return Err(both("--compute-ms", "--step-ms")),
     };
     let warmup = match (a.warmup_epochs, a.warmup_steps) {
         (Some(e), None) => Some(Warmup::Epochs(e)),
@@ -261,10 +287,14 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
         (None, None) => None,
     };
     let gradient = match (a.params, a.grad_bytes) {
-        (Some(p), None) => Gradient::Params(plan::parse_count("--params", &p, false)?),
-        (None, Some(b)) => Gradient::Bytes(plan::parse_count("--grad-bytes", &b, true)?),
+        (Some(p), None) => Some(Gradient::Params(plan::parse_count("--params", &p, false)?)),
+        (None, Some(b)) => Some(Gradient::Bytes(plan::parse_count(
+            "--grad-bytes",
+            &b,
+            true,
+        )?)),
         (Some(_), Some(_)) => return Err(both("--params", "--grad-bytes")),
-        (None, None) => return Err(missing("--params", "parameter count; or --grad-bytes")),
+        (None, None) => None,
     };
     let grad_dtype = match a.grad_dtype {
         Some(s) => GradDtype::parse(&s)?,
@@ -274,7 +304,11 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
         (Some(l), alpha_us, None) => {
             let bytes_per_s = plan::parse_bandwidth(&l)?;
             let alpha_us = alpha_us.unwrap_or(0.0);
-            Link::from_bandwidth(bytes_per_s, alpha_us / 1e6, format!("--link {l}"))
+            Some(Link::from_bandwidth(
+                bytes_per_s,
+                alpha_us / 1e6,
+                format!("--link {l}"),
+            ))
         }
         (None, _, Some(path)) => {
             if a.alpha_us.is_some() {
@@ -283,19 +317,19 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Error::io(format!("reading bench file {name}"), e))?;
-            plan::link_from_bench_json(&text, &name)?
+            Some(plan::link_from_bench_json(&text, &name)?)
         }
         (Some(_), _, Some(_)) => return Err(both("--link", "--bench")),
-        (None, _, None) => {
-            return Err(missing(
-                "--link",
-                "bandwidth such as 10Gbit; or --bench FILE",
+        (None, Some(_), None) => {
+            return Err(Error::InvalidArgument(
+                "--alpha-us is the latency of a link: give --link with it".into(),
             ))
         }
+        (None, None, None) => None,
     };
     Ok(PlanInput {
-        ranks,
-        per_rank_batch,
+        ranks: a.ranks,
+        per_rank_batch: a.per_rank_batch,
         accumulation_steps: a.accumulation_steps.unwrap_or(1),
         dataset_size,
         epochs: a.epochs.unwrap_or(1),
@@ -307,8 +341,10 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
         gradient,
         grad_dtype,
         link,
+        comm_s: a.comm_ms.map(|ms| ms / 1e3),
+        comm_cut: a.comm_cut.as_deref().map(comm_cut).transpose()?,
         overlap: a.overlap.unwrap_or(0.0),
-        overhead: a.overhead.unwrap_or(0.0),
+        overhead: a.overhead,
     })
 }
 

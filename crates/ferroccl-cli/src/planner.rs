@@ -40,6 +40,27 @@
 //!   efficiency (AMP's gain is in t_c, not in the efficiency)
 //! - time per epoch = steps per epoch × t_s; total time = time per epoch × E
 //!
+//! # Questions as people ask them
+//!
+//! Every input but the accumulation steps, epochs, AMP speed-up, overlap and dtype may
+//! be left out: each output is computed when its inputs are there and otherwise
+//! skipped, with the reason in one line ([`Plan::skipped`], "needs --dataset-size").
+//! Errors are for impossible values and contradictions only.
+//!
+//! - **Lump overhead.** With no communication figure (no link model, no measured
+//!   communication), `overhead` is everything lost to communication and the rest:
+//!   t_s = t_c / (1 − overhead). "150 img/s at batch 128, 8 GPUs, +25 % from AMP, about
+//!   15 % lost to communication" is 150 × 8 × 1.25 × 0.85 = 1275 img/s.
+//! - **Learning rate without a base batch.** The lr factor G / base batch is given
+//!   whenever G is; the base batch defaults to b × k, the single-rank run whose
+//!   throughput was given (8 GPUs at 128 each: 8 × the single GPU's lr).
+//! - **Measured communication.** `comm_s` (`--comm-ms`) is the communication of a
+//!   step as measured, none of it hidden, instead of the ring model; with the whole
+//!   step measured (`--step-ms`) the compute is the difference. `comm_cut` divides the
+//!   communication (2 for fp16 instead of f32, or a compression factor), then overlap
+//!   hides its share: "90 ms of a 400 ms step, fp16, 40 % overlap" is 90 / 2 × 0.6 =
+//!   27 ms visible and a step of 400 − 90 + 27 = 337 ms.
+//!
 //! # Link figures from a benchmark
 //!
 //! [`link_from_bench_json`] reads the file `ferroccl bench --json` writes. When it has a
@@ -54,6 +75,7 @@
 
 use ferroccl::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// Element type of the gradients as they are all-reduced.
@@ -108,6 +130,9 @@ pub enum Compute {
     /// Compute time of one optimizer step on one rank (forward and backward of all k
     /// accumulation micro-batches) in seconds, without mixed precision.
     StepTimeS(f64),
+    /// The whole step as measured, seconds, without mixed precision: compute plus the
+    /// given communication ([`PlanInput::comm_s`]), none of it hidden.
+    MeasuredStepS(f64),
 }
 
 /// How long the learning-rate warmup lasts.
@@ -152,103 +177,120 @@ impl Link {
     }
 }
 
-/// Everything a plan is computed from. [`compute`] checks it.
+/// Everything a plan is computed from. [`compute`] checks it. An input left out
+/// (`None`) skips the outputs that need it; the plan says which and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanInput {
     /// World size N (data-parallel ranks).
-    pub ranks: usize,
+    pub ranks: Option<usize>,
     /// Samples per rank per micro-batch.
-    pub per_rank_batch: u64,
+    pub per_rank_batch: Option<u64>,
     /// Micro-batches accumulated per optimizer step (1: no accumulation).
     pub accumulation_steps: u64,
     /// Training samples in one epoch.
-    pub dataset_size: u64,
+    pub dataset_size: Option<u64>,
     /// Epochs to train.
     pub epochs: u64,
     /// Compute cost of a step on one rank.
-    pub compute: Compute,
+    pub compute: Option<Compute>,
     /// Mixed-precision speed-up of compute (1: AMP off).
     pub amp_speedup: f64,
-    /// Learning rate tuned for `base_batch`; `None` skips the learning-rate lines.
+    /// Learning rate tuned for `base_batch`; `None` skips the scaled learning rate
+    /// (the scaling factor is still given).
     pub base_lr: Option<f64>,
-    /// Global batch that `base_lr` was tuned for.
+    /// Global batch that `base_lr` was tuned for; `None`: the single-rank batch b × k
+    /// (the run the single-rank figures describe).
     pub base_batch: Option<u64>,
     /// Learning-rate warmup, if any.
     pub warmup: Option<Warmup>,
     /// Gradient size.
-    pub gradient: Gradient,
+    pub gradient: Option<Gradient>,
     /// Gradient element type on the wire.
     pub grad_dtype: GradDtype,
     /// Link model.
-    pub link: Link,
+    pub link: Option<Link>,
+    /// Communication per step as measured (seconds, all of it visible), instead of a
+    /// link model.
+    pub comm_s: Option<f64>,
+    /// Factor that communication is cut by (2 for fp16 instead of f32 gradients, or a
+    /// compression ratio), ≥ 1.
+    pub comm_cut: Option<f64>,
     /// Fraction of communication that can overlap backward compute, in [0, 1].
     pub overlap: f64,
-    /// Fraction of each step lost to unmodelled costs, in [0, 1).
-    pub overhead: f64,
+    /// Fraction of each step lost to costs the model does not see, in [0, 1). With no
+    /// communication figure (no link model, no `comm_s`) it is the lump lost to
+    /// communication and everything else.
+    pub overhead: Option<f64>,
 }
 
 /// The outputs, every one a number a script can read (see the module docs for the
-/// formulas). Times in seconds, sizes in bytes, throughputs in samples/s.
+/// formulas), or `None` with the reason in [`Plan::skipped`]. Times in seconds, sizes
+/// in bytes, throughputs in samples/s.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
     /// The input this plan was computed from.
     pub input: PlanInput,
     /// N × b × k.
-    pub global_batch: u64,
+    pub global_batch: Option<u64>,
     /// floor(D / G).
-    pub steps_per_epoch: u64,
+    pub steps_per_epoch: Option<u64>,
     /// D − G × steps per epoch: samples left out of each epoch (drop_last).
-    pub dropped_samples_per_epoch: u64,
+    pub dropped_samples_per_epoch: Option<u64>,
     /// steps per epoch × epochs.
-    pub total_steps: u64,
+    pub total_steps: Option<u64>,
+    /// G / base batch: what the learning rate tuned for the base batch is multiplied by.
+    pub lr_factor: Option<f64>,
     /// base lr × G / base batch, when a base lr was given.
     pub scaled_lr: Option<f64>,
     /// Warmup in optimizer steps (0 without warmup).
-    pub warmup_steps: u64,
+    pub warmup_steps: Option<u64>,
     /// Warmup in epochs: warmup steps / steps per epoch.
-    pub warmup_epochs: f64,
+    pub warmup_epochs: Option<f64>,
     /// T₁ as given, or b × k / given compute time (no AMP).
-    pub single_rank_throughput: f64,
+    pub single_rank_throughput: Option<f64>,
     /// t_c: compute time of one step, after the AMP speed-up.
-    pub compute_s: f64,
+    pub compute_s: Option<f64>,
     /// b × k / t_c: one rank at the chosen precision, no communication.
-    pub baseline_throughput: f64,
+    pub baseline_throughput: Option<f64>,
     /// P, the number of gradient elements.
-    pub params: f64,
+    pub params: Option<f64>,
     /// S = P × size(dtype).
-    pub grad_bytes: f64,
+    pub grad_bytes: Option<f64>,
     /// 2(N−1)/N × S.
-    pub ring_bytes_per_rank: f64,
+    pub ring_bytes_per_rank: Option<f64>,
     /// α of the link model.
-    pub alpha_s: f64,
+    pub alpha_s: Option<f64>,
     /// β of the link model.
-    pub beta_s_per_byte: f64,
+    pub beta_s_per_byte: Option<f64>,
     /// 1 / β.
-    pub link_bytes_per_s: f64,
-    /// t_comm for the chosen dtype.
-    pub comm_s: f64,
-    /// t_comm with f32 gradients.
-    pub comm_f32_s: f64,
-    /// t_comm with f16/bf16 gradients.
-    pub comm_f16_s: f64,
-    /// min(overlap × t_comm, t_c).
-    pub hidden_comm_s: f64,
+    pub link_bytes_per_s: Option<f64>,
+    /// t_comm: communication per step (ring model for the chosen dtype, or as given),
+    /// divided by the cut.
+    pub comm_s: Option<f64>,
+    /// Ring-model t_comm with f32 gradients.
+    pub comm_f32_s: Option<f64>,
+    /// Ring-model t_comm with f16/bf16 gradients.
+    pub comm_f16_s: Option<f64>,
+    /// min(overlap × t_comm, t_c) (overlap × t_comm when t_c is unknown).
+    pub hidden_comm_s: Option<f64>,
     /// t_comm − hidden.
-    pub visible_comm_s: f64,
+    pub visible_comm_s: Option<f64>,
     /// (t_c + t_v) / (1 − overhead).
-    pub step_s: f64,
+    pub step_s: Option<f64>,
     /// t_v / t_s.
-    pub comm_share: f64,
+    pub comm_share: Option<f64>,
     /// N × b × k / t_s.
-    pub throughput: f64,
+    pub throughput: Option<f64>,
     /// throughput / baseline throughput.
-    pub speedup: f64,
+    pub speedup: Option<f64>,
     /// speedup / N.
-    pub efficiency: f64,
+    pub efficiency: Option<f64>,
     /// steps per epoch × t_s.
-    pub epoch_s: f64,
+    pub epoch_s: Option<f64>,
     /// epoch time × epochs.
-    pub total_s: f64,
+    pub total_s: Option<f64>,
+    /// Each output left out, by its JSON name, with the reason in one line.
+    pub skipped: BTreeMap<String, String>,
 }
 
 fn bad(msg: String) -> Error {
@@ -289,16 +331,27 @@ fn ring_factor(n: f64) -> f64 {
     }
 }
 
-/// Checks `input` and computes every output. Errors are [`Error::InvalidArgument`]
-/// naming the flag and the value.
-pub fn compute(input: &PlanInput) -> Result<Plan> {
-    let i = input;
-    if i.ranks == 0 {
+/// An output, or why it is skipped.
+type Got<T> = std::result::Result<T, String>;
+
+/// `v`, or "needs `what`" when it was not given.
+fn given<T>(v: Option<T>, what: &str) -> Got<T> {
+    v.ok_or_else(|| format!("needs {what}"))
+}
+
+/// Checks every given input (impossible values and contradictions are errors naming
+/// the flag), then computes every output whose inputs are there.
+fn check(i: &PlanInput) -> Result<()> {
+    if i.ranks == Some(0) {
         return Err(bad("--ranks must be at least 1, got 0".into()));
     }
-    at_least_one("--per-rank-batch", i.per_rank_batch)?;
+    if let Some(b) = i.per_rank_batch {
+        at_least_one("--per-rank-batch", b)?;
+    }
     at_least_one("--accumulation-steps", i.accumulation_steps)?;
-    at_least_one("--dataset-size", i.dataset_size)?;
+    if let Some(d) = i.dataset_size {
+        at_least_one("--dataset-size", d)?;
+    }
     at_least_one("--epochs", i.epochs)?;
     positive("--amp-speedup", i.amp_speedup)?;
     if !(0.0..=1.0).contains(&i.overlap) {
@@ -307,143 +360,282 @@ pub fn compute(input: &PlanInput) -> Result<Plan> {
             i.overlap
         )));
     }
-    if !(0.0..1.0).contains(&i.overhead) {
-        return Err(bad(format!(
-            "--overhead must be a fraction in [0, 1), got {}",
-            i.overhead
-        )));
-    }
-    let beta = i.link.beta_s_per_byte;
-    if !(beta.is_finite() && beta > 0.0) {
-        return Err(bad(format!(
-            "link: β must be positive (a positive bandwidth), got {beta} s/B from {}",
-            i.link.source
-        )));
-    }
-    let alpha = i.link.alpha_s;
-    if !(alpha.is_finite() && alpha >= 0.0) {
-        return Err(bad(format!(
-            "--alpha-us must be zero or positive, got α = {alpha} s from {}",
-            i.link.source
-        )));
-    }
-
-    let n = i.ranks as u64;
-    let micro = i
-        .per_rank_batch
-        .checked_mul(i.accumulation_steps)
-        .ok_or_else(|| bad("--per-rank-batch × --accumulation-steps overflows".into()))?;
-    let global_batch = micro
-        .checked_mul(n)
-        .ok_or_else(|| bad("global batch (ranks × batch × accumulation) overflows".into()))?;
-    let steps_per_epoch = i.dataset_size / global_batch;
-    if steps_per_epoch == 0 {
-        return Err(bad(format!(
-            "--dataset-size {} is smaller than the global batch {global_batch}: no full step per epoch",
-            i.dataset_size
-        )));
-    }
-    let dropped_samples_per_epoch = i.dataset_size - steps_per_epoch * global_batch;
-    let total_steps = steps_per_epoch
-        .checked_mul(i.epochs)
-        .ok_or_else(|| bad("total steps overflow".into()))?;
-
-    let scaled_lr = match (i.base_lr, i.base_batch) {
-        (Some(lr), Some(bb)) => {
-            positive("--base-lr", lr)?;
-            at_least_one("--base-batch", bb)?;
-            Some(lr * global_batch as f64 / bb as f64)
+    if let Some(o) = i.overhead {
+        if !(0.0..1.0).contains(&o) {
+            return Err(bad(format!(
+                "--overhead must be a fraction in [0, 1), got {o}"
+            )));
         }
-        (Some(_), None) => {
-            return Err(bad(
-                "--base-lr needs --base-batch, the global batch it was tuned for".into(),
-            ))
-        }
-        (None, Some(bb)) => {
-            at_least_one("--base-batch", bb)?;
-            None
-        }
-        (None, None) => None,
-    };
-    let warmup_steps = match i.warmup {
-        None => 0,
-        Some(Warmup::Steps(s)) => s,
-        Some(Warmup::Epochs(e)) => {
-            if !(e.is_finite() && e >= 0.0) {
-                return Err(bad(format!(
-                    "--warmup-epochs must be zero or positive, got {e}"
-                )));
-            }
-            (e * steps_per_epoch as f64).ceil() as u64
-        }
-    };
-    if warmup_steps > total_steps {
-        return Err(bad(format!(
-            "warmup of {warmup_steps} steps is longer than the whole run ({total_steps} steps)"
-        )));
     }
-    let warmup_epochs = warmup_steps as f64 / steps_per_epoch as f64;
-
-    let micro_f = micro as f64;
-    let single_rank_throughput = match i.compute {
-        Compute::Throughput(t) => positive("--throughput", t)?,
-        Compute::StepTimeS(s) => {
+    if let Some(link) = &i.link {
+        let beta = link.beta_s_per_byte;
+        if !(beta.is_finite() && beta > 0.0) {
+            return Err(bad(format!(
+                "link: β must be positive (a positive bandwidth), got {beta} s/B from {}",
+                link.source
+            )));
+        }
+        let alpha = link.alpha_s;
+        if !(alpha.is_finite() && alpha >= 0.0) {
+            return Err(bad(format!(
+                "--alpha-us must be zero or positive, got α = {alpha} s from {}",
+                link.source
+            )));
+        }
+    }
+    if let Some(c) = i.comm_s {
+        if !(c.is_finite() && c >= 0.0) {
+            return Err(bad(format!(
+                "--comm-ms must be zero or positive, got {}",
+                c * 1e3
+            )));
+        }
+        if let Some(link) = &i.link {
+            return Err(bad(format!(
+                "--comm-ms gives the communication time and {} models it: give one",
+                link.source
+            )));
+        }
+    }
+    if let Some(cut) = i.comm_cut {
+        if !(cut.is_finite() && cut >= 1.0) {
+            return Err(bad(format!(
+                "--comm-cut must be fp16 or a factor ≥ 1 that communication is divided by, got {cut}"
+            )));
+        }
+    }
+    match i.compute {
+        Some(Compute::Throughput(t)) => {
+            positive("--throughput", t)?;
+        }
+        Some(Compute::StepTimeS(s)) => {
             positive("--compute-ms", s * 1e3)?;
-            micro_f / s
         }
-    };
-    let compute_s = micro_f / single_rank_throughput / i.amp_speedup;
-    let baseline_throughput = micro_f / compute_s;
+        Some(Compute::MeasuredStepS(s)) => {
+            positive("--step-ms", s * 1e3)?;
+            if let Some(c) = i.comm_s {
+                if c > s {
+                    return Err(bad(format!(
+                        "--comm-ms {} is longer than the whole step, --step-ms {}",
+                        fmt_g(c * 1e3),
+                        fmt_g(s * 1e3)
+                    )));
+                }
+            }
+        }
+        None => {}
+    }
+    if let Some(lr) = i.base_lr {
+        positive("--base-lr", lr)?;
+    }
+    if let Some(bb) = i.base_batch {
+        at_least_one("--base-batch", bb)?;
+    }
+    if let Some(Warmup::Epochs(e)) = i.warmup {
+        if !(e.is_finite() && e >= 0.0) {
+            return Err(bad(format!(
+                "--warmup-epochs must be zero or positive, got {e}"
+            )));
+        }
+    }
+    match i.gradient {
+        Some(Gradient::Params(p)) => {
+            at_least_one("--params", p)?;
+        }
+        Some(Gradient::Bytes(b)) => {
+            at_least_one("--grad-bytes", b)?;
+        }
+        None => {}
+    }
+    Ok(())
+}
 
+/// Checks `input` and computes every output whose inputs are given; the others are
+/// `None` with the reason in [`Plan::skipped`]. Errors are [`Error::InvalidArgument`]
+/// naming the flag and the value: impossible values and contradictions only.
+pub fn compute(input: &PlanInput) -> Result<Plan> {
+    let i = input;
+    check(i)?;
+    let ranks = given(i.ranks, "--ranks");
+    let batch = given(i.per_rank_batch, "--per-rank-batch");
+    let dataset = given(i.dataset_size, "--dataset-size");
+
+    // Batch and schedule.
+    let micro: Got<u64> = match batch.clone() {
+        Ok(b) => Ok(b
+            .checked_mul(i.accumulation_steps)
+            .ok_or_else(|| bad("--per-rank-batch × --accumulation-steps overflows".into()))?),
+        Err(e) => Err(e),
+    };
+    let global_batch: Got<u64> = match (ranks.clone(), micro.clone()) {
+        (Ok(n), Ok(m)) => Ok(m
+            .checked_mul(n as u64)
+            .ok_or_else(|| bad("global batch (ranks × batch × accumulation) overflows".into()))?),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let steps_per_epoch: Got<u64> = match (dataset.clone(), global_batch.clone()) {
+        (Ok(d), Ok(g)) if d < g => {
+            return Err(bad(format!(
+                "--dataset-size {d} is smaller than the global batch {g}: no full step per epoch"
+            )))
+        }
+        (Ok(d), Ok(g)) => Ok(d / g),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let dropped = (|| Ok(dataset.clone()? - steps_per_epoch.clone()? * global_batch.clone()?))();
+    let total_steps: Got<u64> = match steps_per_epoch.clone() {
+        Ok(s) => Ok(s
+            .checked_mul(i.epochs)
+            .ok_or_else(|| bad("total steps overflow".into()))?),
+        Err(e) => Err(e),
+    };
+    let base_batch: Got<u64> = match i.base_batch {
+        Some(bb) => Ok(bb),
+        None => micro.clone(),
+    };
+    let lr_factor = (|| Ok(global_batch.clone()? as f64 / base_batch.clone()? as f64))();
+    let scaled_lr = (|| Ok(given(i.base_lr, "--base-lr")? * lr_factor.clone()?))();
+    let warmup_steps: Got<u64> = match i.warmup {
+        None => Ok(0),
+        Some(Warmup::Steps(s)) => Ok(s),
+        Some(Warmup::Epochs(e)) => steps_per_epoch
+            .clone()
+            .map(|s| (e * s as f64).ceil() as u64),
+    };
+    if let (Ok(w), Ok(t)) = (&warmup_steps, &total_steps) {
+        if w > t {
+            return Err(bad(format!(
+                "warmup of {w} steps is longer than the whole run ({t} steps)"
+            )));
+        }
+    }
+    let warmup_epochs = (|| Ok(warmup_steps.clone()? as f64 / steps_per_epoch.clone()? as f64))();
+
+    // Compute.
+    let no_compute = "needs --throughput, --compute-ms, or --step-ms with --comm-ms";
+    let (single_rank_throughput, raw_compute): (Got<f64>, Got<f64>) = match i.compute {
+        None => (Err(no_compute.into()), Err(no_compute.into())),
+        Some(Compute::Throughput(t)) => (Ok(t), micro.clone().map(|m| m as f64 / t)),
+        Some(Compute::StepTimeS(s)) => (micro.clone().map(|m| m as f64 / s), Ok(s)),
+        Some(Compute::MeasuredStepS(s)) => match i.comm_s {
+            Some(c) => (micro.clone().map(|m| m as f64 / (s - c)), Ok(s - c)),
+            None => {
+                let why = "needs --comm-ms: the part of --step-ms that is communication";
+                (Err(why.into()), Err(why.into()))
+            }
+        },
+    };
+    let compute_s = raw_compute.map(|c| c / i.amp_speedup);
+    let baseline_throughput = (|| Ok(micro.clone()? as f64 / compute_s.clone()?))();
+
+    // Gradients and communication.
+    let from_comm_ms = "communication given by --comm-ms";
     let size = i.grad_dtype.size() as f64;
-    let params = match i.gradient {
-        Gradient::Params(p) => at_least_one("--params", p)? as f64,
-        Gradient::Bytes(b) => at_least_one("--grad-bytes", b)? as f64 / size,
+    let params: Got<f64> = match (i.gradient, i.comm_s) {
+        (Some(Gradient::Params(p)), _) => Ok(p as f64),
+        (Some(Gradient::Bytes(b)), _) => Ok(b as f64 / size),
+        (None, Some(_)) => Err(from_comm_ms.into()),
+        (None, None) => Err("needs --params or --grad-bytes".into()),
     };
-    let grad_bytes = params * size;
-    let nf = i.ranks as f64;
-    let ring_bytes_per_rank = ring_factor(nf) * grad_bytes;
-    let comm_s = ring_allreduce_s(i.ranks, grad_bytes, alpha, beta);
-    let comm_f32_s = ring_allreduce_s(i.ranks, params * 4.0, alpha, beta);
-    let comm_f16_s = ring_allreduce_s(i.ranks, params * 2.0, alpha, beta);
-    let hidden_comm_s = (i.overlap * comm_s).min(compute_s);
-    let visible_comm_s = comm_s - hidden_comm_s;
-    let step_s = (compute_s + visible_comm_s) / (1.0 - i.overhead);
-    let throughput = global_batch as f64 / step_s;
-    let speedup = throughput / baseline_throughput;
-    let epoch_s = steps_per_epoch as f64 * step_s;
+    let grad_bytes = params.clone().map(|p| p * size);
+    let ring_bytes_per_rank = (|| Ok(ring_factor(ranks.clone()? as f64) * grad_bytes.clone()?))();
+    let link: Got<&Link> = match (&i.link, i.comm_s) {
+        (Some(l), _) => Ok(l),
+        (None, Some(_)) => Err(from_comm_ms.into()),
+        (None, None) => Err("needs --link or --bench".into()),
+    };
+    let ring = |bytes_per_param: f64| -> Got<f64> {
+        let l = link.clone()?;
+        Ok(ring_allreduce_s(
+            ranks.clone()?,
+            params.clone()? * bytes_per_param,
+            l.alpha_s,
+            l.beta_s_per_byte,
+        ))
+    };
+    let comm_f32_s = ring(4.0);
+    let comm_f16_s = ring(2.0);
+    let cut = i.comm_cut.unwrap_or(1.0);
+    let comm_s: Got<f64> = match (i.comm_s, ranks.clone()) {
+        (Some(c), _) => Ok(c / cut),
+        (None, Ok(1)) => Ok(0.0),
+        (None, _) => ring(size).map(|c| c / cut),
+    };
+    let hidden_comm_s = comm_s.clone().map(|c| match &compute_s {
+        Ok(t) => (i.overlap * c).min(*t),
+        Err(_) => i.overlap * c,
+    });
+    let visible_comm_s = (|| Ok(comm_s.clone()? - hidden_comm_s.clone()?))();
 
-    Ok(Plan {
+    // Step and run. Without a communication figure, --overhead is the lump lost to it.
+    let overhead = i.overhead.unwrap_or(0.0);
+    let step_visible: Got<f64> = match (&visible_comm_s, i.overhead) {
+        (Ok(v), _) => Ok(*v),
+        (Err(_), Some(_)) => Ok(0.0),
+        (Err(_), None) => Err("needs --link or --bench with --params, or --comm-ms, or \
+             --overhead (the share lost to communication and the rest)"
+            .into()),
+    };
+    let step_s = (|| Ok((compute_s.clone()? + step_visible.clone()?) / (1.0 - overhead)))();
+    let comm_share = (|| Ok(visible_comm_s.clone()? / step_s.clone()?))();
+    let throughput = (|| Ok(global_batch.clone()? as f64 / step_s.clone()?))();
+    let speedup = (|| Ok(throughput.clone()? / baseline_throughput.clone()?))();
+    let efficiency = (|| Ok(speedup.clone()? / ranks.clone()? as f64))();
+    let epoch_s = (|| Ok(steps_per_epoch.clone()? as f64 * step_s.clone()?))();
+    let total_s = epoch_s.clone().map(|e| e * i.epochs as f64);
+
+    let mut skipped = BTreeMap::new();
+    let mut out = |name: &str, g: Got<f64>| -> Option<f64> {
+        g.map_err(|e| skipped.insert(name.to_string(), e)).ok()
+    };
+    let (alpha_s, beta_s_per_byte) = match link.clone() {
+        Ok(l) => (Ok(l.alpha_s), Ok(l.beta_s_per_byte)),
+        Err(e) => (Err(e.clone()), Err(e)),
+    };
+    let link_bytes_per_s = beta_s_per_byte.clone().map(|b| 1.0 / b);
+    let mut plan = Plan {
         input: input.clone(),
-        global_batch,
-        steps_per_epoch,
-        dropped_samples_per_epoch,
-        total_steps,
-        scaled_lr,
-        warmup_steps,
-        warmup_epochs,
-        single_rank_throughput,
-        compute_s,
-        baseline_throughput,
-        params,
-        grad_bytes,
-        ring_bytes_per_rank,
-        alpha_s: alpha,
-        beta_s_per_byte: beta,
-        link_bytes_per_s: 1.0 / beta,
-        comm_s,
-        comm_f32_s,
-        comm_f16_s,
-        hidden_comm_s,
-        visible_comm_s,
-        step_s,
-        comm_share: visible_comm_s / step_s,
-        throughput,
-        speedup,
-        efficiency: speedup / nf,
-        epoch_s,
-        total_s: epoch_s * i.epochs as f64,
-    })
+        global_batch: None,
+        steps_per_epoch: None,
+        dropped_samples_per_epoch: None,
+        total_steps: None,
+        lr_factor: out("lr_factor", lr_factor),
+        scaled_lr: out("scaled_lr", scaled_lr),
+        warmup_steps: None,
+        warmup_epochs: out("warmup_epochs", warmup_epochs),
+        single_rank_throughput: out("single_rank_throughput", single_rank_throughput),
+        compute_s: out("compute_s", compute_s),
+        baseline_throughput: out("baseline_throughput", baseline_throughput),
+        params: out("params", params),
+        grad_bytes: out("grad_bytes", grad_bytes),
+        ring_bytes_per_rank: out("ring_bytes_per_rank", ring_bytes_per_rank),
+        alpha_s: out("alpha_s", alpha_s),
+        beta_s_per_byte: out("beta_s_per_byte", beta_s_per_byte),
+        link_bytes_per_s: out("link_bytes_per_s", link_bytes_per_s),
+        comm_s: out("comm_s", comm_s),
+        comm_f32_s: out("comm_f32_s", comm_f32_s),
+        comm_f16_s: out("comm_f16_s", comm_f16_s),
+        hidden_comm_s: out("hidden_comm_s", hidden_comm_s),
+        visible_comm_s: out("visible_comm_s", visible_comm_s),
+        step_s: out("step_s", step_s),
+        comm_share: out("comm_share", comm_share),
+        throughput: out("throughput", throughput),
+        speedup: out("speedup", speedup),
+        efficiency: out("efficiency", efficiency),
+        epoch_s: out("epoch_s", epoch_s),
+        total_s: out("total_s", total_s),
+        skipped: BTreeMap::new(),
+    };
+    let mut count = |name: &str, g: Got<u64>| -> Option<u64> {
+        g.map_err(|e| skipped.insert(name.to_string(), e)).ok()
+    };
+    plan.global_batch = count("global_batch", global_batch);
+    plan.steps_per_epoch = count("steps_per_epoch", steps_per_epoch);
+    plan.dropped_samples_per_epoch = count("dropped_samples_per_epoch", dropped);
+    plan.total_steps = count("total_steps", total_steps);
+    plan.warmup_steps = count("warmup_steps", warmup_steps);
+    plan.skipped = skipped;
+    Ok(plan)
 }
 
 /// Splits `s` into its leading number and the rest.
@@ -724,300 +916,452 @@ fn pct(x: f64) -> String {
 }
 
 impl Plan {
+    /// One report line: the output's formula with its numbers, or why it is skipped.
+    fn row(&self, o: &mut String, label: &str, key: &str, text: Option<String>) {
+        let _ = match text {
+            Some(t) => writeln!(o, "  {label:<24} = {t}"),
+            None => writeln!(
+                o,
+                "  {label:<24}   skipped: {}",
+                self.skipped.get(key).map_or("not given", String::as_str)
+            ),
+        };
+    }
+
     /// The human report: one line per output, each with its formula, the numbers put
-    /// into it and the result.
+    /// into it and the result, or the reason it is skipped.
     pub fn render(&self) -> String {
         let i = &self.input;
-        let (n, b, k) = (i.ranks, i.per_rank_batch, i.accumulation_steps);
+        let k = i.accumulation_steps;
+        let (n, b) = (
+            i.ranks.map_or("N".into(), |x| x.to_string()),
+            i.per_rank_batch.map_or("b".into(), |x| x.to_string()),
+        );
         let dt = i.grad_dtype;
         let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "# ferroccl plan: {n} rank(s) × {b} samples × {k} accumulation step(s), {} epoch(s) of {} samples, ring all-reduce of {} gradients",
-            i.epochs,
-            i.dataset_size,
-            dt.name()
-        );
-        let _ = writeln!(
-            o,
-            "# link: {}: α = {}, β = {} ns/B, 1/β = {}",
-            i.link.source,
-            fmt_time(self.alpha_s),
-            fmt_g(self.beta_s_per_byte * 1e9),
-            fmt_rate(self.link_bytes_per_s)
-        );
-        let _ = writeln!(o, "batch and schedule");
-        let line = |o: &mut String, label: &str, rest: String| {
-            let _ = writeln!(o, "  {label:<24} = {rest}");
-        };
-        line(
-            &mut o,
-            "global batch",
-            format!(
-                "ranks × per-rank batch × accumulation steps = {n} × {b} × {k} = {}",
-                self.global_batch
-            ),
-        );
-        line(
-            &mut o,
-            "steps per epoch",
-            format!(
-                "floor(dataset size / global batch) = floor({} / {}) = {}  (drop_last: {} samples left out per epoch)",
-                i.dataset_size, self.global_batch, self.steps_per_epoch, self.dropped_samples_per_epoch
-            ),
-        );
-        line(
-            &mut o,
-            "total steps",
-            format!(
-                "steps per epoch × epochs = {} × {} = {}",
-                self.steps_per_epoch, i.epochs, self.total_steps
-            ),
-        );
-        if let (Some(lr), Some(base_lr), Some(bb)) = (self.scaled_lr, i.base_lr, i.base_batch) {
-            line(
-                &mut o,
-                "scaled lr",
-                format!(
-                    "base lr × global batch / base batch = {} × {} / {bb} = {}",
-                    fmt_g(base_lr),
-                    self.global_batch,
-                    fmt_g(lr)
-                ),
+        let mut what = Vec::new();
+        if let Some(r) = i.ranks {
+            what.push(format!("{r} rank(s)"));
+        }
+        if let Some(pb) = i.per_rank_batch {
+            what.push(format!("{pb} samples × {k} accumulation step(s) per rank"));
+        }
+        if let Some(d) = i.dataset_size {
+            what.push(format!("{} epoch(s) of {d} samples", i.epochs));
+        }
+        if i.gradient.is_some() {
+            what.push(format!("ring all-reduce of {} gradients", dt.name()));
+        }
+        if what.is_empty() {
+            what.push("no ranks, batch, data or gradients given".into());
+        }
+        let _ = writeln!(o, "# ferroccl plan: {}", what.join(", "));
+        if let (Some(l), Some(a), Some(beta), Some(rate)) = (
+            &i.link,
+            self.alpha_s,
+            self.beta_s_per_byte,
+            self.link_bytes_per_s,
+        ) {
+            let _ = writeln!(
+                o,
+                "# link: {}: α = {}, β = {} ns/B, 1/β = {}",
+                l.source,
+                fmt_time(a),
+                fmt_g(beta * 1e9),
+                fmt_rate(rate)
             );
         }
+        let _ = writeln!(o, "batch and schedule");
+        self.row(
+            &mut o,
+            "global batch",
+            "global_batch",
+            self.global_batch.map(|g| {
+                format!("ranks × per-rank batch × accumulation steps = {n} × {b} × {k} = {g}")
+            }),
+        );
+        self.row(&mut o, "steps per epoch", "steps_per_epoch", (|| {
+            Some(format!(
+                "floor(dataset size / global batch) = floor({} / {}) = {}  (drop_last: {} samples left out per epoch)",
+                i.dataset_size?, self.global_batch?, self.steps_per_epoch?, self.dropped_samples_per_epoch?
+            ))
+        })());
+        self.row(
+            &mut o,
+            "total steps",
+            "total_steps",
+            (|| {
+                Some(format!(
+                    "steps per epoch × epochs = {} × {} = {}",
+                    self.steps_per_epoch?, i.epochs, self.total_steps?
+                ))
+            })(),
+        );
+        let base_batch = |g: u64, f: f64| match i.base_batch {
+            Some(bb) => format!("{bb}"),
+            None => format!("{} (the single-rank batch b × k)", fmt_g(g as f64 / f)),
+        };
+        self.row(
+            &mut o,
+            "lr factor",
+            "lr_factor",
+            (|| {
+                let (g, f) = (self.global_batch?, self.lr_factor?);
+                Some(format!(
+                    "global batch / base batch = {g} / {} = {}  (linear scaling rule)",
+                    base_batch(g, f),
+                    fmt_g(f)
+                ))
+            })(),
+        );
+        self.row(
+            &mut o,
+            "scaled lr",
+            "scaled_lr",
+            (|| {
+                let (g, f) = (self.global_batch?, self.lr_factor?);
+                Some(format!(
+                    "base lr × global batch / base batch = {} × {g} / {} = {}",
+                    fmt_g(i.base_lr?),
+                    base_batch(g, f),
+                    fmt_g(self.scaled_lr?)
+                ))
+            })(),
+        );
         match i.warmup {
-            Some(Warmup::Epochs(e)) => line(
+            Some(Warmup::Epochs(e)) => self.row(
                 &mut o,
                 "warmup steps",
-                format!(
-                    "ceil(warmup epochs × steps per epoch) = ceil({} × {}) = {}",
-                    fmt_g(e),
-                    self.steps_per_epoch,
-                    self.warmup_steps
-                ),
+                "warmup_steps",
+                (|| {
+                    Some(format!(
+                        "ceil(warmup epochs × steps per epoch) = ceil({} × {}) = {}",
+                        fmt_g(e),
+                        self.steps_per_epoch?,
+                        self.warmup_steps?
+                    ))
+                })(),
             ),
-            Some(Warmup::Steps(s)) => line(
+            Some(Warmup::Steps(s)) => self.row(
                 &mut o,
                 "warmup steps",
-                format!(
-                    "given = {s}  (= {s} / {} = {} epochs)",
-                    self.steps_per_epoch,
-                    fmt_g(self.warmup_epochs)
-                ),
+                "warmup_epochs",
+                (|| {
+                    Some(format!(
+                        "given = {s}  (= {s} / {} = {} epochs)",
+                        self.steps_per_epoch?,
+                        fmt_g(self.warmup_epochs?)
+                    ))
+                })(),
             ),
             None => {}
         }
-        if let (Some(lr), true) = (self.scaled_lr, self.warmup_steps > 0) {
-            line(
+        if let (Some(lr), Some(w)) = (self.scaled_lr, self.warmup_steps.filter(|&w| w > 0)) {
+            self.row(
                 &mut o,
                 "lr schedule",
-                format!(
-                    "linear warmup to {} over steps 0..{}, then your decay",
-                    fmt_g(lr),
-                    self.warmup_steps
-                ),
+                "",
+                Some(format!(
+                    "linear warmup to {} over steps 0..{w}, then your decay",
+                    fmt_g(lr)
+                )),
             );
         }
 
         let _ = writeln!(o, "compute");
+        let amp = fmt_g(i.amp_speedup);
+        let ct = self.compute_s.map(fmt_time);
+        let thr = self.single_rank_throughput.map(fmt_g);
         match i.compute {
-            Compute::Throughput(t) => {
-                line(
+            Some(Compute::Throughput(t)) => {
+                self.row(
                     &mut o,
                     "single-rank throughput",
-                    format!("given = {} samples/s", fmt_g(t)),
+                    "",
+                    Some(format!("given = {} samples/s", fmt_g(t))),
                 );
-                line(
-                    &mut o,
-                    "compute per step",
-                    format!(
-                        "per-rank batch × accumulation / single-rank throughput / amp speed-up = {b} × {k} / {} / {} = {}",
-                        fmt_g(t),
-                        fmt_g(i.amp_speedup),
-                        fmt_time(self.compute_s)
-                    ),
-                );
+                self.row(&mut o, "compute per step", "compute_s", ct.map(|c| format!(
+                    "per-rank batch × accumulation / single-rank throughput / amp speed-up = {b} × {k} / {} / {amp} = {c}",
+                    fmt_g(t)
+                )));
             }
-            Compute::StepTimeS(s) => {
-                line(
+            Some(Compute::StepTimeS(s)) => {
+                self.row(
                     &mut o,
                     "compute per step",
-                    format!(
-                        "given compute time / amp speed-up = {} / {} = {}",
-                        fmt_time(s),
-                        fmt_g(i.amp_speedup),
-                        fmt_time(self.compute_s)
-                    ),
+                    "compute_s",
+                    ct.map(|c| {
+                        format!(
+                            "given compute time / amp speed-up = {} / {amp} = {c}",
+                            fmt_time(s)
+                        )
+                    }),
                 );
-                line(
+                self.row(&mut o, "single-rank throughput", "single_rank_throughput", thr.map(|t| format!(
+                    "per-rank batch × accumulation / given compute time = {b} × {k} / {} = {t} samples/s",
+                    fmt_time(s)
+                )));
+            }
+            Some(Compute::MeasuredStepS(s)) => {
+                self.row(
+                    &mut o,
+                    "compute per step",
+                    "compute_s",
+                    (|| {
+                        Some(format!(
+                            "(step − communication) / amp speed-up = ({} − {}) / {amp} = {}",
+                            fmt_time(s),
+                            fmt_time(i.comm_s?),
+                            ct.clone()?
+                        ))
+                    })(),
+                );
+                self.row(
                     &mut o,
                     "single-rank throughput",
-                    format!(
-                        "per-rank batch × accumulation / given compute time = {b} × {k} / {} = {} samples/s",
-                        fmt_time(s),
-                        fmt_g(self.single_rank_throughput)
-                    ),
+                    "single_rank_throughput",
+                    thr.map(|t| {
+                        format!(
+                    "per-rank batch × accumulation / (step − communication) = {t} samples/s"
+                )
+                    }),
                 );
             }
+            None => self.row(&mut o, "compute per step", "compute_s", None),
         }
 
         let _ = writeln!(o, "gradients and communication");
-        match i.gradient {
-            Gradient::Params(p) => line(
+        let cut = i.comm_cut.unwrap_or(1.0);
+        if let Some(given) = i.comm_s {
+            self.row(
                 &mut o,
-                "gradient bytes S",
-                format!(
-                    "params × {} B ({}) = {p} × {} = {}",
-                    dt.size(),
-                    dt.name(),
-                    dt.size(),
-                    fmt_bytes(self.grad_bytes)
-                ),
-            ),
-            Gradient::Bytes(s) => line(
-                &mut o,
-                "gradient bytes S",
-                format!(
-                    "given = {}  (params = S / {} B ({}) = {})",
-                    fmt_bytes(s as f64),
-                    dt.size(),
-                    dt.name(),
-                    fmt_g(self.params)
-                ),
-            ),
-        }
-        let nm1 = 2 * n.saturating_sub(1);
-        line(
-            &mut o,
-            "ring bytes per rank",
-            format!(
-                "2(N-1)/N × S = 2 × {} / {n} × {} = {}",
-                n.saturating_sub(1),
-                fmt_bytes(self.grad_bytes),
-                fmt_bytes(self.ring_bytes_per_rank)
-            ),
-        );
-        let nf = n as f64;
-        let variants = [
-            (
-                "comm per step, f32",
-                4.0,
-                self.comm_f32_s,
-                dt == GradDtype::F32,
-            ),
-            (
-                "comm per step, f16/bf16",
-                2.0,
-                self.comm_f16_s,
-                dt != GradDtype::F32,
-            ),
-        ];
-        for (label, size, t, used) in variants {
-            line(
-                &mut o,
-                label,
-                format!(
-                    "2(N-1)·α + 2(N-1)/N·S·β = {nm1} × {} + {} × {} ns/B = {}{}",
-                    fmt_time(self.alpha_s),
-                    fmt_bytes(ring_factor(nf) * self.params * size),
-                    fmt_g(self.beta_s_per_byte * 1e9),
-                    fmt_time(t),
-                    if used { "  (used)" } else { "" }
-                ),
+                "comm per step",
+                "comm_s",
+                self.comm_s.map(|c| {
+                    format!(
+                        "given communication / cut = {} / {} = {c}",
+                        fmt_time(given),
+                        fmt_g(cut),
+                        c = fmt_time(c)
+                    )
+                }),
             );
+        } else {
+            let grad = match i.gradient {
+                Some(Gradient::Params(p)) => self.grad_bytes.map(|s| {
+                    format!(
+                        "params × {} B ({}) = {p} × {} = {}",
+                        dt.size(),
+                        dt.name(),
+                        dt.size(),
+                        fmt_bytes(s)
+                    )
+                }),
+                Some(Gradient::Bytes(s)) => self.params.map(|p| {
+                    format!(
+                        "given = {}  (params = S / {} B ({}) = {})",
+                        fmt_bytes(s as f64),
+                        dt.size(),
+                        dt.name(),
+                        fmt_g(p)
+                    )
+                }),
+                None => None,
+            };
+            self.row(&mut o, "gradient bytes S", "grad_bytes", grad);
+            self.row(
+                &mut o,
+                "ring bytes per rank",
+                "ring_bytes_per_rank",
+                (|| {
+                    let n = i.ranks?;
+                    Some(format!(
+                        "2(N-1)/N × S = 2 × {} / {n} × {} = {}",
+                        n - 1,
+                        fmt_bytes(self.grad_bytes?),
+                        fmt_bytes(self.ring_bytes_per_rank?)
+                    ))
+                })(),
+            );
+            let variants = [
+                (
+                    "comm per step, f32",
+                    "comm_f32_s",
+                    4.0,
+                    self.comm_f32_s,
+                    dt == GradDtype::F32,
+                ),
+                (
+                    "comm per step, f16/bf16",
+                    "comm_f16_s",
+                    2.0,
+                    self.comm_f16_s,
+                    dt != GradDtype::F32,
+                ),
+            ];
+            for (label, key, size, t, used) in variants {
+                self.row(
+                    &mut o,
+                    label,
+                    key,
+                    (|| {
+                        let n = i.ranks?;
+                        Some(format!(
+                            "2(N-1)·α + 2(N-1)/N·S·β = {} × {} + {} × {} ns/B = {}{}",
+                            2 * (n - 1),
+                            fmt_time(self.alpha_s?),
+                            fmt_bytes(ring_factor(n as f64) * self.params? * size),
+                            fmt_g(self.beta_s_per_byte? * 1e9),
+                            fmt_time(t?),
+                            if used { "  (used)" } else { "" }
+                        ))
+                    })(),
+                );
+            }
+            if i.ranks == Some(1) && self.comm_f32_s.is_none() {
+                self.row(
+                    &mut o,
+                    "comm per step",
+                    "",
+                    Some("0 s  (one rank: nothing to all-reduce)".into()),
+                );
+            }
+            if cut != 1.0 {
+                self.row(
+                    &mut o,
+                    "comm after cut",
+                    "comm_s",
+                    self.comm_s.map(|c| {
+                        format!(
+                            "comm / cut = {} / {} = {}",
+                            fmt_time(c * cut),
+                            fmt_g(cut),
+                            fmt_time(c)
+                        )
+                    }),
+                );
+            }
         }
-        line(
+        self.row(
             &mut o,
             "hidden by overlap",
-            format!(
-                "min(overlap × comm, compute) = min({} × {}, {}) = {}",
-                fmt_g(i.overlap),
-                fmt_time(self.comm_s),
-                fmt_time(self.compute_s),
-                fmt_time(self.hidden_comm_s)
-            ),
+            "hidden_comm_s",
+            (|| {
+                let (c, h) = (self.comm_s?, self.hidden_comm_s?);
+                Some(match self.compute_s {
+                    Some(t) => format!(
+                        "min(overlap × comm, compute) = min({} × {}, {}) = {}",
+                        fmt_g(i.overlap),
+                        fmt_time(c),
+                        fmt_time(t),
+                        fmt_time(h)
+                    ),
+                    None => format!(
+                        "overlap × comm = {} × {} = {}  (compute unknown: not capped by it)",
+                        fmt_g(i.overlap),
+                        fmt_time(c),
+                        fmt_time(h)
+                    ),
+                })
+            })(),
         );
-        line(
+        self.row(
             &mut o,
             "visible comm",
-            format!(
-                "comm − hidden = {} − {} = {}",
-                fmt_time(self.comm_s),
-                fmt_time(self.hidden_comm_s),
-                fmt_time(self.visible_comm_s)
-            ),
+            "visible_comm_s",
+            (|| {
+                Some(format!(
+                    "comm − hidden = {} − {} = {}",
+                    fmt_time(self.comm_s?),
+                    fmt_time(self.hidden_comm_s?),
+                    fmt_time(self.visible_comm_s?)
+                ))
+            })(),
         );
 
         let _ = writeln!(o, "step and run");
-        line(
-            &mut o,
-            "step time",
-            format!(
-                "(compute + visible comm) / (1 − overhead) = ({} + {}) / (1 − {}) = {}",
-                fmt_time(self.compute_s),
-                fmt_time(self.visible_comm_s),
-                fmt_g(i.overhead),
-                fmt_time(self.step_s)
-            ),
-        );
-        line(
+        let oh = fmt_g(i.overhead.unwrap_or(0.0));
+        self.row(&mut o, "step time", "step_s", (|| {
+            let (c, s) = (self.compute_s?, self.step_s?);
+            Some(match self.visible_comm_s {
+                Some(v) => format!(
+                    "(compute + visible comm) / (1 − overhead) = ({} + {}) / (1 − {oh}) = {}",
+                    fmt_time(c), fmt_time(v), fmt_time(s)
+                ),
+                None => format!(
+                    "compute / (1 − overhead) = {} / (1 − {oh}) = {}  (--overhead is all that is lost to communication and the rest)",
+                    fmt_time(c), fmt_time(s)
+                ),
+            })
+        })());
+        self.row(
             &mut o,
             "comm share",
-            format!(
-                "visible comm / step time = {} / {} = {}",
-                fmt_time(self.visible_comm_s),
-                fmt_time(self.step_s),
-                pct(self.comm_share)
-            ),
+            "comm_share",
+            (|| {
+                Some(format!(
+                    "visible comm / step time = {} / {} = {}",
+                    fmt_time(self.visible_comm_s?),
+                    fmt_time(self.step_s?),
+                    pct(self.comm_share?)
+                ))
+            })(),
         );
-        line(
-            &mut o,
-            "throughput",
-            format!(
-                "ranks × per-rank batch × accumulation / step time = {n} × {b} × {k} / {} = {} samples/s",
-                fmt_time(self.step_s),
-                fmt_g(self.throughput)
-            ),
-        );
-        line(
+        self.row(&mut o, "throughput", "throughput", (|| Some(format!(
+            "ranks × per-rank batch × accumulation / step time = {n} × {b} × {k} / {} = {} samples/s",
+            fmt_time(self.step_s?),
+            fmt_g(self.throughput?)
+        )))());
+        self.row(
             &mut o,
             "speedup",
-            format!(
-                "throughput / (per-rank batch × accumulation / compute) = {} / {} = {}",
-                fmt_g(self.throughput),
-                fmt_g(self.baseline_throughput),
-                fmt_g(self.speedup)
-            ),
+            "speedup",
+            (|| {
+                Some(format!(
+                    "throughput / (per-rank batch × accumulation / compute) = {} / {} = {}",
+                    fmt_g(self.throughput?),
+                    fmt_g(self.baseline_throughput?),
+                    fmt_g(self.speedup?)
+                ))
+            })(),
         );
-        line(
+        self.row(
             &mut o,
             "efficiency",
-            format!(
-                "speedup / ranks = {} / {n} = {}",
-                fmt_g(self.speedup),
-                pct(self.efficiency)
-            ),
+            "efficiency",
+            (|| {
+                Some(format!(
+                    "speedup / ranks = {} / {n} = {}",
+                    fmt_g(self.speedup?),
+                    pct(self.efficiency?)
+                ))
+            })(),
         );
-        line(
+        self.row(
             &mut o,
             "time per epoch",
-            format!(
-                "steps per epoch × step time = {} × {} = {}",
-                self.steps_per_epoch,
-                fmt_time(self.step_s),
-                fmt_time(self.epoch_s)
-            ),
+            "epoch_s",
+            (|| {
+                Some(format!(
+                    "steps per epoch × step time = {} × {} = {}",
+                    self.steps_per_epoch?,
+                    fmt_time(self.step_s?),
+                    fmt_time(self.epoch_s?)
+                ))
+            })(),
         );
-        line(
+        self.row(
             &mut o,
             "total time",
-            format!(
-                "time per epoch × epochs = {} × {} = {}",
-                fmt_time(self.epoch_s),
-                i.epochs,
-                fmt_time(self.total_s)
-            ),
+            "total_s",
+            (|| {
+                Some(format!(
+                    "time per epoch × epochs = {} × {} = {}",
+                    fmt_time(self.epoch_s?),
+                    i.epochs,
+                    fmt_time(self.total_s?)
+                ))
+            })(),
         );
         o
     }
@@ -1035,7 +1379,8 @@ mod tests {
 
     /// |got − want| ≤ 1e-12 × |want| (or 1e-15 absolute near zero).
     #[track_caller]
-    fn close(got: f64, want: f64) {
+    fn close(got: impl Into<Option<f64>>, want: f64) {
+        let got = got.into().expect("computed, not skipped");
         let tol = 1e-12 * want.abs().max(1e-3);
         assert!(
             (got - want).abs() <= tol,
@@ -1047,21 +1392,23 @@ mod tests {
     /// Case A: ResNet-50-ish on ImageNet, 8 ranks on a 10 Gbit/s link, no overlap.
     fn case_a() -> PlanInput {
         PlanInput {
-            ranks: 8,
-            per_rank_batch: 32,
+            ranks: Some(8),
+            per_rank_batch: Some(32),
             accumulation_steps: 1,
-            dataset_size: 1_281_167,
+            dataset_size: Some(1_281_167),
             epochs: 90,
-            compute: Compute::Throughput(400.0),
+            compute: Some(Compute::Throughput(400.0)),
             amp_speedup: 1.0,
             base_lr: Some(0.1),
             base_batch: Some(256),
             warmup: Some(Warmup::Epochs(5.0)),
-            gradient: Gradient::Params(25_600_000),
+            gradient: Some(Gradient::Params(25_600_000)),
             grad_dtype: GradDtype::F32,
-            link: Link::from_bandwidth(1.25e9, 0.0, "10Gbit"),
+            link: Some(Link::from_bandwidth(1.25e9, 0.0, "10Gbit")),
             overlap: 0.0,
-            overhead: 0.0,
+            overhead: Some(0.0),
+            comm_s: None,
+            comm_cut: None,
         }
     }
 
@@ -1069,15 +1416,15 @@ mod tests {
     fn case_a_by_hand() {
         let p = compute(&case_a()).expect("valid");
         // global batch = 8 × 32 × 1 = 256
-        assert_eq!(p.global_batch, 256);
+        assert_eq!(p.global_batch, Some(256));
         // steps per epoch = floor(1281167 / 256) = 5004 (5004 × 256 = 1281024, 143 left)
-        assert_eq!(p.steps_per_epoch, 5004);
-        assert_eq!(p.dropped_samples_per_epoch, 143);
+        assert_eq!(p.steps_per_epoch, Some(5004));
+        assert_eq!(p.dropped_samples_per_epoch, Some(143));
         // total steps = 5004 × 90 = 450360
-        assert_eq!(p.total_steps, 450_360);
+        assert_eq!(p.total_steps, Some(450_360));
         // lr = 0.1 × 256 / 256 = 0.1; warmup = ceil(5 × 5004) = 25020
         close(p.scaled_lr.expect("lr"), 0.1);
-        assert_eq!(p.warmup_steps, 25_020);
+        assert_eq!(p.warmup_steps, Some(25_020));
         close(p.warmup_epochs, 5.0);
         // compute = 32 × 1 / 400 / 1 = 0.08 s
         close(p.compute_s, 0.08);
@@ -1112,32 +1459,34 @@ mod tests {
     #[test]
     fn case_b_by_hand() {
         let input = PlanInput {
-            ranks: 4,
-            per_rank_batch: 64,
+            ranks: Some(4),
+            per_rank_batch: Some(64),
             accumulation_steps: 2,
-            dataset_size: 100_000,
+            dataset_size: Some(100_000),
             epochs: 3,
-            compute: Compute::Throughput(1000.0),
+            compute: Some(Compute::Throughput(1000.0)),
             amp_speedup: 2.0,
             base_lr: Some(0.1),
             base_batch: Some(256),
             warmup: Some(Warmup::Steps(100)),
-            gradient: Gradient::Params(10_000_000),
+            gradient: Some(Gradient::Params(10_000_000)),
             grad_dtype: GradDtype::BF16,
             // 100 Gbit/s = 12.5e9 B/s; α = 10 µs
-            link: Link::from_bandwidth(12.5e9, 10e-6, "100Gbit"),
+            link: Some(Link::from_bandwidth(12.5e9, 10e-6, "100Gbit")),
             overlap: 0.75,
-            overhead: 0.1,
+            overhead: Some(0.1),
+            comm_s: None,
+            comm_cut: None,
         };
         let p = compute(&input).expect("valid");
         // G = 4 × 64 × 2 = 512; steps = floor(100000 / 512) = 195 (99840, 160 left); 585 in all
-        assert_eq!(p.global_batch, 512);
-        assert_eq!(p.steps_per_epoch, 195);
-        assert_eq!(p.dropped_samples_per_epoch, 160);
-        assert_eq!(p.total_steps, 585);
+        assert_eq!(p.global_batch, Some(512));
+        assert_eq!(p.steps_per_epoch, Some(195));
+        assert_eq!(p.dropped_samples_per_epoch, Some(160));
+        assert_eq!(p.total_steps, Some(585));
         // lr = 0.1 × 512 / 256 = 0.2; warmup given: 100 steps = 100/195 epochs
         close(p.scaled_lr.expect("lr"), 0.2);
-        assert_eq!(p.warmup_steps, 100);
+        assert_eq!(p.warmup_steps, Some(100));
         close(p.warmup_epochs, 100.0 / 195.0);
         // compute = 64 × 2 / 1000 / 2 = 0.064 s; baseline = 128 / 0.064 = 2000 samples/s
         close(p.compute_s, 0.064);
@@ -1171,31 +1520,33 @@ mod tests {
     #[test]
     fn case_c_overlap_capped_by_compute() {
         let input = PlanInput {
-            ranks: 2,
-            per_rank_batch: 16,
+            ranks: Some(2),
+            per_rank_batch: Some(16),
             accumulation_steps: 1,
-            dataset_size: 3200,
+            dataset_size: Some(3200),
             epochs: 2,
-            compute: Compute::StepTimeS(0.010),
+            compute: Some(Compute::StepTimeS(0.010)),
             amp_speedup: 1.0,
             base_lr: None,
             base_batch: None,
             warmup: None,
-            gradient: Gradient::Params(100_000_000),
+            gradient: Some(Gradient::Params(100_000_000)),
             grad_dtype: GradDtype::F32,
-            link: Link::from_bandwidth(1.25e9, 0.0, "1.25GB"),
+            link: Some(Link::from_bandwidth(1.25e9, 0.0, "1.25GB")),
             overlap: 0.5,
-            overhead: 0.0,
+            overhead: Some(0.0),
+            comm_s: None,
+            comm_cut: None,
         };
         let p = compute(&input).expect("valid");
         // G = 32; steps = 3200 / 32 = 100, nothing dropped; 200 in all
         assert_eq!(
             (p.global_batch, p.steps_per_epoch, p.total_steps),
-            (32, 100, 200)
+            (Some(32), Some(100), Some(200))
         );
-        assert_eq!(p.dropped_samples_per_epoch, 0);
+        assert_eq!(p.dropped_samples_per_epoch, Some(0));
         assert_eq!(p.scaled_lr, None);
-        assert_eq!(p.warmup_steps, 0);
+        assert_eq!(p.warmup_steps, Some(0));
         // single rank: 16 / 0.01 = 1600 samples/s
         close(p.single_rank_throughput, 1600.0);
         // S = 400e6 B; ring = 2 × 1/2 × 400e6 = 400e6 B; comm = 400e6 / 1.25e9 = 0.32 s
@@ -1221,22 +1572,24 @@ mod tests {
     #[test]
     fn case_d_full_overlap_odd_ranks() {
         let input = PlanInput {
-            ranks: 3,
-            per_rank_batch: 10,
+            ranks: Some(3),
+            per_rank_batch: Some(10),
             accumulation_steps: 4,
-            dataset_size: 1000,
+            dataset_size: Some(1000),
             epochs: 2,
-            compute: Compute::StepTimeS(0.2),
+            compute: Some(Compute::StepTimeS(0.2)),
             amp_speedup: 1.6,
             base_lr: Some(0.4),
             base_batch: Some(480),
             warmup: Some(Warmup::Epochs(0.5)),
-            gradient: Gradient::Bytes(30_000_000),
+            gradient: Some(Gradient::Bytes(30_000_000)),
             grad_dtype: GradDtype::F16,
             // 8 Gbit/s = 1e9 B/s, α = 100 µs
-            link: Link::from_bandwidth(1e9, 100e-6, "8Gbit"),
+            link: Some(Link::from_bandwidth(1e9, 100e-6, "8Gbit")),
             overlap: 1.0,
-            overhead: 0.0,
+            overhead: Some(0.0),
+            comm_s: None,
+            comm_cut: None,
         };
         let p = compute(&input).expect("valid");
         // G = 3 × 10 × 4 = 120; steps = floor(1000 / 120) = 8 (960, 40 left); 16 in all
@@ -1246,11 +1599,11 @@ mod tests {
                 p.steps_per_epoch,
                 p.dropped_samples_per_epoch
             ),
-            (120, 8, 40)
+            (Some(120), Some(8), Some(40))
         );
         // lr = 0.4 × 120 / 480 = 0.1; warmup = ceil(0.5 × 8) = 4
         close(p.scaled_lr.expect("lr"), 0.1);
-        assert_eq!(p.warmup_steps, 4);
+        assert_eq!(p.warmup_steps, Some(4));
         // single rank = 40 / 0.2 = 200; compute = 0.2 / 1.6 = 0.125 s; baseline 320
         close(p.single_rank_throughput, 200.0);
         close(p.compute_s, 0.125);
@@ -1278,26 +1631,189 @@ mod tests {
     #[test]
     fn one_rank_has_no_communication() {
         let mut i = case_a();
-        i.ranks = 1;
-        i.dataset_size = 1000;
+        i.ranks = Some(1);
+        i.dataset_size = Some(1000);
         i.epochs = 1;
         i.warmup = None;
-        i.link.alpha_s = 50e-6; // even with latency: a ring of one takes no steps
+        i.link = Some(Link::from_bandwidth(1.25e9, 50e-6, "10Gbit")); // even with latency: a ring of one takes no steps
         i.overlap = 0.5;
         let p = compute(&i).expect("valid");
         // G = 32; floor(1000 / 32) = 31, 8 left
-        assert_eq!((p.global_batch, p.steps_per_epoch), (32, 31));
-        assert_eq!(p.dropped_samples_per_epoch, 8);
-        assert_eq!(p.ring_bytes_per_rank, 0.0);
-        assert_eq!((p.comm_s, p.comm_f32_s, p.comm_f16_s), (0.0, 0.0, 0.0));
-        assert_eq!(p.visible_comm_s, 0.0);
+        assert_eq!((p.global_batch, p.steps_per_epoch), (Some(32), Some(31)));
+        assert_eq!(p.dropped_samples_per_epoch, Some(8));
+        assert_eq!(p.ring_bytes_per_rank, Some(0.0));
+        assert_eq!(
+            (p.comm_s, p.comm_f32_s, p.comm_f16_s),
+            (Some(0.0), Some(0.0), Some(0.0))
+        );
+        assert_eq!(p.visible_comm_s, Some(0.0));
         close(p.step_s, 0.08);
         close(p.throughput, 400.0);
         close(p.speedup, 1.0);
         close(p.efficiency, 1.0);
-        assert_eq!(p.comm_share, 0.0);
+        assert_eq!(p.comm_share, Some(0.0));
         // lr = 0.1 × 32 / 256 = 0.0125
         close(p.scaled_lr.expect("lr"), 0.0125);
+    }
+
+    /// The question as people pose it: "one GPU does 150 img/s at batch 128; on 8 GPUs
+    /// with +25 % from mixed precision and about 15 % lost to communication, what global
+    /// batch, steps per epoch, throughput, epoch time and learning rate?" No link, no
+    /// gradient size: --overhead 0.15 is the lump lost to communication and the rest.
+    fn question_one() -> PlanInput {
+        PlanInput {
+            ranks: Some(8),
+            per_rank_batch: Some(128),
+            accumulation_steps: 1,
+            dataset_size: None,
+            epochs: 1,
+            compute: Some(Compute::Throughput(150.0)),
+            amp_speedup: 1.25,
+            base_lr: None,
+            base_batch: None,
+            warmup: None,
+            gradient: None,
+            grad_dtype: GradDtype::F32,
+            link: None,
+            comm_s: None,
+            comm_cut: None,
+            overlap: 0.0,
+            overhead: Some(0.15),
+        }
+    }
+
+    #[test]
+    fn question_one_by_hand() {
+        let p = compute(&question_one()).expect("answers without a link");
+        // global batch = 8 × 128 = 1024
+        assert_eq!(p.global_batch, Some(1024));
+        // one GPU: 150 img/s; AMP: 150 × 1.25 = 187.5 img/s, so a step of 128 takes
+        // 128 / 187.5 = 0.682667 s of compute
+        close(p.compute_s, 128.0 / 187.5);
+        close(p.baseline_throughput, 187.5);
+        // 15 % of each step lost: step = 0.682667 / 0.85 = 0.803137 s
+        close(p.step_s, 128.0 / 187.5 / 0.85);
+        // throughput = 150 × 8 × 1.25 × (1 − 0.15) = 1275 img/s (= 1024 / 0.803137)
+        close(p.throughput, 1275.0);
+        // speedup 1275 / 187.5 = 6.8 over one AMP GPU: 85 % efficiency
+        close(p.speedup, 6.8);
+        close(p.efficiency, 0.85);
+        // learning rate, linear scaling from the single GPU's batch: 1024 / 128 = 8 × its lr
+        close(p.lr_factor, 8.0);
+        assert_eq!(p.scaled_lr, None);
+        assert_eq!(p.skipped["scaled_lr"], "needs --base-lr");
+        // no dataset size: steps and epoch time are skipped, saying so
+        assert_eq!(p.steps_per_epoch, None);
+        assert_eq!(p.epoch_s, None);
+        assert_eq!(p.skipped["steps_per_epoch"], "needs --dataset-size");
+        assert_eq!(p.skipped["epoch_s"], "needs --dataset-size");
+        // communication itself is not modelled: it is inside the 15 %
+        assert_eq!(p.comm_s, None);
+        assert_eq!(p.comm_share, None);
+        assert!(p.skipped["comm_s"].contains("--link"));
+
+        // With ImageNet's 1,281,167 images and lr 0.1 for batch 256 (Goyal et al.):
+        // steps = floor(1281167 / 1024) = 1251 (143 left over); epoch = 1251 × 0.803137
+        // = 1004.72 s = 1281024 / 1275; lr = 0.1 × 1024 / 256 = 0.4
+        let mut i = question_one();
+        i.dataset_size = Some(1_281_167);
+        i.base_lr = Some(0.1);
+        i.base_batch = Some(256);
+        let p = compute(&i).expect("valid");
+        assert_eq!(p.steps_per_epoch, Some(1251));
+        assert_eq!(p.dropped_samples_per_epoch, Some(143));
+        close(p.epoch_s, 1251.0 * 1024.0 / 1275.0);
+        close(p.lr_factor, 4.0);
+        close(p.scaled_lr, 0.4);
+        // With only the base lr (tuned on the one GPU at 128): 8 × 0.1 = 0.8
+        i.base_batch = None;
+        close(compute(&i).expect("valid").scaled_lr, 0.8);
+
+        // Without the 15 % (and no link): no communication figure, so no step time
+        // rather than a silent perfect scaling; what needs no step time is still there.
+        i.overhead = None;
+        let p = compute(&i).expect("valid");
+        assert_eq!(p.step_s, None);
+        assert_eq!(p.throughput, None);
+        assert!(
+            p.skipped["step_s"].contains("--overhead"),
+            "{}",
+            p.skipped["step_s"]
+        );
+        assert_eq!(p.global_batch, Some(1024));
+        close(p.compute_s, 128.0 / 187.5);
+    }
+
+    /// "Communication is 90 ms of a 400 ms step; if fp16 halves it and overlap hides
+    /// 40 % of the rest, what is left visible and what is the step time?" The 90 ms are
+    /// in the 400 ms and none of them hidden, so compute is 400 − 90 = 310 ms.
+    #[test]
+    fn question_two_by_hand() {
+        let i = PlanInput {
+            ranks: None,
+            per_rank_batch: None,
+            dataset_size: None,
+            compute: Some(Compute::MeasuredStepS(0.400)),
+            gradient: None,
+            link: None,
+            comm_s: Some(0.090),
+            comm_cut: Some(2.0),
+            overlap: 0.4,
+            overhead: None,
+            amp_speedup: 1.0,
+            ..question_one()
+        };
+        let p = compute(&i).expect("answers without ranks or a link");
+        // compute = 400 − 90 = 310 ms
+        close(p.compute_s, 0.310);
+        // fp16 halves it: 90 / 2 = 45 ms
+        close(p.comm_s, 0.045);
+        // overlap hides 40 % of that: 18 ms; visible 45 − 18 = 27 ms (= 90 × 0.5 × 0.6)
+        close(p.hidden_comm_s, 0.018);
+        close(p.visible_comm_s, 0.027);
+        // step = 310 + 27 = 337 ms
+        close(p.step_s, 0.337);
+        close(p.comm_share, 27.0 / 337.0);
+        // nothing needing ranks or a batch is made up
+        assert_eq!(p.throughput, None);
+        assert_eq!(p.skipped["throughput"], "needs --ranks");
+        assert_eq!(p.comm_f32_s, None);
+        assert_eq!(p.skipped["comm_f32_s"], "communication given by --comm-ms");
+        // --step-ms alone cannot be split into compute and communication
+        let p = compute(&PlanInput { comm_s: None, ..i }).expect("valid");
+        assert_eq!(p.compute_s, None);
+        assert!(p.skipped["compute_s"].contains("--comm-ms"));
+    }
+
+    #[test]
+    fn nothing_given_skips_everything_with_a_reason() {
+        let i = PlanInput {
+            ranks: None,
+            per_rank_batch: None,
+            compute: None,
+            overhead: None,
+            ..question_one()
+        };
+        let p = compute(&i).expect("an empty plan is not an error");
+        let v: serde_json::Value =
+            serde_json::from_str(&p.to_json().expect("json")).expect("parses");
+        let outputs = v.as_object().expect("object");
+        let mut nulls = 0;
+        for (k, x) in outputs {
+            if x.is_null() {
+                nulls += 1;
+                let why = &p.skipped[k.as_str()];
+                assert!(
+                    why.starts_with("needs ") && !why.contains('\n'),
+                    "{k}: {why}"
+                );
+            }
+        }
+        // every output but the warmup (0 steps: none asked for)
+        assert_eq!(nulls, 28, "{v}");
+        assert_eq!(p.warmup_steps, Some(0));
+        let text = p.render();
+        assert!(text.contains("step time                  skipped: needs --throughput"));
     }
 
     #[track_caller]
@@ -1319,32 +1835,38 @@ mod tests {
             f(&mut i);
             i
         };
-        rejects(with(&|i| i.ranks = 0), &["--ranks", "0"]);
-        rejects(with(&|i| i.per_rank_batch = 0), &["--per-rank-batch", "0"]);
+        rejects(with(&|i| i.ranks = Some(0)), &["--ranks", "0"]);
+        rejects(
+            with(&|i| i.per_rank_batch = Some(0)),
+            &["--per-rank-batch", "0"],
+        );
         rejects(
             with(&|i| i.accumulation_steps = 0),
             &["--accumulation-steps", "0"],
         );
-        rejects(with(&|i| i.dataset_size = 0), &["--dataset-size", "0"]);
         rejects(
-            with(&|i| i.dataset_size = 255),
+            with(&|i| i.dataset_size = Some(0)),
+            &["--dataset-size", "0"],
+        );
+        rejects(
+            with(&|i| i.dataset_size = Some(255)),
             &["--dataset-size", "255", "256"],
         );
         rejects(with(&|i| i.epochs = 0), &["--epochs", "0"]);
         rejects(
-            with(&|i| i.compute = Compute::Throughput(0.0)),
+            with(&|i| i.compute = Some(Compute::Throughput(0.0))),
             &["--throughput", "0"],
         );
         rejects(
-            with(&|i| i.compute = Compute::Throughput(-5.0)),
+            with(&|i| i.compute = Some(Compute::Throughput(-5.0))),
             &["--throughput", "-5"],
         );
         rejects(
-            with(&|i| i.compute = Compute::Throughput(f64::NAN)),
+            with(&|i| i.compute = Some(Compute::Throughput(f64::NAN))),
             &["--throughput", "NaN"],
         );
         rejects(
-            with(&|i| i.compute = Compute::StepTimeS(0.0)),
+            with(&|i| i.compute = Some(Compute::StepTimeS(0.0))),
             &["--compute-ms"],
         );
         rejects(with(&|i| i.amp_speedup = 0.0), &["--amp-speedup", "0"]);
@@ -1353,21 +1875,47 @@ mod tests {
             &["--overlap", "-0.1", "[0, 1]"],
         );
         rejects(with(&|i| i.overlap = 1.5), &["--overlap", "1.5"]);
-        rejects(with(&|i| i.overhead = 1.0), &["--overhead", "1", "[0, 1)"]);
-        rejects(with(&|i| i.overhead = -0.2), &["--overhead", "-0.2"]);
         rejects(
-            with(&|i| i.link = Link::from_bandwidth(0.0, 0.0, "--link 0Gbit")),
+            with(&|i| i.overhead = Some(1.0)),
+            &["--overhead", "1", "[0, 1)"],
+        );
+        rejects(with(&|i| i.overhead = Some(-0.2)), &["--overhead", "-0.2"]);
+        rejects(
+            with(&|i| i.link = Some(Link::from_bandwidth(0.0, 0.0, "--link 0Gbit"))),
             &["β", "--link 0Gbit"],
         );
         rejects(
-            with(&|i| i.link = Link::from_bandwidth(-1.0, 0.0, "--link -1GB")),
+            with(&|i| i.link = Some(Link::from_bandwidth(-1.0, 0.0, "--link -1GB"))),
             &["β", "--link -1GB"],
         );
-        rejects(with(&|i| i.link.alpha_s = -1e-6), &["--alpha-us"]);
         rejects(
-            with(&|i| i.base_batch = None),
-            &["--base-lr", "--base-batch"],
+            with(&|i| i.link = Some(Link::from_bandwidth(1e9, -1e-6, "x"))),
+            &["--alpha-us"],
         );
+        rejects(
+            with(&|i| i.comm_s = Some(0.09)),
+            &["--comm-ms", "10Gbit", "give one"],
+        );
+        rejects(
+            with(&|i| {
+                i.link = None;
+                i.comm_s = Some(-0.001);
+            }),
+            &["--comm-ms", "-1"],
+        );
+        rejects(
+            with(&|i| {
+                i.link = None;
+                i.comm_s = Some(0.5);
+                i.compute = Some(Compute::MeasuredStepS(0.4));
+            }),
+            &["--comm-ms 500", "--step-ms 400"],
+        );
+        rejects(
+            with(&|i| i.compute = Some(Compute::MeasuredStepS(-0.4))),
+            &["--step-ms", "-400"],
+        );
+        rejects(with(&|i| i.comm_cut = Some(0.5)), &["--comm-cut", "0.5"]);
         rejects(with(&|i| i.base_lr = Some(0.0)), &["--base-lr", "0"]);
         rejects(with(&|i| i.base_batch = Some(0)), &["--base-batch", "0"]);
         rejects(
@@ -1383,11 +1931,11 @@ mod tests {
             &["warmup", "450361"],
         );
         rejects(
-            with(&|i| i.gradient = Gradient::Params(0)),
+            with(&|i| i.gradient = Some(Gradient::Params(0))),
             &["--params", "0"],
         );
         rejects(
-            with(&|i| i.gradient = Gradient::Bytes(0)),
+            with(&|i| i.gradient = Some(Gradient::Bytes(0))),
             &["--grad-bytes", "0"],
         );
     }

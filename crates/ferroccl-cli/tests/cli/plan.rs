@@ -689,7 +689,170 @@ fn bad_input_errors() {
         &with("--bench", "x.json"),
         &["--link", "--bench", "not both"],
     );
-    fails(&plan(&["-n", "4"]), &["missing --per-rank-batch"]);
+    // Contradictions and impossible values, each naming its flag.
+    fails(
+        &with("--comm-ms", "90"),
+        &["--comm-ms", "--link 10Gbit", "give one"],
+    );
+    fails(
+        &plan(&["--step-ms", "400", "--comm-ms", "500"]),
+        &["--comm-ms 500", "--step-ms 400"],
+    );
+    fails(&plan(&["--comm-ms", "-5"]), &["--comm-ms", "-5"]);
+    fails(
+        &plan(&["--comm-ms", "90", "--comm-cut", "0.5"]),
+        &["--comm-cut", "0.5"],
+    );
+    fails(
+        &plan(&["--comm-ms", "90", "--comm-cut", "zip"]),
+        &["--comm-cut", "zip"],
+    );
+    fails(
+        &plan(&["--throughput", "100", "--step-ms", "400"]),
+        &["--throughput", "--step-ms", "not both"],
+    );
+    fails(&plan(&["--overhead", "1"]), &["--overhead", "[0, 1)"]);
+    fails(&plan(&["-n", "0"]), &["--ranks", "got 0"]);
+}
+
+/// Question one, as asked: "one GPU does 150 img/s at batch 128; on 8 GPUs with +25 %
+/// from mixed precision and about 15 % lost to communication, what global batch, steps
+/// per epoch, throughput, epoch time and learning rate?" By hand: global batch 8 × 128
+/// = 1024; throughput 150 × 8 × 1.25 × (1 − 0.15) = 1275 img/s; lr × 1024 / 128 = 8 ×
+/// the single GPU's. No dataset size was given, so steps per epoch and epoch time are
+/// skipped with the reason; with ImageNet (1,281,167): floor(1281167 / 1024) = 1251
+/// steps, 1251 × 1024 / 1275 = 1004.72 s per epoch; with lr 0.1 per 256: 0.4.
+#[test]
+fn question_one_answers_without_a_link() {
+    let q = [
+        "--ranks",
+        "8",
+        "--per-rank-batch",
+        "128",
+        "--throughput",
+        "150",
+        "--amp-speedup",
+        "1.25",
+        "--overhead",
+        "0.15",
+    ];
+    let out = ok(&plan(&q));
+    for needle in [
+        "global batch             = ranks × per-rank batch × accumulation steps = 8 × 128 × 1 = 1024",
+        "steps per epoch            skipped: needs --dataset-size",
+        "time per epoch             skipped: needs --dataset-size",
+        "lr factor                = global batch / base batch = 1024 / 128 (the single-rank batch b × k) = 8",
+        "scaled lr                  skipped: needs --base-lr",
+        "compute / (1 − overhead) = 682.667 ms / (1 − 0.15) = 803.137 ms",
+        "= 8 × 128 × 1 / 803.137 ms = 1275 samples/s",
+        "efficiency               = speedup / ranks = 6.8 / 8 = 85 %",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let mut args = q.to_vec();
+    args.extend([
+        "--dataset-size",
+        "1281167",
+        "--base-lr",
+        "0.1",
+        "--base-batch",
+        "256",
+        "--json",
+    ]);
+    let v = json(&plan(&args));
+    assert_eq!(v["global_batch"], 1024);
+    assert_eq!(v["steps_per_epoch"], 1251);
+    close(num(&v, "throughput"), 1275.0, 1e-12);
+    close(num(&v, "epoch_s"), 1251.0 * 1024.0 / 1275.0, 1e-12);
+    close(num(&v, "scaled_lr"), 0.4, 1e-12);
+    assert!(v["comm_s"].is_null());
+    assert!(v["skipped"]["comm_s"]
+        .as_str()
+        .expect("reason")
+        .contains("--link"));
+}
+
+/// Question two: "communication is 90 ms of a 400 ms step; if fp16 halves it and
+/// overlap hides 40 % of the rest, what is left visible and what is the step time?"
+/// By hand: 90 / 2 = 45 ms; 40 % of 45 hidden = 18; visible 27 ms (= 90 × 0.5 × 0.6);
+/// the step's other 400 − 90 = 310 ms stay, so the step is 310 + 27 = 337 ms.
+#[test]
+fn question_two_visible_communication() {
+    let q = [
+        "--comm-ms",
+        "90",
+        "--step-ms",
+        "400",
+        "--comm-cut",
+        "fp16",
+        "--overlap",
+        "0.4",
+    ];
+    let out = ok(&plan(&q));
+    for needle in [
+        "compute per step         = (step − communication) / amp speed-up = (400 ms − 90 ms) / 1 = 310 ms",
+        "comm per step            = given communication / cut = 90 ms / 2 = 45 ms",
+        "min(0.4 × 45 ms, 310 ms) = 18 ms",
+        "visible comm             = comm − hidden = 45 ms − 18 ms = 27 ms",
+        "(310 ms + 27 ms) / (1 − 0) = 337 ms",
+        "throughput                 skipped: needs --ranks",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let mut args = q.to_vec();
+    args.push("--json");
+    let v = json(&plan(&args));
+    close(num(&v, "visible_comm_s"), 0.027, 1e-12);
+    close(num(&v, "step_s"), 0.337, 1e-12);
+    // A compression factor instead of fp16: 90 / 3 = 30; 40 % hidden: 18 visible; 328 ms
+    let v = json(&plan(&[
+        "--comm-ms",
+        "90",
+        "--step-ms",
+        "400",
+        "--comm-cut",
+        "3",
+        "--overlap",
+        "0.4",
+        "--json",
+    ]));
+    close(num(&v, "visible_comm_s"), 0.018, 1e-12);
+    close(num(&v, "step_s"), 0.328, 1e-12);
+}
+
+/// Question two from a TOML file, keys as the flags; a flag overrides the file's cut,
+/// and a file's `link` gives way to a `--comm-ms` flag.
+#[test]
+fn toml_config_takes_the_visible_communication_keys() {
+    let dir = temp_dir("tomlcomm");
+    let cfg = dir.join("q2.toml");
+    std::fs::write(
+        &cfg,
+        "comm_ms = 90\nstep_ms = 400\ncomm_cut = \"fp16\"\noverlap = 0.4\n",
+    )
+    .expect("write config");
+    let c = cfg.to_str().expect("utf-8");
+    let v = json(&plan(&["--config", c, "--json"]));
+    close(num(&v, "step_s"), 0.337, 1e-12);
+    // 90 / 3 = 30 ms; 40 % hidden: 18 ms visible; 310 + 18 = 328 ms
+    let v = json(&plan(&["--config", c, "--comm-cut", "3", "--json"]));
+    close(num(&v, "step_s"), 0.328, 1e-12);
+    let linked = dir.join("linked.toml");
+    std::fs::write(
+        &linked,
+        "ranks = 2\nper_rank_batch = 8\nstep_ms = 400\nlink = \"10Gbit\"\nparams = \"1M\"\n",
+    )
+    .expect("write config");
+    let v = json(&plan(&[
+        "--config",
+        linked.to_str().expect("utf-8"),
+        "--comm-ms",
+        "90",
+        "--json",
+    ]));
+    close(num(&v, "step_s"), 0.4, 1e-12);
+    assert!(v["input"]["link"].is_null());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

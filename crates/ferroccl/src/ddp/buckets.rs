@@ -11,9 +11,11 @@
 //! gradient accumulation over several passes is just several passes. In a pass begun
 //! with `sync = false` (`no_sync`) nothing is communicated; in a synchronising pass,
 //! a bucket's all-reduce starts ([`Communicator::all_reduce_start`]) the moment its
-//! last gradient arrives, and [`GradReducer::finish_pass`] waits for them all. Then
-//! [`GradReducer::grad`] holds the average over ranks, and [`GradReducer::zero`]
-//! clears the buckets for the next step.
+//! last gradient arrives, and [`GradReducer::finish_pass`] waits for them all (or
+//! [`GradReducer::end_pass`] ends the pass and [`GradReducer::wait_bucket`] waits for
+//! one bucket at a time, so that an optimizer can step a bucket's parameters while
+//! the later buckets are still on the wire). Then [`GradReducer::grad`] holds the
+//! average over ranks, and [`GradReducer::zero`] clears the buckets for the next step.
 //!
 //! On the wire the gradients may travel as f16 or bf16 ([`WireDtype`]): each bucket is
 //! multiplied by `1/world` *before* the conversion, so the sum of the ranks'
@@ -271,13 +273,7 @@ impl<'c> GradReducer<'c> {
     /// parameter's gradient never arrived (every rank must reduce every bucket, or
     /// the ranks' collectives would no longer line up).
     pub fn finish_pass(&mut self) -> Result<PassStats> {
-        if let Some(p) = self.arrived.iter().position(|a| !a) {
-            // Launched buckets must still be waited for (their buffers are in flight).
-            let _ = self.wait_all();
-            return Err(Error::InvalidArgument(format!(
-                "backward pass ended without a gradient for parameter {p}"
-            )));
-        }
+        self.end_pass()?;
         let t = Instant::now();
         let buckets = self.wait_all()?;
         Ok(PassStats {
@@ -287,39 +283,74 @@ impl<'c> GradReducer<'c> {
         })
     }
 
+    /// Ends the pass without waiting: the buckets stay in flight until
+    /// [`GradReducer::wait_bucket`] (so the optimizer step of a bucket's parameters can
+    /// start as soon as that bucket is reduced). Errors, after waiting for what was
+    /// launched, if some parameter's gradient never arrived.
+    pub fn end_pass(&mut self) -> Result<()> {
+        if let Some(p) = self.arrived.iter().position(|a| !a) {
+            // Launched buckets must still be waited for (their buffers are in flight).
+            let _ = self.wait_all();
+            return Err(Error::InvalidArgument(format!(
+                "backward pass ended without a gradient for parameter {p}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes this pass put into all-reduces (before the ring's 2(n-1)/n factor).
+    pub fn launched_bytes(&self) -> usize {
+        self.launched_bytes
+    }
+
     fn wait_all(&mut self) -> Result<usize> {
         let mut first_err = None;
         let mut count = 0;
         for b in 0..self.inflight.len() {
-            let Some(f) = self.inflight[b].take() else {
-                continue;
-            };
-            count += 1;
-            let r = match f {
-                InFlight::F32(p) => p.wait().map(|v| self.bufs[b] = v),
-                InFlight::F16(p) => p.wait().map(|v| {
-                    for (d, s) in self.bufs[b].iter_mut().zip(v) {
-                        *d = s.to_f32();
-                    }
-                }),
-                InFlight::Bf16(p) => p.wait().map(|v| {
-                    for (d, s) in self.bufs[b].iter_mut().zip(v) {
-                        *d = s.to_f32();
-                    }
-                }),
-            };
-            if let Err(e) = r {
-                // A failed F32 bucket's buffer is gone; its values are lost either way.
-                if self.bufs[b].len() != self.plan.buckets[b].len {
-                    self.bufs[b] = vec![0.0; self.plan.buckets[b].len];
+            match self.wait_bucket(b) {
+                Ok(true) => count += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    count += 1;
+                    first_err.get_or_insert(e);
                 }
-                first_err.get_or_insert(e);
             }
         }
         match first_err {
             Some(e) => Err(e),
             None => Ok(count),
         }
+    }
+
+    /// Waits for bucket `b`'s all-reduce, if one is in flight (true then); afterwards
+    /// the gradients of its parameters ([`Bucket::params`]) are the average over ranks.
+    pub fn wait_bucket(&mut self, b: usize) -> Result<bool> {
+        let Some(f) = self.inflight.get_mut(b).and_then(Option::take) else {
+            return Ok(false);
+        };
+        let r = match f {
+            InFlight::F32(p) => p.wait().map(|v| self.bufs[b] = v),
+            InFlight::F16(p) => p.wait().map(|v| {
+                for (d, s) in self.bufs[b].iter_mut().zip(v) {
+                    *d = s.to_f32();
+                }
+            }),
+            InFlight::Bf16(p) => p.wait().map(|v| {
+                for (d, s) in self.bufs[b].iter_mut().zip(v) {
+                    *d = s.to_f32();
+                }
+            }),
+        };
+        if r.is_err() && self.bufs[b].len() != self.plan.buckets[b].len {
+            // A failed F32 bucket's buffer is gone; its values are lost either way.
+            self.bufs[b] = vec![0.0; self.plan.buckets[b].len];
+        }
+        r.map(|()| true)
+    }
+
+    /// Bucket `b`'s gradients (all its parameters, packed), for a finiteness check.
+    pub fn bucket(&self, b: usize) -> &[f32] {
+        &self.bufs[b]
     }
 
     /// Parameter `param`'s gradient: after a synchronising pass, the average over

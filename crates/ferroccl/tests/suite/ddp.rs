@@ -7,6 +7,43 @@ use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
+/// `end_pass` then `wait_bucket` one bucket at a time (what a per-bucket optimizer step
+/// does) gives each bucket's average once that bucket is waited for, the same as
+/// `finish_pass`; a bucket with nothing in flight answers false.
+#[test]
+fn buckets_can_be_waited_for_one_at_a_time() {
+    let lens = [300usize, 200, 100];
+    let out = run(2, Net::Local, &test_config(), DEADLINE, move |c| {
+        let r = c.rank() as f32;
+        // 400 B per bucket: one parameter each, the last first.
+        let mut red = GradReducer::new(c, &lens, 400, 1200, WireDtype::F32);
+        red.begin_pass(true);
+        for p in (0..lens.len()).rev() {
+            red.grad_ready(p, &vec![r + p as f32; lens[p]])?;
+        }
+        red.end_pass()?;
+        let mut seen = Vec::new();
+        for b in 0..red.plan().buckets.len() {
+            let waited = red.wait_bucket(b)?;
+            let p = red.plan().buckets[b].params[0];
+            seen.push((waited, p, red.grad(p).to_vec()));
+        }
+        let again = red.wait_bucket(0)?;
+        Ok((seen, again))
+    })
+    .unwrap();
+    for (seen, again) in out {
+        assert!(!again, "a bucket already waited for has nothing in flight");
+        let order: Vec<usize> = seen.iter().map(|s| s.1).collect();
+        assert_eq!(order, vec![2, 1, 0], "buckets run from the last parameter");
+        for (waited, p, g) in seen {
+            assert!(waited);
+            // mean over ranks 0 and 1 of r + p
+            assert_eq!(g, vec![0.5 + p as f32; lens[p]], "param {p}");
+        }
+    }
+}
+
 #[test]
 fn reducer_averages_accumulates_and_refuses_bad_gradients() {
     let lens = [3usize, 1000, 7, 20_000, 5];

@@ -1,0 +1,589 @@
+//! `Ddp`: data-parallel training for any candle model, in a few lines.
+//!
+//! ```no_run
+//! # use candle_core::{DType, Device, Tensor};
+//! # use candle_nn::{Module, VarBuilder, VarMap};
+//! # use ferroccl::{Communicator, Config};
+//! use ferroccl_candle::ddp::{Ddp, DdpConfig, Sgd};
+//! # fn main() -> ferroccl::Result<()> {
+//! # let comm = Communicator::local_group(1, &Config::default())?.remove(0);
+//! # let (x, y) = (Tensor::zeros((4, 3), DType::F32, &Device::Cpu).unwrap(), Tensor::zeros(4, DType::U32, &Device::Cpu).unwrap());
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+//! let model = candle_nn::linear(3, 10, vb.pp("fc")).unwrap(); // your model
+//! // Rank 0's initial weights reach every rank here.
+//! let mut ddp = Ddp::new(&comm, &varmap, Sgd::new(0.9, 0.0), DdpConfig::default())?;
+//! for _step in 0..10 {
+//!     let loss = candle_nn::loss::cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
+//!     ddp.backward(&loss)?; // buckets all-reduced in the background
+//!     ddp.step(0.1)?; // each bucket's parameters stepped as soon as it is reduced
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! What it does, in PyTorch DDP's terms:
+//!
+//! * **Initial weights** are broadcast from rank 0 in [`Ddp::new`], so replicas start
+//!   identical; every step applies the same averaged gradients everywhere, so they stay
+//!   identical (bit for bit: the all-reduce gives every rank the same bytes).
+//! * **Buckets** ([`ferroccl::ddp::buckets`]): parameters in reverse registration
+//!   order, packed into buckets of [`DdpConfig::bucket_bytes`] (the first
+//!   [`DdpConfig::first_bucket_bytes`]); PyTorch's 25 MiB / 1 MiB by default. A bucket's
+//!   all-reduce starts in the background the moment its last gradient is in.
+//! * **Optimizer step per bucket**: [`Ddp::step`] waits for the buckets in the order
+//!   they were launched and updates each bucket's parameters as soon as that bucket is
+//!   reduced, while the later buckets are still on the wire.
+//! * **Overlap with backward**: candle computes all gradients in one `backward()`, so
+//!   [`Ddp::backward`] launches the buckets right after it. A model that can run its
+//!   backward in segments (as the trainer's `LeNet` does) hands each gradient over as
+//!   it appears with [`Ddp::begin_pass`] / [`Ddp::grad_ready`] / [`Ddp::end_pass`], and
+//!   the first buckets travel while the earlier layers are still differentiated.
+//! * **`no_sync`**: [`Ddp::backward_no_sync`] adds the gradients into the buckets
+//!   without communicating; the next [`Ddp::backward`] sends the sum.
+//! * **Half-precision gradients on the wire**: [`DdpConfig::wire`] (f16/bf16).
+//! * **Mixed precision**: [`Ddp::step_scaled`] with a [`LossScaler`] unscales, skips
+//!   steps whose averaged gradients overflowed and adjusts the scale (the same on every
+//!   rank, since every rank checks the same averaged gradients).
+//! * **Checkpoints**: [`Ddp::snapshot`] (weights and optimizer state, plus your own
+//!   JSON state) for rank 0 to save, and [`Ddp::restore`], which every rank calls and
+//!   which gives every rank rank 0's loaded weights, optimizer state and JSON state:
+//!   a resumed run continues bit for bit.
+//!
+//! The weights the optimizer updates are f32 master copies held here; after each step
+//! they are written into the candle `Var`s the model reads. Variables must be f32 (a
+//! model that computes in f16 casts them in its forward pass, as the trainer's does).
+//! The sampler, LR schedule and loss scaler are `ferroccl::ddp`'s, re-exported here.
+
+use crate::model::ce;
+use candle_core::{DType, Tensor, Var};
+use candle_nn::VarMap;
+use ferroccl::ddp::buckets::BucketPlan;
+use ferroccl::ddp::checkpoint::{Checkpoint, Tensor as CkptTensor};
+use ferroccl::ddp::scaler::{all_finite, ScaleAction};
+use ferroccl::ddp::GradReducer;
+use ferroccl::{Communicator, Error, Result};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use ferroccl::ddp::buckets::{DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
+pub use ferroccl::ddp::{Decay, DistributedSampler, LossScaler, LrSchedule, Rng, WireDtype};
+
+/// Bucket sizes and the gradients' type on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdpConfig {
+    /// Cap of every bucket but the first, bytes (PyTorch: 25 MiB).
+    pub bucket_bytes: usize,
+    /// Cap of the first bucket, bytes (PyTorch: 1 MiB), so communication starts early.
+    pub first_bucket_bytes: usize,
+    /// Gradient element type on the wire.
+    pub wire: WireDtype,
+}
+
+impl Default for DdpConfig {
+    fn default() -> Self {
+        DdpConfig {
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            first_bucket_bytes: DEFAULT_FIRST_BUCKET_BYTES,
+            wire: WireDtype::F32,
+        }
+    }
+}
+
+/// An optimizer over f32 master weights, one parameter at a time, so that a bucket's
+/// parameters can be stepped as soon as that bucket is reduced. Its state is a set of
+/// per-parameter buffers (SGD: the momentum), which checkpoints save and restore.
+pub trait Optimizer {
+    /// Called once by [`Ddp`] with every parameter's element count (registration
+    /// order) before any update.
+    fn init(&mut self, param_lens: &[usize]);
+    /// Updates parameter `param`'s weights `w` from its averaged gradient `g`, to be
+    /// multiplied by `grad_scale` first (1 / loss scale), at learning rate `lr`.
+    fn update(&mut self, param: usize, w: &mut [f32], g: &[f32], lr: f32, grad_scale: f32);
+    /// The state: a name per kind of buffer (used in checkpoints as `name/param`) and
+    /// one buffer per parameter, each as long as its parameter.
+    fn state(&mut self) -> Vec<(&'static str, &mut Vec<Vec<f32>>)>;
+}
+
+/// SGD with momentum and L2 weight decay (PyTorch's `torch.optim.SGD` update):
+/// d = g × scale + wd × w; m = μ × m + d; w −= lr × m.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sgd {
+    /// Momentum μ (0: plain SGD).
+    pub momentum: f32,
+    /// L2 weight decay.
+    pub weight_decay: f32,
+    bufs: Vec<Vec<f32>>,
+}
+
+impl Sgd {
+    /// SGD with momentum `momentum` and weight decay `weight_decay`.
+    pub fn new(momentum: f32, weight_decay: f32) -> Self {
+        Sgd {
+            momentum,
+            weight_decay,
+            bufs: Vec::new(),
+        }
+    }
+}
+
+impl Optimizer for Sgd {
+    fn init(&mut self, param_lens: &[usize]) {
+        self.bufs = param_lens.iter().map(|&n| vec![0.0; n]).collect();
+    }
+
+    fn update(&mut self, param: usize, w: &mut [f32], g: &[f32], lr: f32, grad_scale: f32) {
+        let m = &mut self.bufs[param];
+        for ((w, &gi), mi) in w.iter_mut().zip(g).zip(m.iter_mut()) {
+            let d = gi * grad_scale + self.weight_decay * *w;
+            *mi = self.momentum * *mi + d;
+            *w -= lr * *mi;
+        }
+    }
+
+    fn state(&mut self) -> Vec<(&'static str, &mut Vec<Vec<f32>>)> {
+        vec![("momentum", &mut self.bufs)]
+    }
+}
+
+/// One parameter: the candle variable the model reads and the f32 master copy the
+/// optimizer updates.
+struct Param {
+    name: String,
+    shape: Vec<usize>,
+    var: Var,
+    master: Vec<f32>,
+}
+
+/// What one [`Ddp::step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepReport {
+    /// Whether the optimizer step was applied (false: skipped for overflow).
+    pub applied: bool,
+    /// Time spent waiting for all-reduces: the communication backward did not hide.
+    pub exposed: Duration,
+    /// Buckets all-reduced.
+    pub buckets: usize,
+    /// Bytes this rank put into the all-reduces (before the ring's 2(n−1)/n factor).
+    pub bytes: usize,
+}
+
+/// Data-parallel training of one model replica on one communicator; see the module
+/// docs.
+pub struct Ddp<'c, O> {
+    comm: &'c Communicator,
+    params: Vec<Param>,
+    reducer: GradReducer<'c>,
+    opt: O,
+    steps: u64,
+    in_pass: bool,
+    /// Set by a pass that only accumulated (`no_sync`), cleared by a synchronising
+    /// one: stepping in between would apply this rank's own gradients only.
+    local_only: bool,
+}
+
+impl<'c, O: Optimizer> Ddp<'c, O> {
+    /// DDP over every variable of `varmap`. A `VarMap` does not keep the order the
+    /// variables were created in, so they are taken in the order of their names
+    /// (`fc1.weight` before `fc2.weight`): name layers so that this is the forward
+    /// order, or give the order with [`Ddp::from_vars`]. Collective: every rank calls
+    /// it; rank 0's weights become every rank's.
+    pub fn new(comm: &'c Communicator, varmap: &VarMap, opt: O, cfg: DdpConfig) -> Result<Self> {
+        let mut vars: Vec<(String, Var)> = varmap
+            .data()
+            .lock()
+            .map_err(|_| Error::InvalidArgument("the VarMap's lock is poisoned".into()))?
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        Self::from_vars(comm, vars, opt, cfg)
+    }
+
+    /// DDP over `vars`, named and in registration (forward) order: buckets are packed
+    /// from the last. Collective: every rank calls it with the same names and shapes;
+    /// rank 0's weights become every rank's.
+    pub fn from_vars(
+        comm: &'c Communicator,
+        vars: Vec<(String, Var)>,
+        mut opt: O,
+        cfg: DdpConfig,
+    ) -> Result<Self> {
+        let mut params = Vec::with_capacity(vars.len());
+        for (name, var) in vars {
+            if var.dtype() != DType::F32 {
+                return Err(Error::InvalidArgument(format!(
+                    "variable {name} is {:?}: Ddp keeps f32 variables (cast to half \
+                     precision in the forward pass)",
+                    var.dtype()
+                )));
+            }
+            if params.iter().any(|p: &Param| p.name == name) {
+                return Err(Error::InvalidArgument(format!(
+                    "variable name {name} given twice"
+                )));
+            }
+            let master = var
+                .as_tensor()
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(ce("reading a variable"))?;
+            params.push(Param {
+                name,
+                shape: var.dims().to_vec(),
+                var,
+                master,
+            });
+        }
+        let lens: Vec<usize> = params.iter().map(|p| p.master.len()).collect();
+        opt.init(&lens);
+        let reducer = GradReducer::new(
+            comm,
+            &lens,
+            cfg.first_bucket_bytes,
+            cfg.bucket_bytes,
+            cfg.wire,
+        );
+        let mut ddp = Ddp {
+            comm,
+            params,
+            reducer,
+            opt,
+            steps: 0,
+            in_pass: false,
+            local_only: false,
+        };
+        // Broadcast fails with a typed mismatch if ranks disagree on a size.
+        for p in &mut ddp.params {
+            comm.broadcast(&mut p.master, 0)?;
+        }
+        ddp.write_vars(0..ddp.params.len())?;
+        Ok(ddp)
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &'c Communicator {
+        self.comm
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &O {
+        &self.opt
+    }
+
+    /// The bucket layout.
+    pub fn bucket_plan(&self) -> &BucketPlan {
+        self.reducer.plan()
+    }
+
+    /// Optimizer steps this `Ddp` has taken (applied or skipped).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Every parameter's name and master weights, in registration order.
+    pub fn weights(&self) -> Vec<(String, Vec<f32>)> {
+        self.params
+            .iter()
+            .map(|p| (p.name.clone(), p.master.clone()))
+            .collect()
+    }
+
+    fn write_vars(&self, which: impl IntoIterator<Item = usize>) -> Result<()> {
+        for j in which {
+            let p = &self.params[j];
+            let t = Tensor::from_slice(&p.master, p.shape.as_slice(), p.var.device())
+                .map_err(ce("updating parameters"))?;
+            p.var.set(&t).map_err(ce("updating parameters"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts a backward pass whose gradients come through [`Ddp::grad_ready`]; with
+    /// `sync = false` they are only accumulated (`no_sync`).
+    pub fn begin_pass(&mut self, sync: bool) {
+        self.reducer.begin_pass(sync);
+        self.in_pass = true;
+        self.local_only = !sync;
+    }
+
+    /// Parameter `param`'s gradient of this pass (registration order); its bucket's
+    /// all-reduce starts when it is the bucket's last.
+    pub fn grad_ready(&mut self, param: usize, grad: &[f32]) -> Result<()> {
+        self.reducer.grad_ready(param, grad)
+    }
+
+    /// Ends the pass begun by [`Ddp::begin_pass`]; the buckets stay in flight until
+    /// [`Ddp::step`]. Errors if a parameter's gradient is missing.
+    pub fn end_pass(&mut self) -> Result<()> {
+        self.in_pass = false;
+        self.reducer.end_pass()
+    }
+
+    fn pass(&mut self, loss: &Tensor, sync: bool) -> Result<()> {
+        let grads = loss.backward().map_err(ce("backward"))?;
+        self.begin_pass(sync);
+        for j in (0..self.params.len()).rev() {
+            let p = &self.params[j];
+            let g = match grads.get(p.var.as_tensor()) {
+                Some(g) => g
+                    .to_dtype(DType::F32)
+                    .and_then(|g| g.flatten_all())
+                    .and_then(|g| g.to_vec1::<f32>())
+                    .map_err(ce("reading a gradient"))?,
+                // A parameter the loss does not depend on has a zero gradient.
+                None => vec![0.0; p.master.len()],
+            };
+            self.reducer.grad_ready(j, &g)?;
+        }
+        self.end_pass()
+    }
+
+    /// Backward from `loss` and the all-reduce of the gradients (added to any
+    /// accumulated by [`Ddp::backward_no_sync`]), in the background: the buckets are
+    /// launched last parameter first. Call [`Ddp::step`] next.
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        self.pass(loss, true)
+    }
+
+    /// Backward from `loss` with the gradients only added into the buckets, nothing
+    /// communicated (PyTorch's `no_sync()`): for all but the last micro-batch of a
+    /// gradient-accumulation step. Scale each micro-batch's loss by 1 / micro-batches.
+    pub fn backward_no_sync(&mut self, loss: &Tensor) -> Result<()> {
+        self.pass(loss, false)
+    }
+
+    fn check_finite(&self, b: usize) -> Result<()> {
+        if all_finite(self.reducer.bucket(b)) {
+            return Ok(());
+        }
+        let names: Vec<&str> = self.reducer.plan().buckets[b]
+            .params
+            .iter()
+            .map(|&j| self.params[j].name.as_str())
+            .collect();
+        Err(Error::Diverged {
+            step: self.steps,
+            why: format!(
+                "the averaged gradients of {} hold inf or NaN",
+                names.join(", ")
+            ),
+        })
+    }
+
+    fn apply_bucket(&mut self, b: usize, lr: f32, grad_scale: f32) -> Result<()> {
+        let which = self.reducer.plan().buckets[b].params.clone();
+        for &j in &which {
+            let g = self.reducer.grad(j);
+            self.opt
+                .update(j, &mut self.params[j].master, g, lr, grad_scale);
+        }
+        self.write_vars(which)
+    }
+
+    fn finish_step(&mut self, waited: Duration, applied: bool) -> StepReport {
+        let report = StepReport {
+            applied,
+            exposed: waited,
+            buckets: self.reducer.plan().buckets.len(),
+            bytes: self.reducer.launched_bytes(),
+        };
+        self.reducer.zero();
+        self.steps += 1;
+        report
+    }
+
+    fn ready_to_step(&self) -> Result<()> {
+        if self.in_pass {
+            return Err(Error::InvalidArgument(
+                "step during a backward pass: call end_pass first".into(),
+            ));
+        }
+        if self.local_only {
+            return Err(Error::InvalidArgument(
+                "step after backward_no_sync: the gradients are this rank's alone until a \
+                 synchronising backward sends them"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The optimizer step at learning rate `lr` with the averaged gradients: each
+    /// bucket's parameters are updated as soon as that bucket's all-reduce is done.
+    /// Gradients holding inf or NaN are [`Error::Diverged`] on every rank alike (the
+    /// buckets before the one that held them have been stepped; training is over).
+    pub fn step(&mut self, lr: f64) -> Result<StepReport> {
+        self.ready_to_step()?;
+        let mut waited = Duration::ZERO;
+        for b in 0..self.reducer.plan().buckets.len() {
+            let w = Instant::now();
+            let r = self.reducer.wait_bucket(b);
+            waited += w.elapsed();
+            if let Err(e) = r.and_then(|_| self.check_finite(b)) {
+                self.drain();
+                return Err(e);
+            }
+            self.apply_bucket(b, lr as f32, 1.0)?;
+        }
+        Ok(self.finish_step(waited, true))
+    }
+
+    /// The optimizer step for a loss multiplied by `scaler.scale` before backward: waits
+    /// for every bucket, and if all averaged gradients are finite applies them divided
+    /// by the scale; otherwise skips the step. Either way the scaler learns of it.
+    pub fn step_scaled(&mut self, lr: f64, scaler: &mut LossScaler) -> Result<StepReport> {
+        self.ready_to_step()?;
+        let mut waited = Duration::ZERO;
+        let nb = self.reducer.plan().buckets.len();
+        for b in 0..nb {
+            let w = Instant::now();
+            let r = self.reducer.wait_bucket(b);
+            waited += w.elapsed();
+            if let Err(e) = r {
+                self.drain();
+                return Err(e);
+            }
+        }
+        let finite = (0..nb).all(|b| all_finite(self.reducer.bucket(b)));
+        let unscale = 1.0 / scaler.scale;
+        let applied = scaler.update(finite) == ScaleAction::Apply;
+        if applied {
+            for b in 0..nb {
+                self.apply_bucket(b, lr as f32, unscale)?;
+            }
+        }
+        Ok(self.finish_step(waited, applied))
+    }
+
+    /// After a failed step: waits for what is still in flight, clears the buckets.
+    fn drain(&mut self) {
+        for b in 0..self.reducer.plan().buckets.len() {
+            let _ = self.reducer.wait_bucket(b);
+        }
+        self.reducer.zero();
+    }
+
+    /// A checkpoint of the weights (`param/NAME`), the optimizer state (`KIND/NAME`)
+    /// and `state`, your own JSON (step, schedule, sampler position). Rank 0 saves it
+    /// (`ferroccl::ddp::CheckpointDir`); the replicas are identical.
+    pub fn snapshot(&mut self, state: serde_json::Value) -> Checkpoint {
+        let mut tensors = Vec::new();
+        let kinds = self.opt.state();
+        for (j, p) in self.params.iter().enumerate() {
+            tensors.push(CkptTensor {
+                name: format!("param/{}", p.name),
+                shape: p.shape.clone(),
+                data: p.master.clone(),
+            });
+            for (kind, bufs) in &kinds {
+                tensors.push(CkptTensor {
+                    name: format!("{kind}/{}", p.name),
+                    shape: p.shape.clone(),
+                    data: bufs[j].clone(),
+                });
+            }
+        }
+        Checkpoint { state, tensors }
+    }
+
+    /// Rank 0's checkpoint into every rank. Collective: rank 0 passes what it loaded
+    /// (what `CheckpointDir::load_latest` returns: `Ok(None)` is nothing to resume;
+    /// `Err` is a failed load), the other ranks pass `Ok(None)` (what they pass is not
+    /// read). A checkpoint whose tensors do not fit the model changes nothing and is an
+    /// [`Error::Checkpoint`]; on the other ranks rank 0's failure is an error too.
+    /// Returns the checkpoint's JSON state on every rank (`None`: starting fresh);
+    /// afterwards weights and optimizer state are rank 0's everywhere.
+    pub fn restore(
+        &mut self,
+        loaded: Result<Option<(PathBuf, Checkpoint)>>,
+    ) -> Result<Option<serde_json::Value>> {
+        let mut blob = Vec::new();
+        let r = if self.comm.rank() == 0 {
+            loaded.and_then(|ck| match ck {
+                Some((path, ck)) => {
+                    self.load(&ck, &path)?;
+                    blob = serde_json::to_vec(&ck.state).map_err(|e| {
+                        Error::checkpoint(&path, format!("state does not serialise: {e}"))
+                    })?;
+                    Ok(())
+                }
+                None => Ok(()),
+            })
+        } else {
+            Ok(())
+        };
+        agree(self.comm, r, "to load the checkpoint")?;
+        broadcast_bytes(self.comm, &mut blob)?;
+        if blob.is_empty() {
+            return Ok(None);
+        }
+        let state = serde_json::from_slice(&blob)
+            .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+        for p in &mut self.params {
+            self.comm.broadcast(&mut p.master, 0)?;
+        }
+        for (_, bufs) in self.opt.state() {
+            for b in bufs.iter_mut() {
+                self.comm.broadcast(b, 0)?;
+            }
+        }
+        self.write_vars(0..self.params.len())?;
+        Ok(Some(state))
+    }
+
+    /// Loads `ck` into the masters and the optimizer state, checking everything first.
+    fn load(&mut self, ck: &Checkpoint, source: &Path) -> Result<()> {
+        let bad = |why: String| Error::checkpoint(source, why);
+        let kinds: Vec<&'static str> = self.opt.state().iter().map(|(k, _)| *k).collect();
+        let mut found = Vec::new();
+        for p in &self.params {
+            for kind in std::iter::once("param").chain(kinds.iter().copied()) {
+                let name = format!("{kind}/{}", p.name);
+                let t = ck
+                    .tensor(&name)
+                    .ok_or_else(|| bad(format!("no tensor {name}")))?;
+                if t.shape != p.shape {
+                    return Err(bad(format!(
+                        "{name} has shape {:?}, the model {:?}",
+                        t.shape, p.shape
+                    )));
+                }
+                found.push(t.data.clone());
+            }
+        }
+        let mut it = found.into_iter();
+        let per = 1 + kinds.len();
+        let mut states = self.opt.state();
+        for (j, p) in self.params.iter_mut().enumerate() {
+            let mut group: Vec<Vec<f32>> = it.by_ref().take(per).collect();
+            let rest = group.split_off(1);
+            p.master = group.pop().expect("checked: param is first");
+            for ((_, bufs), data) in states.iter_mut().zip(rest) {
+                bufs[j] = data;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Broadcasts rank 0's answer to "did it work?"; on other ranks a failure on rank 0
+/// becomes an error naming it.
+fn agree(comm: &Communicator, r: Result<()>, what: &str) -> Result<()> {
+    let mut ok = [u8::from(r.is_ok())];
+    comm.broadcast(&mut ok, 0)?;
+    match (r, ok[0]) {
+        (Err(e), _) => Err(e),
+        (Ok(()), 0) => Err(Error::InvalidArgument(format!(
+            "rank 0 failed {what} (its error says why)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Sends rank 0's bytes to every rank.
+fn broadcast_bytes(comm: &Communicator, bytes: &mut Vec<u8>) -> Result<()> {
+    let mut len = [bytes.len() as i64];
+    comm.broadcast(&mut len, 0)?;
+    bytes.resize(len[0] as usize, 0);
+    comm.broadcast(bytes, 0)
+}
