@@ -97,6 +97,10 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Where rank 0 writes checkpoints.
     pub checkpoint_dir: Option<PathBuf>,
+    /// When set, a stop request (SIGTERM, see [`ferroccl::ddp::Preemption`]) ends the
+    /// run after the current step on every rank, with a checkpoint (rank 0) and
+    /// [`Error::Preempted`].
+    pub preemption: Option<ferroccl::ddp::Preemption>,
     /// Checkpoint every this many steps (0: only at the end).
     pub checkpoint_every: u64,
     /// Checkpoints kept.
@@ -138,6 +142,7 @@ impl Default for TrainConfig {
             seed: 0,
             checkpoint_dir: None,
             checkpoint_every: 0,
+            preemption: None,
             keep: 3,
             resume: None,
             metrics: None,
@@ -441,9 +446,28 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             totals.absorb(&interval);
             interval = Interval::default();
         }
+        let mut saved = None;
         if cfg.checkpoint_every > 0 && state.step.is_multiple_of(cfg.checkpoint_every) || end {
             if let Some(d) = &ckdir {
-                d.save(state.step, &snapshot(&mut ddp, &state)?)?;
+                saved = Some(d.save(state.step, &snapshot(&mut ddp, &state)?)?);
+            }
+        }
+        // Asked to stop (SIGTERM on any rank): every rank learns it after the same step;
+        // rank 0 writes that step's checkpoint, and the run ends as Preempted.
+        if let Some(p) = &cfg.preemption {
+            if !end && p.agreed(comm)? {
+                if saved.is_none() {
+                    if let Some(d) = &ckdir {
+                        saved = Some(d.save(state.step, &snapshot(&mut ddp, &state)?)?);
+                    }
+                }
+                if let Some(b) = &bar {
+                    b.finish_and_clear();
+                }
+                return Err(Error::Preempted {
+                    step: state.step,
+                    checkpoint: saved,
+                });
             }
         }
     }

@@ -104,6 +104,11 @@ pub struct TrainArgs {
     /// Ranks to start when not under a launcher.
     #[arg(short = 'n', long, default_value_t = 1)]
     ranks: usize,
+    /// With --ranks N (no launcher): when a rank fails or the job is preempted, start
+    /// every rank again, up to this many times (see `ferroccl launch --max-restarts`);
+    /// with --resume and a --checkpoint-dir the run goes on from its newest checkpoint.
+    #[arg(long = "max-restarts", default_value_t = 0)]
+    max_restarts: usize,
     /// Run at each of these world sizes and report throughput, speedup, efficiency
     /// and accuracy (e.g. 1,2,4); draws throughput against ranks into --plot.
     #[arg(long, value_delimiter = ',')]
@@ -130,7 +135,13 @@ pub fn main(a: TrainArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferroccl train: {e}");
-            ExitCode::from(2)
+            match e {
+                // A launcher restarts on this one (`launch --max-restarts`).
+                ferroccl::Error::Preempted { .. } => {
+                    ExitCode::from(ferroccl::ddp::PREEMPTED_EXIT_CODE as u8)
+                }
+                _ => ExitCode::from(2),
+            }
         }
     }
 }
@@ -204,7 +215,7 @@ fn share_cores() {
 }
 
 fn run(a: &TrainArgs) -> ferroccl::Result<()> {
-    let tc = config(a)?;
+    let mut tc = config(a)?;
     let launched = ferroccl::rendezvous::detect_env()?.is_some();
     if let Some(dir) = &a.trace {
         // Before any communicator or thread: it sets FERROCCL_TRACE_DIR, which ranks
@@ -221,8 +232,11 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         base.tuning.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
         Communicator::local_group(1, &base)?.remove(0)
     } else {
-        return relaunch(a.ranks, &[], &[]);
+        return relaunch(a.ranks, a.max_restarts, &[], &[]);
     };
+    // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
+    // finish the step, checkpoint, exit 75 so that a launcher restarts the job.
+    tc.preemption = Some(ferroccl::ddp::Preemption::install()?);
     let out = ferroccl_candle::train(&comm, &tc);
     let out = crate::trace::finish(&comm, a.trace.as_deref(), out)?;
     if comm.rank() == 0 {
@@ -255,7 +269,12 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
 
 /// Re-runs this command under our own launcher with `n` ranks, without the options
 /// in `drop` (and their values), with `extra` arguments appended.
-fn relaunch(n: usize, drop: &[&str], extra: &[String]) -> ferroccl::Result<()> {
+fn relaunch(
+    n: usize,
+    max_restarts: usize,
+    drop: &[&str],
+    extra: &[String],
+) -> ferroccl::Result<()> {
     let exe = std::env::current_exe()
         .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
     let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
@@ -278,6 +297,7 @@ fn relaunch(n: usize, drop: &[&str], extra: &[String]) -> ferroccl::Result<()> {
     cmd.extend(extra.iter().map(Into::into));
     let opts = crate::launch::LaunchOptions {
         bare_stdout_rank: Some(0),
+        max_restarts,
         ..Default::default()
     };
     crate::launch::run(n, &cmd, &opts).map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))
@@ -308,6 +328,7 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
         }
         relaunch(
             n,
+            0,
             &[
                 "--scaling",
                 "--plot",

@@ -188,6 +188,22 @@ pub enum Error {
         why: String,
     },
 
+    /// The job was asked to stop (SIGTERM: a scheduler's preemption; see
+    /// [`crate::ddp::Preemption`]) and every rank stopped after the same step, with the
+    /// checkpoint of that step written. Restart it to go on
+    /// ([`crate::ddp::PREEMPTED_EXIT_CODE`] tells a launcher so).
+    #[error("preempted: stopped after step {step}{}", match checkpoint {
+        Some(p) => format!(", checkpoint {}", p.display()),
+        None => " (rank 0 writes the checkpoint, when there is a checkpoint directory)".into(),
+    })]
+    Preempted {
+        /// Steps completed.
+        step: u64,
+        /// The checkpoint written for it (on rank 0, with a checkpoint directory; `None`
+        /// elsewhere).
+        checkpoint: Option<std::path::PathBuf>,
+    },
+
     /// A CUDA driver or NVRTC call failed (feature `cuda`).
     #[error("CUDA call {call} failed: {detail}")]
     Cuda {

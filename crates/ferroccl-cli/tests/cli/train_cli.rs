@@ -162,3 +162,97 @@ fn bad_runs_are_refused_clearly() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The child processes of `pid` (all its threads' children).
+fn children(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(c.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_preempted_rank_checkpoints_and_the_restarted_job_resumes() {
+    let dir = temp_dir("preempt");
+    let ck = dir.join("ck");
+    let ck_s = ck.display().to_string();
+    let mut cmd = std::process::Command::new(common::proc::EXE);
+    // About 130 steps: the signal lands long before the end.
+    cmd.args(["train", "--synthetic", "400", "--epochs", "6", "-b", "16"])
+        .args(["--checkpoint-dir", &ck_s, "--checkpoint-every", "1"])
+        .args(["--resume", "-n", "2", "--max-restarts", "1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for v in common::proc::LAUNCHER_VARS {
+        cmd.env_remove(v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (so, se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let read = |mut p: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = p.read_to_string(&mut s);
+            s
+        })
+    };
+    let (so, se) = (read(Box::new(so)), read(Box::new(se)));
+    // Once the first checkpoint is on disk, SIGTERM one rank, as a scheduler would.
+    let start = std::time::Instant::now();
+    let ranks = loop {
+        let first = std::fs::read_dir(&ck)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".fcc"))
+            })
+            .unwrap_or(false);
+        let ranks = children(child.id());
+        if first && ranks.len() == 2 {
+            break ranks;
+        }
+        assert!(start.elapsed() < DEADLINE, "no checkpoint appeared");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the job ended before the signal"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: kill(2) on a pid of our own child's child.
+    assert_eq!(unsafe { libc::kill(ranks[1], libc::SIGTERM) }, 0);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            panic!("train did not finish within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (so, se) = (so.join().unwrap(), se.join().unwrap());
+    assert!(status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(se.contains("preempted: stopped after step"), "{se}");
+    assert!(
+        se.contains(
+            "stopped for preemption, after its checkpoint (exit status 75); restarting all 2 ranks"
+        ),
+        "{se}"
+    );
+    // The second attempt resumed: it ran fewer steps than the whole run.
+    let line = so
+        .lines()
+        .find(|l| l.starts_with("ranks 2  steps"))
+        .unwrap_or_else(|| panic!("{so}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (total, this_run) = (nums[1], nums[2]);
+    assert!(this_run < total && this_run > 0, "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
