@@ -56,6 +56,10 @@ pub struct BenchArgs {
     /// Ranks to start when not run under a launcher.
     #[arg(long = "ranks", default_value_t = 4)]
     pub ranks: usize,
+    /// With --ranks (no launcher): start every rank again when one fails, up to this
+    /// many times (see `ferroccl launch --max-restarts`).
+    #[arg(long = "max-restarts", default_value_t = 0)]
+    pub max_restarts: usize,
     /// Transport: tcp, local (threads in one process), rdma (feature `rdma`), or
     /// cuda-ipc (feature `cuda`; needs --device cuda).
     #[arg(long = "transport", default_value = "tcp")]
@@ -371,6 +375,7 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             cmd.extend(std::env::args_os().skip(1));
             let opts = crate::launch::LaunchOptions {
                 bare_stdout_rank: Some(0),
+                max_restarts: a.max_restarts,
                 ..Default::default()
             };
             match crate::launch::run(a.ranks, &cmd, &opts) {
