@@ -105,11 +105,10 @@ impl Preemption {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
 
     #[test]
     fn one_rank_asked_to_stop_stops_every_rank_at_the_same_step() {
-        let comms = Communicator::local_group(3, &Config::default()).unwrap();
+        let comms = Communicator::local_group(3, &Default::default()).unwrap();
         let handles: Vec<_> = comms
             .into_iter()
             .map(|c| {
