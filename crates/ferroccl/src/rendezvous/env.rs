@@ -26,6 +26,9 @@ pub struct LaunchEnv {
     pub rdma_gid_index: Option<u8>,
     /// `FERROCCL_TRACE_CAPACITY`: operations the flight recorder keeps (0: none).
     pub trace_capacity: Option<usize>,
+    /// `FERROCCL_TRANSPORT`: the transport's name (`auto`, `tcp`, `shm`, ...), checked
+    /// by `Config::from_env`.
+    pub transport: Option<String>,
 }
 
 /// The variables one launcher family sets.
@@ -153,6 +156,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             token: var("FERROCCL_TOKEN"),
             rdma_gid_index,
             trace_capacity,
+            transport: var("FERROCCL_TRANSPORT").map(|v| v.trim().to_string()),
         }));
     }
     Ok(None)
@@ -230,6 +234,7 @@ mod tests {
             token: None,
             rdma_gid_index: None,
             trace_capacity: None,
+            transport: None,
         }
     }
 

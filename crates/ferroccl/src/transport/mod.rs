@@ -66,6 +66,7 @@ pub(crate) mod cuda_ipc;
 pub(crate) mod local;
 pub(crate) mod memsim;
 pub(crate) mod rdma;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 /// Why a link could not move bytes.
@@ -298,7 +299,9 @@ impl Joined {
 /// error for `local`, which links threads ([`crate::Communicator::local_group`]).
 pub fn builtin(kind: TransportKind) -> crate::Result<Box<dyn Transport>> {
     match kind {
+        TransportKind::Auto => Ok(Box::new(shm::Shm { strict: false })),
         TransportKind::Tcp => Ok(Box::new(tcp::Tcp)),
+        TransportKind::Shm => Ok(Box::new(shm::Shm { strict: true })),
         TransportKind::Local => Err(crate::Error::Config(
             "the local transport links threads of one process: use Communicator::local_group"
                 .into(),
