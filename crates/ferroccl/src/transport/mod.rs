@@ -99,6 +99,12 @@ pub trait Link: Send {
     /// Bytes this link has written and read since it was made, counted at the stream
     /// level (headers and payload alike).
     fn raw_counts(&self) -> (u64, u64);
+
+    /// What carries the bytes (`tcp`, `shm`, ...), for reports such as the bench
+    /// header: with `auto` one communicator has links of several classes.
+    fn class(&self) -> &'static str {
+        "other"
+    }
 }
 
 /// Sleeps until some link of a communicator may be able to move bytes again.

@@ -422,6 +422,10 @@ impl Link for ShmLink {
     fn raw_counts(&self) -> (u64, u64) {
         (self.sent, self.received)
     }
+
+    fn class(&self) -> &'static str {
+        "shm"
+    }
 }
 
 impl Drop for ShmLink {

@@ -194,6 +194,10 @@ impl Link for TcpLink {
     fn raw_counts(&self) -> (u64, u64) {
         (self.sent, self.received)
     }
+
+    fn class(&self) -> &'static str {
+        "tcp"
+    }
 }
 
 struct TcpWaiter {
