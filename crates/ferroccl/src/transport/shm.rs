@@ -548,7 +548,8 @@ impl ShmConnector {
             .get(&format!("host/{peer}"), wait)
             .map_err(|e| {
                 Error::Rendezvous(format!(
-                    "rank {}: rank {peer} did not say which host it is on within {wait:?} ({e})",
+                    "rank {}: rank {peer} did not publish which host it is on within {wait:?}: \
+                     has it started, with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})",
                     self.rank
                 ))
             })?;
