@@ -720,6 +720,94 @@ mod tests {
         assert_eq!(id, host_identity(), "stable");
     }
 
+    /// Two ranks' links over a real store: rank 0 sleeps in its waiter with a wait far
+    /// longer than the test's deadline; the doorbell of rank 1's write must wake it, and
+    /// later the end of rank 1's connection (its links dropped without a word, as a
+    /// killed process's are closed by the kernel). Bytes written before the end are
+    /// still read, then `Closed`.
+    #[test]
+    fn a_sleeping_waiter_wakes_for_bytes_and_for_a_peer_that_left() {
+        // A lost wakeup would sleep for an hour: the deadline fails it in 30 s.
+        crate::testing::with_deadline(Duration::from_secs(30), sleeper_wakes);
+    }
+
+    fn sleeper_wakes() {
+        use crate::config::Config;
+        use crate::rendezvous::{StoreClient, StoreServer};
+        let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let addr = server.local_addr().to_string();
+        let join = move |rank: usize| {
+            let mut config = Config::new(rank, 2, addr.clone());
+            config.job.serve_store = false;
+            config.transport.shm.ring_bytes = 4096;
+            let mut store =
+                StoreClient::connect_with_token(&addr, Duration::from_secs(10), None).unwrap();
+            let comm_id = store.join(rank, 2).unwrap();
+            Shm { strict: true }
+                .connect(Joined {
+                    config,
+                    comm_id,
+                    store,
+                })
+                .unwrap()
+        };
+        /// Reads until `want` bytes came, sleeping in the waiter (for an hour: only a
+        /// wakeup ends it) whenever nothing is there.
+        fn read_all(l: &mut Box<dyn Link>, w: &mut Box<dyn Waiter>, want: usize) -> Vec<u8> {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 16];
+            while got.len() < want {
+                match l.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap() {
+                    0 => w.wait(Duration::from_secs(3600)).unwrap(),
+                    n => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            got
+        }
+        let j1 = join.clone();
+        let peer = std::thread::spawn(move || {
+            let mut links = j1(1);
+            let far = Instant::now() + Duration::from_secs(10);
+            let mut l = links
+                .connector
+                .connect(0, Channel::Collective, far)
+                .unwrap();
+            // Give rank 0 time to fall asleep (if it has not, its wait returns at
+            // once, which is allowed: the test only requires that it returns).
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(l.try_write(&[IoSlice::new(b"ding")]).unwrap(), 4);
+            // Only rank 0's doorbell can wake this wait: the link stays open.
+            assert_eq!(read_all(&mut l, &mut links.waiter, 4), b"dong");
+            assert_eq!(l.try_write(&[IoSlice::new(b"bye")]).unwrap(), 3);
+            drop(l);
+            drop(links);
+        });
+        let mut links = join(0);
+        let far = Instant::now() + Duration::from_secs(10);
+        let mut l = links
+            .connector
+            .connect(1, Channel::Collective, far)
+            .unwrap();
+        // Only rank 1's doorbell can wake this wait: rank 1 keeps the link open.
+        assert_eq!(read_all(&mut l, &mut links.waiter, 4), b"ding");
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(l.try_write(&[IoSlice::new(b"dong")]).unwrap(), 4);
+        // Then the end of rank 1's connection wakes it: the bytes before it are read,
+        // then Closed.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 16];
+        let closed = loop {
+            match l.try_read(&mut [IoSliceMut::new(&mut buf)]) {
+                Ok(0) => links.waiter.wait(Duration::from_secs(3600)).unwrap(),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, b"bye", "every byte before the end is read");
+        assert!(matches!(closed, LinkError::Closed), "{closed:?}");
+        peer.join().unwrap();
+    }
+
     #[test]
     fn a_ring_wraps_and_keeps_order() {
         let name = format!("/ferroccl-test-ring-{}", std::process::id());
