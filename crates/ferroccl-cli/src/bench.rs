@@ -60,10 +60,11 @@ pub struct BenchArgs {
     /// many times (see `ferroccl launch --max-restarts`).
     #[arg(long = "max-restarts", default_value_t = 0)]
     pub max_restarts: usize,
-    /// Transport: tcp, local (threads in one process), rdma (feature `rdma`), or
-    /// cuda-ipc (feature `cuda`; needs --device cuda).
-    #[arg(long = "transport", default_value = "tcp")]
-    pub transport: String,
+    /// Transport: auto (shared memory between ranks of one host, TCP between hosts),
+    /// tcp, shm, local (threads in one process), rdma (feature `rdma`), or cuda-ipc
+    /// (feature `cuda`; needs --device cuda). Default: FERROCCL_TRANSPORT, else auto.
+    #[arg(long = "transport")]
+    pub transport: Option<String>,
     /// Where the buffers live: cpu, or cuda (device buffers; feature `cuda`; rank r
     /// uses GPU local_rank % device count). Without a GPU, `cuda` fails with the typed error.
     #[arg(long = "device", default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -267,6 +268,33 @@ impl Coll {
     }
 }
 
+/// `shm to 1, 3; tcp to 2`: which peers each class of link reaches, or `none`.
+fn describe_links(links: &[(usize, &'static str)]) -> String {
+    let mut by: Vec<(&str, Vec<String>)> = Vec::new();
+    for (peer, class) in links {
+        match by.iter_mut().find(|(c, _)| c == class) {
+            Some((_, peers)) => peers.push(peer.to_string()),
+            None => by.push((class, vec![peer.to_string()])),
+        }
+    }
+    if by.is_empty() {
+        return "none".into();
+    }
+    by.iter()
+        .map(|(c, peers)| format!("{c} to {}", peers.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The transport `FERROCCL_TRANSPORT` names, or `auto` when it is unset.
+fn transport_from_env() -> ferroccl::Result<TransportKind> {
+    match std::env::var("FERROCCL_TRANSPORT") {
+        Ok(t) if !t.trim().is_empty() => TransportKind::parse(t.trim())
+            .map_err(|e| ferroccl::Error::InvalidArgument(format!("FERROCCL_TRANSPORT: {e}"))),
+        _ => Ok(TransportKind::Auto),
+    }
+}
+
 /// Returns whether every result checked out.
 fn run(a: BenchArgs) -> ferroccl::Result<bool> {
     let coll = Coll::parse(&a.collective)?;
@@ -275,7 +303,10 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
     if coll.reduces() {
         ferroccl::reduce::check_op(dtype, op)?;
     }
-    let transport = TransportKind::parse(&a.transport)?;
+    let transport = match &a.transport {
+        Some(t) => TransportKind::parse(t)?,
+        None => transport_from_env()?,
+    };
     if a.law.is_some() && coll.ring_law(2).is_none() {
         return Err(ferroccl::Error::InvalidArgument(format!(
             "--law is for the ring collectives (all_reduce, reduce_scatter, all_gather); {} runs on a chain",
@@ -299,7 +330,10 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         ));
     }
 
-    if !matches!(transport, TransportKind::Tcp | TransportKind::Local) {
+    if !matches!(
+        transport,
+        TransportKind::Tcp | TransportKind::Local | TransportKind::Auto | TransportKind::Shm
+    ) {
         // Say at once, once, when this build or machine lacks the transport.
         ferroccl::transport::builtin(transport)?.probe(&Config::default())?;
     }
@@ -678,6 +712,7 @@ fn bench_typed<T: Element>(
             c.config().tuning.busy_poll,
             c.config().tuning.timeout
         );
+        println!("# links of rank 0: {}", describe_links(&c.link_classes()));
         println!(
             "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timing: {}",
             a.min_bytes, a.max_bytes, a.step_factor, a.warmup, a.iters, a.check, a.stat

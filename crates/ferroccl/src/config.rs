@@ -36,6 +36,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
 /// Default for [`TcpOptions::socket_buffer`].
 pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
+/// Default for [`ShmOptions::ring_bytes`].
+pub const DEFAULT_SHM_RING_BYTES: usize = 4 << 20;
 /// Default for [`Tuning::trace_capacity`].
 pub const DEFAULT_TRACE_CAPACITY: usize = 2048;
 /// Default for [`Tuning::busy_poll`].
@@ -178,6 +180,32 @@ pub struct TransportOptions {
     pub tcp: TcpOptions,
     /// RDMA verbs links.
     pub rdma: RdmaOptions,
+    /// Shared-memory links (`shm`, and `auto` between ranks of one host).
+    pub shm: ShmOptions,
+}
+
+/// Options of shared-memory links.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ShmOptions {
+    /// Bytes of one direction's ring: a link of one channel between two ranks holds two
+    /// rings (plus a 4 KiB header each) in shared memory. Default 4 MiB. The lower
+    /// rank of each pair makes both rings with its own value.
+    pub ring_bytes: usize,
+    /// Appended to this rank's host identity: ranks with different tags are on
+    /// different hosts as far as `auto` is concerned. For tests that emulate several
+    /// hosts with threads of one process; empty by default.
+    #[doc(hidden)]
+    pub host_tag: String,
+}
+
+impl Default for ShmOptions {
+    fn default() -> Self {
+        ShmOptions {
+            ring_bytes: DEFAULT_SHM_RING_BYTES,
+            host_tag: String::new(),
+        }
+    }
 }
 
 /// Options of TCP links.
@@ -211,9 +239,15 @@ pub struct RdmaOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 #[non_exhaustive]
 pub enum TransportKind {
-    /// TCP sockets (the default), one connection per linked peer.
+    /// The default: shared memory between ranks of one host (same boot, hostname,
+    /// user, and network, IPC and mount namespaces), TCP between the others.
     #[default]
+    Auto,
+    /// TCP sockets, one connection per linked peer.
     Tcp,
+    /// Shared memory (`transport::shm`): every rank must be on this host; a rank on
+    /// another is refused by name ([`Error::Unavailable`]).
+    Shm,
     /// In-process pipes: only for ranks that are threads of one process
     /// ([`crate::Communicator::local_group`]).
     Local,
@@ -228,24 +262,28 @@ pub enum TransportKind {
 
 impl TransportKind {
     /// Every transport name [`TransportKind::parse`] knows, in the order the docs list them.
-    pub const ALL: [TransportKind; 4] = [
+    pub const ALL: [TransportKind; 6] = [
+        TransportKind::Auto,
         TransportKind::Tcp,
+        TransportKind::Shm,
         TransportKind::Local,
         TransportKind::Rdma,
         TransportKind::CudaIpc,
     ];
 
-    /// Parses a name: `tcp`, `local`, `rdma` (or `ibverbs`), `cuda-ipc` (or
-    /// `cuda_ipc`). Whether the transport is built in and can run here is checked when
+    /// Parses a name: `auto`, `tcp`, `shm`, `local`, `rdma` (or `ibverbs`), `cuda-ipc`
+    /// (or `cuda_ipc`). Whether the transport is built in and can run here is checked when
     /// a communicator is made ([`Error::Unavailable`]); an unknown name is an error here.
     pub fn parse(s: &str) -> Result<Self> {
         match s {
+            "auto" => Ok(TransportKind::Auto),
             "tcp" => Ok(TransportKind::Tcp),
+            "shm" => Ok(TransportKind::Shm),
             "local" => Ok(TransportKind::Local),
             "rdma" | "ibverbs" => Ok(TransportKind::Rdma),
             "cuda-ipc" | "cuda_ipc" => Ok(TransportKind::CudaIpc),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown transport {s:?}: expected one of tcp, local, rdma, cuda-ipc"
+                "unknown transport {s:?}: expected one of auto, tcp, shm, local, rdma, cuda-ipc"
             ))),
         }
     }
@@ -253,7 +291,9 @@ impl TransportKind {
     /// The name [`TransportKind::parse`] reads.
     pub fn name(self) -> &'static str {
         match self {
+            TransportKind::Auto => "auto",
             TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
             TransportKind::Local => "local",
             TransportKind::Rdma => "rdma",
             TransportKind::CudaIpc => "cuda-ipc",
@@ -378,7 +418,7 @@ impl Config {
     /// `TORCHELASTIC_USE_AGENT_STORE` [`Job::agent_store`]; `FERROCCL_TOKEN`, when set,
     /// becomes [`Job::token`], and
     /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`], `FERROCCL_TRACE_CAPACITY`
-    /// [`Tuning::trace_capacity`].
+    /// [`Tuning::trace_capacity`], `FERROCCL_TRANSPORT` [`TransportOptions::kind`].
     pub fn from_env() -> Result<Self> {
         let env = crate::rendezvous::detect_env()?.ok_or_else(|| {
             Error::Env(
@@ -407,6 +447,10 @@ impl Config {
             c.tuning.all_reduce_algo = a
                 .parse()
                 .map_err(|e: Error| Error::Env(format!("FERROCCL_ALGO: {e}")))?;
+        }
+        if let Some(t) = &env.transport {
+            c.transport.kind = TransportKind::parse(t)
+                .map_err(|e| Error::Env(format!("FERROCCL_TRANSPORT: {e}")))?;
         }
         Ok(c)
     }
@@ -444,6 +488,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "small_message_bytes {} must fit a frame (< 4 GiB)",
                 t.small_message_bytes
+            )));
+        }
+        let ring = self.transport.shm.ring_bytes;
+        if !(4096..=1 << 30).contains(&ring) {
+            return Err(Error::Config(format!(
+                "shm ring_bytes {ring} must be in 4 KiB..=1 GiB"
             )));
         }
         if t.timeout.is_zero() || t.connect_timeout.is_zero() {
@@ -534,6 +584,11 @@ impl ConfigBuilder {
         self.0.transport.tcp.socket_buffer = bytes;
         self
     }
+    /// [`ShmOptions::ring_bytes`].
+    pub fn shm_ring_bytes(mut self, bytes: usize) -> Self {
+        self.0.transport.shm.ring_bytes = bytes;
+        self
+    }
     /// [`RdmaOptions::gid_index`].
     pub fn rdma_gid_index(mut self, i: u8) -> Self {
         self.0.transport.rdma.gid_index = i;
@@ -598,6 +653,6 @@ mod tests {
         let e = TransportKind::parse("carrier-pigeon")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("tcp, local, rdma, cuda-ipc"), "{e}");
+        assert!(e.contains("auto, tcp, shm, local, rdma, cuda-ipc"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! Test support: the one rank-spawning harness (N ranks as threads over the in-process
-//! transport, simulated RDMA queue pairs, or loopback TCP with a real store), with a
+//! transport, simulated RDMA queue pairs, or loopback TCP or shared memory with a real
+//! store), with a
 //! deadline on everything so that a hang fails in seconds, and small helpers for tests
 //! that play a peer by hand.
 //!
@@ -23,8 +24,14 @@ use std::time::{Duration, Instant};
 pub enum Net {
     /// In-process pipes.
     Local,
-    /// Loopback TCP with a real rendezvous store.
+    /// Loopback TCP with a real rendezvous store (the transport forced to `tcp`).
     Tcp,
+    /// Shared memory (`shm`) with a real rendezvous store, every rank on this host.
+    Shm,
+    /// A real rendezvous store, the ranks split into emulated hosts of this many
+    /// consecutive ranks each, with `auto` (shared memory within a host, TCP between
+    /// them) unless the config asks for `shm` (which must then refuse).
+    Hosts(usize),
     /// Simulated RDMA queue pairs (the RDMA protocol without hardware).
     RdmaSim(SimParams),
     /// Memory peers over host memory with a GPU stream's timing (the pull executor
@@ -184,7 +191,7 @@ where
                 });
             }
         }
-        Net::Tcp => {
+        Net::Tcp | Net::Shm | Net::Hosts(_) => {
             let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), n)?;
             let addr = server.local_addr().to_string();
             store = Some(server);
@@ -192,6 +199,17 @@ where
                 let mut cfg = base.for_rank(r, n);
                 cfg.job.master_addr = addr.clone();
                 cfg.job.serve_store = false;
+                match net {
+                    Net::Tcp => cfg.transport.kind = crate::TransportKind::Tcp,
+                    Net::Shm => cfg.transport.kind = crate::TransportKind::Shm,
+                    Net::Hosts(k) => {
+                        if cfg.transport.kind != crate::TransportKind::Shm {
+                            cfg.transport.kind = crate::TransportKind::Auto;
+                        }
+                        cfg.transport.shm.host_tag = format!("emulated-host-{}", r / k.max(1));
+                    }
+                    _ => {}
+                }
                 let (tx, body) = (tx.clone(), body.clone());
                 std::thread::spawn(move || {
                     let out = Communicator::init(cfg).and_then(|mut c| body(&mut c));

@@ -230,6 +230,13 @@ fn law_on_cluster(ranks: usize, lo: usize, hi: usize) {
             .contains("[host 0] # Out of bounds values : 0 OK"),
         "{ctx}"
     );
+    // Hosts are network namespaces: the default transport (auto) must not take them
+    // for one host, so every link is TCP.
+    assert!(
+        out.stdout.contains("[host 0] # links of rank 0: tcp to 1")
+            && !out.stdout.contains("shm to"),
+        "{ctx}"
+    );
     let sizes: Vec<usize> = std::iter::successors(Some(lo), |s| Some(s * 2))
         .take_while(|&s| s <= hi)
         .collect();

@@ -119,9 +119,17 @@ fn names_the_victim(stderr: &str, victim: usize) -> bool {
     .any(|k| stderr.contains(k.as_str()))
 }
 
-/// 5 collectives × 4 kill points = 20 injections of `kill -9` into a 3-rank job.
+/// 5 collectives × 4 kill points = 20 injections of `kill -9` into a 3-rank job, over
+/// TCP and over shared memory (where the killed rank's rings stay mapped and only its
+/// TCP connection's end tells the others).
 #[test]
 fn kill_minus_nine_at_random_points_of_every_collective() {
+    for transport in ["tcp", "shm"] {
+        kill_minus_nine(transport);
+    }
+}
+
+fn kill_minus_nine(transport: &str) {
     let mut seed = 0x5eed_u64;
     let mut injections = 0;
     for coll in [
@@ -158,6 +166,8 @@ fn kill_minus_nine_at_random_points_of_every_collective() {
                     "5",
                     "--connect-timeout",
                     "10",
+                    "--transport",
+                    transport,
                 ],
             );
             std::thread::sleep(delay);
@@ -168,7 +178,7 @@ fn kill_minus_nine_at_random_points_of_every_collective() {
             for (i, child) in ranks.into_iter().enumerate() {
                 let rank = if i >= victim { i + 1 } else { i };
                 let ctx = format!(
-                    "{coll} injection {k}: rank {victim} killed after {delay:?}; rank {rank}"
+                    "{transport}: {coll} injection {k}: rank {victim} killed after {delay:?}; rank {rank}"
                 );
                 let (code, err) = finish(child, deadline).unwrap_or_else(|| panic!("{ctx} hung"));
                 assert!(!err.contains("panicked"), "{ctx} panicked: {err}");
@@ -189,9 +199,16 @@ fn kill_minus_nine_at_random_points_of_every_collective() {
 }
 
 /// A stalled rank (SIGSTOP): the others time out, and say the stalled rank does not
-/// answer; nobody hangs past the deadline.
+/// answer; nobody hangs past the deadline. Over TCP and over shared memory (where a
+/// stopped peer closes nothing, and no wait on its ring may sleep past the timeout).
 #[test]
 fn a_stalled_rank_is_named_by_the_timeout() {
+    for transport in ["tcp", "shm"] {
+        stalled_rank(transport);
+    }
+}
+
+fn stalled_rank(transport: &str) {
     let mut ranks = spawn_ranks(
         3,
         &[
@@ -208,6 +225,8 @@ fn a_stalled_rank_is_named_by_the_timeout() {
             "0",
             "--timeout",
             "1",
+            "--transport",
+            transport,
         ],
     );
     std::thread::sleep(Duration::from_millis(400));
@@ -216,14 +235,15 @@ fn a_stalled_rank_is_named_by_the_timeout() {
     let stalled = ranks.remove(1);
     for (i, child) in ranks.into_iter().enumerate() {
         let rank = if i >= 1 { i + 1 } else { i };
-        let (code, err) = finish(child, deadline).unwrap_or_else(|| panic!("rank {rank} hung"));
-        assert_ne!(code, 0);
-        assert!(!err.contains("panicked"), "{err}");
-        assert!(is_typed_failure(&err), "rank {rank}: {err}");
+        let (code, err) =
+            finish(child, deadline).unwrap_or_else(|| panic!("{transport}: rank {rank} hung"));
+        assert_ne!(code, 0, "{transport}");
+        assert!(!err.contains("panicked"), "{transport}: {err}");
+        assert!(is_typed_failure(&err), "{transport}: rank {rank}: {err}");
         // The stalled rank's acceptor is stopped too: the status query finds nobody.
         assert!(
             err.contains("timed out") && err.contains("rank 1 unreachable"),
-            "rank {rank}: {err}"
+            "{transport}: rank {rank}: {err}"
         );
     }
     signal(&stalled, libc::SIGKILL);
@@ -270,6 +290,8 @@ fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
     let mut cfg = ferroccl::Config::new(0, 2, store.local_addr().to_string());
     cfg.job.serve_store = false;
     cfg.tuning.timeout = Duration::from_secs(3);
+    // The fake rank 1 speaks TCP (`auto` would wait for it to say which host it is on).
+    cfg.transport.kind = ferroccl::TransportKind::Tcp;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let r = Communicator::init(cfg)

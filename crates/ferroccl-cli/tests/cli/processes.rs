@@ -68,7 +68,10 @@ fn bare_bench_starts_its_own_ranks_and_counts_ring_bytes() {
     let out = run(cmd, Duration::from_secs(60));
     let (so, se) = text(&out);
     assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
-    assert!(so.contains("3 ranks, transport tcp"), "{so}");
+    // The default, `auto`, links processes of one host through shared memory; its
+    // links count their bytes as TCP's do.
+    assert!(so.contains("3 ranks, transport auto"), "{so}");
+    assert!(so.contains("# links of rank 0: shm to 1, 2"), "{so}");
     let rows = rows(&so);
     assert_eq!(rows.len(), 4, "96K, 384K, 1536K, 3M: {so}");
     for r in &rows {

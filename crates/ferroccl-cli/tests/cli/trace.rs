@@ -614,7 +614,8 @@ fn bench_trace_writes_every_rank() {
         "{}",
         o.stdout
     );
-    check_bench_report(&dir, 2, "tcp");
+    // Processes on one host, on the default transport: `auto` (shared memory here).
+    check_bench_report(&dir, 2, "auto");
     let _ = std::fs::remove_dir_all(&root);
 }
 

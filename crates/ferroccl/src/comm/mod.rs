@@ -299,6 +299,14 @@ impl Communicator {
         lock(&self.shared.engine).raw_byte_counts()
     }
 
+    /// This rank's collective links made so far, `(peer, class)` by peer: what carries
+    /// them (`shm`, `tcp`, ...; with `auto`, shared memory within a host and TCP
+    /// between hosts).
+    pub fn link_classes(&self) -> Vec<(usize, &'static str)> {
+        self.wait_idle();
+        lock(&self.shared.engine).link_classes()
+    }
+
     /// A handle that can abort this communicator from any thread (see [`AbortHandle`]).
     pub fn abort_handle(&self) -> AbortHandle {
         AbortHandle::new(self.abort.clone())

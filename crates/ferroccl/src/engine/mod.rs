@@ -285,6 +285,14 @@ impl Engine {
         s
     }
 
+    /// The collective links made so far: `(peer, class)`, by peer.
+    pub fn link_classes(&self) -> Vec<(usize, &'static str)> {
+        let ch = ch_index(Channel::Collective);
+        (0..self.links[ch].len())
+            .filter_map(|p| self.links[ch][p].as_ref().map(|l| (p, l.link.class())))
+            .collect()
+    }
+
     /// What the links themselves counted, written and read.
     pub fn raw_byte_counts(&self) -> (u64, u64) {
         self.links

@@ -37,6 +37,9 @@ pub struct LaunchEnv {
     /// `TORCHELASTIC_USE_AGENT_STORE` is true: `MASTER_ADDR:MASTER_PORT` is a PyTorch
     /// TCPStore that torchrun's agent serves, not a port for rank 0 to take.
     pub agent_store: bool,
+    /// `FERROCCL_TRANSPORT`: the transport's name (`auto`, `tcp`, `shm`, ...), checked
+    /// by `Config::from_env`.
+    pub transport: Option<String>,
 }
 
 /// The variables one launcher family sets.
@@ -220,6 +223,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             agent_store: fam.source == "torchrun"
                 && var("TORCHELASTIC_USE_AGENT_STORE")
                     .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1")),
+            transport: var("FERROCCL_TRANSPORT").map(|v| v.trim().to_string()),
         }));
     }
     Ok(None)
@@ -300,6 +304,7 @@ mod tests {
             job_id: None,
             algo: None,
             agent_store: false,
+            transport: None,
         }
     }
 

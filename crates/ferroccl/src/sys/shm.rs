@@ -2,8 +2,11 @@
 //!
 //! Segments are created `0600` (only this user's processes can map them), named by
 //! the caller (the transports name them by communicator id and rank, so another job
-//! cannot collide with them), and unlinked when their creator drops them; mappings
-//! made by others stay valid until those are dropped too.
+//! cannot collide with them), and unlinked when their creator drops them (unless it hands
+//! that to someone else, [`ShmSegment::disown`]); mappings made by others stay valid until those are dropped
+//! too. Bytes are moved in and out by [`ShmSegment::write_at`] / [`ShmSegment::read_at`]
+//! on raw pointers (no Rust reference to shared bytes is ever formed); who may touch
+//! which bytes when is the caller's protocol, published through [`ShmSegment::word`].
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
@@ -25,23 +28,30 @@ unsafe impl Sync for ShmSegment {}
 impl ShmSegment {
     /// Creates (or truncates and takes over) the segment `name` of `len` bytes,
     /// zero-filled; it is unlinked when this value is dropped.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn create(name: &str, len: usize) -> Result<Self> {
-        Self::map(name, len, true)
+        Self::map(
+            name,
+            len,
+            libc::O_CREAT | libc::O_RDWR | libc::O_TRUNC,
+            true,
+        )
+    }
+
+    /// Creates the segment `name` of `len` bytes, zero-filled, failing if the name
+    /// exists (nobody else's segment is ever taken over); unlinked on drop.
+    pub fn create_new(name: &str, len: usize) -> Result<Self> {
+        Self::map(name, len, libc::O_CREAT | libc::O_RDWR | libc::O_EXCL, true)
     }
 
     /// Maps the existing segment `name`, which must hold at least `len` bytes.
     pub fn open(name: &str, len: usize) -> Result<Self> {
-        Self::map(name, len, false)
+        Self::map(name, len, libc::O_RDWR, false)
     }
 
-    fn map(name: &str, len: usize, owner: bool) -> Result<Self> {
+    fn map(name: &str, len: usize, flags: libc::c_int, owner: bool) -> Result<Self> {
         let cname = CString::new(name)
             .map_err(|_| Error::InvalidArgument(format!("shared-memory name {name:?}")))?;
-        let flags = if owner {
-            libc::O_CREAT | libc::O_RDWR | libc::O_TRUNC
-        } else {
-            libc::O_RDWR
-        };
         // SAFETY: a NUL-terminated name; the descriptor is closed below.
         let fd = unsafe { libc::shm_open(cname.as_ptr(), flags, 0o600) };
         if fd < 0 {
@@ -122,6 +132,86 @@ impl ShmSegment {
         // SAFETY: in bounds (checked), 8-byte aligned (mappings are page-aligned), and
         // valid for the lifetime of `self`; every access to it is atomic.
         unsafe { &*self.ptr.cast::<AtomicU64>().add(i) }
+    }
+
+    /// Gives up removing the name on drop (a creator's segment whose name someone
+    /// else removes, [`unlink_name`]).
+    pub fn disown(&mut self) {
+        self.owner = false;
+    }
+
+    /// Copies `src` into the segment at byte `off`. The caller's protocol must give
+    /// this process those bytes alone (no other process reads or writes them until it
+    /// publishes them through an atomic word with `Release`).
+    pub fn write_at(&self, off: usize, src: &[u8]) {
+        assert!(
+            off.checked_add(src.len())
+                .is_some_and(|end| end <= self.len),
+            "write of {} bytes at {off} in a {}-byte segment",
+            src.len(),
+            self.len
+        );
+        // SAFETY: the range is inside the mapping (checked), `src` cannot overlap a
+        // shared mapping we only touch through raw pointers, and no reference to the
+        // shared bytes is formed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.cast::<u8>().add(off), src.len())
+        };
+    }
+
+    /// Copies from the segment at byte `off` into `dst`. The caller's protocol must have
+    /// published those bytes to this process (an `Acquire` load of the word that says
+    /// they are written) and keep the writer off them until this returns.
+    pub fn read_at(&self, off: usize, dst: &mut [u8]) {
+        assert!(
+            off.checked_add(dst.len())
+                .is_some_and(|end| end <= self.len),
+            "read of {} bytes at {off} in a {}-byte segment",
+            dst.len(),
+            self.len
+        );
+        // SAFETY: the range is inside the mapping (checked); `dst` is our own memory,
+        // distinct from the mapping, and no reference to the shared bytes is formed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.cast::<u8>().add(off),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+    }
+}
+
+/// Whether process `pid` exists (as this process's pid namespace sees it): `kill(pid,
+/// 0)` answers without sending anything; a process of another user still counts.
+pub(crate) fn process_alive(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(p, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// This process's effective user id.
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Removes `name` from the shared-memory namespace (a segment left by a dead job); an
+/// error when it is not there or not ours to remove.
+pub(crate) fn unlink_name(name: &str) -> std::io::Result<()> {
+    let cname = CString::new(name).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated name.
+    let r = unsafe { libc::shm_unlink(cname.as_ptr()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 

@@ -116,6 +116,10 @@ impl Link for LocalLink {
     fn raw_counts(&self) -> (u64, u64) {
         (self.sent, self.received)
     }
+
+    fn class(&self) -> &'static str {
+        "local"
+    }
 }
 
 impl Drop for LocalLink {

@@ -66,6 +66,7 @@ pub(crate) mod cuda_ipc;
 pub(crate) mod local;
 pub(crate) mod memsim;
 pub(crate) mod rdma;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 /// Why a link could not move bytes.
@@ -98,6 +99,12 @@ pub trait Link: Send {
     /// Bytes this link has written and read since it was made, counted at the stream
     /// level (headers and payload alike).
     fn raw_counts(&self) -> (u64, u64);
+
+    /// What carries the bytes (`tcp`, `shm`, ...), for reports such as the bench
+    /// header: with `auto` one communicator has links of several classes.
+    fn class(&self) -> &'static str {
+        "other"
+    }
 }
 
 /// Sleeps until some link of a communicator may be able to move bytes again.
@@ -298,7 +305,9 @@ impl Joined {
 /// error for `local`, which links threads ([`crate::Communicator::local_group`]).
 pub fn builtin(kind: TransportKind) -> crate::Result<Box<dyn Transport>> {
     match kind {
+        TransportKind::Auto => Ok(Box::new(shm::Shm { strict: false })),
         TransportKind::Tcp => Ok(Box::new(tcp::Tcp)),
+        TransportKind::Shm => Ok(Box::new(shm::Shm { strict: true })),
         TransportKind::Local => Err(crate::Error::Config(
             "the local transport links threads of one process: use Communicator::local_group"
                 .into(),

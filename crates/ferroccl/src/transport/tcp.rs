@@ -194,6 +194,10 @@ impl Link for TcpLink {
     fn raw_counts(&self) -> (u64, u64) {
         (self.sent, self.received)
     }
+
+    fn class(&self) -> &'static str {
+        "tcp"
+    }
 }
 
 struct TcpWaiter {
@@ -299,7 +303,22 @@ fn read_hello(s: &mut TcpStream, deadline: Instant) -> io::Result<[u8; HELLO_LEN
 /// Publishes this rank's data address in the store and returns the rank's
 /// [`Links`]: a connector that dials higher ranks and accepts lower ones, and a waiter
 /// over every link it makes.
-pub(crate) fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
+pub(crate) fn endpoint(ctx: ConnectCtx) -> Result<Links> {
+    let (connector, poll, beacon) = endpoint_parts(ctx)?;
+    Ok(Links::new(
+        Box::new(connector),
+        Box::new(TcpWaiter {
+            poll,
+            events: Events::with_capacity(64),
+        }),
+        beacon,
+    ))
+}
+
+/// The parts of [`endpoint`], for a transport that makes some of its links, or their
+/// control connections, over TCP (`shm`): the connector, the poller its links are
+/// registered with, and the beacon its acceptor answers status queries from.
+pub(crate) fn endpoint_parts(mut ctx: ConnectCtx) -> Result<(TcpConnector, Poll, Arc<Beacon>)> {
     let listener = listen(ctx.store.local_addr().ip(), &ctx.opts)?;
     let addr = listener
         .local_addr()
@@ -320,22 +339,20 @@ pub(crate) fn endpoint(mut ctx: ConnectCtx) -> Result<Links> {
             .spawn(move || accept_loop(listener, me, &acc, &b))
             .map_err(|e| Error::io("starting the connection acceptor", e))?;
     }
-    Ok(Links::new(
-        Box::new(TcpConnector {
+    Ok((
+        TcpConnector {
             ctx,
             registry,
             addrs: HashMap::new(),
             accepted,
-        }),
-        Box::new(TcpWaiter {
-            poll,
-            events: Events::with_capacity(64),
-        }),
+        },
+        poll,
         beacon,
     ))
 }
 
-struct TcpConnector {
+/// Makes TCP links (see the module docs); `shm` also uses it for control connections.
+pub(crate) struct TcpConnector {
     ctx: ConnectCtx,
     registry: mio::Registry,
     addrs: HashMap<usize, SocketAddr>,
@@ -771,13 +788,43 @@ impl Connector for TcpConnector {
         channel: Channel,
         deadline: Instant,
     ) -> Result<Box<dyn Link>> {
+        let s = self.stream(peer, channel, deadline)?;
+        let stream = self.register(s, peer, channel)?;
+        Ok(Box::new(TcpLink {
+            peer,
+            stream,
+            sent: 0,
+            received: 0,
+        }))
+    }
+}
+
+impl TcpConnector {
+    /// The connected, handshaken (and, with a job token, authenticated) stream to
+    /// `peer` on `channel`, still blocking: the lower rank dials, the higher accepts.
+    pub(crate) fn stream(
+        &mut self,
+        peer: usize,
+        channel: Channel,
+        deadline: Instant,
+    ) -> Result<TcpStream> {
         let me = self.ctx.rank;
         super::check_peer(me, peer, self.ctx.world_size)?;
-        let s = if peer > me {
-            self.dial(peer, channel, deadline)?
+        if peer > me {
+            self.dial(peer, channel, deadline)
         } else {
-            self.accept_from(peer, channel, deadline)?
-        };
+            self.accept_from(peer, channel, deadline)
+        }
+    }
+
+    /// `s` (from [`TcpConnector::stream`]) made non-blocking, without Nagle, and
+    /// registered with this connector's poller, so its waiter wakes for it.
+    pub(crate) fn register(
+        &self,
+        s: TcpStream,
+        peer: usize,
+        channel: Channel,
+    ) -> Result<mio::net::TcpStream> {
         let setup = |s: &TcpStream| -> io::Result<()> {
             s.set_nodelay(true)?;
             s.set_read_timeout(None)?;
@@ -789,12 +836,12 @@ impl Connector for TcpConnector {
         self.registry
             .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
             .map_err(|e| Error::io("registering a link with the poller", e))?;
-        Ok(Box::new(TcpLink {
-            peer,
-            stream,
-            sent: 0,
-            received: 0,
-        }))
+        Ok(stream)
+    }
+
+    /// The job's store, for a transport that trades more through it.
+    pub(crate) fn store(&mut self) -> &mut StoreClient {
+        &mut self.ctx.store
     }
 }
 

@@ -22,6 +22,9 @@ fn cfg(rank: usize, n: usize, store: &StoreServer, token: Option<&[u8]>) -> Conf
     c.job.master_addr = store.local_addr().to_string();
     c.job.serve_store = false;
     c.tuning.connect_timeout = Duration::from_secs(5);
+    // Rank 1 is often played by hand over TCP (`auto` would wait for it to say which
+    // host it is on); shared-memory links make the same handshake (tests/suite/shm.rs).
+    c.transport.kind = ferroccl::TransportKind::Tcp;
     c.job.token = token.map(<[u8]>::to_vec);
     c
 }
@@ -186,9 +189,21 @@ fn a_peer_that_cannot_prove_the_token_is_refused() {
 
 /// A stranger that knows the job's communicator id (an old job reusing the port, say)
 /// but not its token gets as far as the proof and is refused there, with a verdict byte
-/// of 0; the job then forms and computes undisturbed.
+/// of 0; the job then forms and computes undisturbed — over TCP and over shared
+/// memory, whose links make the same handshake.
 #[test]
 fn a_stranger_with_a_wrong_proof_does_not_disturb_the_job() {
+    for kind in [ferroccl::TransportKind::Tcp, ferroccl::TransportKind::Shm] {
+        stranger_with_a_wrong_proof(kind);
+    }
+}
+
+fn stranger_with_a_wrong_proof(kind: ferroccl::TransportKind) {
+    let cfg = |rank, n, store: &StoreServer, token| {
+        let mut c = cfg(rank, n, store, token);
+        c.transport.kind = kind;
+        c
+    };
     let store =
         StoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), 2, Some(TOKEN.to_vec()))
             .unwrap();

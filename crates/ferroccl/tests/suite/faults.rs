@@ -36,7 +36,7 @@ fn manual_timeout() -> (ferroccl::Config, Clock) {
 /// network, while rank 2's own thread waits for them.
 #[test]
 fn a_timeout_says_which_rank_is_behind_and_where() {
-    for net in [Net::Local, Net::Tcp] {
+    for net in [Net::Local, Net::Tcp, Net::Shm, Net::Hosts(2)] {
         let done = Arc::new(AtomicUsize::new(0));
         let ready = Arc::new(AtomicUsize::new(0));
         let (cfg, clock) = manual_timeout();
@@ -112,7 +112,7 @@ fn a_timeout_names_a_rank_that_never_started() {
 /// never moves), the call says Aborted, and later calls are refused.
 #[test]
 fn abort_from_another_thread_unblocks_a_waiting_call() {
-    for net in [Net::Local, Net::Tcp] {
+    for net in [Net::Local, Net::Tcp, Net::Shm, Net::Hosts(2)] {
         let (mut cfg, _frozen) = manual_timeout();
         cfg.tuning.timeout = Duration::from_secs(1);
         let done = Arc::new(AtomicUsize::new(0));
@@ -182,13 +182,14 @@ fn origin(e: &Error) -> Option<usize> {
 /// while the others start an all-reduce: every survivor names rank 1 — the neighbours
 /// that lost it directly, the others through the notice a neighbour sent before it
 /// shut its own links — and none blames the neighbour that merely closed on it. Over
-/// in-process pipes, TCP and the RDMA simulation, whose small ring slots leave a frame
+/// in-process pipes, TCP, shared memory (alone and mixed with TCP) and the RDMA
+/// simulation, whose small ring slots leave a frame
 /// half sent when the failure comes (20 runs: before a failing rank finished that
 /// frame, about one survivor in five blamed its neighbour).
 #[test]
 fn every_survivor_names_the_rank_that_died() {
     let rdma = || Net::RdmaSim(SimParams::default());
-    let nets = [Net::Local, Net::Tcp]
+    let nets = [Net::Local, Net::Tcp, Net::Shm, Net::Hosts(2)]
         .into_iter()
         .chain((0..20).map(|_| rdma()));
     for net in nets {

@@ -19,6 +19,9 @@ fn cfg(rank: usize, n: usize, store: &StoreServer) -> Config {
     c.job.master_addr = store.local_addr().to_string();
     c.job.serve_store = false;
     c.tuning.connect_timeout = Duration::from_secs(5);
+    // Rank 1 is often played by hand over TCP (`auto` would wait for it to say which
+    // host it is on); shared-memory links make the same handshake (tests/suite/shm.rs).
+    c.transport.kind = ferroccl::TransportKind::Tcp;
     c
 }
 

@@ -22,4 +22,5 @@ mod memsim;
 mod rdma_proto;
 mod rdma_sim;
 mod rendezvous;
+mod shm;
 mod trace;

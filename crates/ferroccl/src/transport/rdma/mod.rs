@@ -245,6 +245,10 @@ impl<Q: QueuePair> Link for RdmaLink<Q> {
     fn raw_counts(&self) -> (u64, u64) {
         (self.sent, self.received)
     }
+
+    fn class(&self) -> &'static str {
+        "rdma"
+    }
 }
 
 /// How long dropping a link waits for its writes to complete.

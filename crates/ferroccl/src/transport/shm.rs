@@ -1,0 +1,823 @@
+//! Shared-memory transport: ranks of one host move bytes through rings in shared
+//! memory; ranks on other hosts (with `auto`) through TCP.
+//!
+//! # Who is on this host
+//!
+//! Every rank publishes `host/<rank>` in the store: boot id, hostname, effective user
+//! and the network, IPC and mount namespaces. Two ranks are on one host when the two
+//! strings are equal (so both sides always agree): ranks in different network
+//! namespaces, as on `tools/emulated-cluster`, are different hosts, and so are ranks of
+//! different users (their segments are `0600`).
+//!
+//! # A link
+//!
+//! A link between two ranks of one host is a TCP connection made exactly as the TCP
+//! transport makes it (the same handshake: communicator id, ranks, channel, job token)
+//! plus two rings, one per direction, in POSIX shared-memory segments. The lower rank
+//! (which dials) creates both (`/ferroccl-<comm id>-<pid>-<from>-<to>-<channel>`,
+//! `O_EXCL`, `0600`) and says its pid and ring size over the TCP connection; the higher
+//! rank maps them and unlinks both names at once: from then on no process can attach,
+//! and nothing is left in `/dev/shm`. The lower rank never removes names its peer may
+//! still map (it may finish with a link before the peer has even connected, as over
+//! TCP, where sent bytes wait in the kernel), unless the peer's connection has ended;
+//! a name whose creator died before its peer mapped it is removed by the next job's
+//! ranks ([`reclaim_stale`]).
+//!
+//! A ring is a single-producer, single-consumer byte ring: a 4 KiB header whose
+//! counters each sit on their own cache line — `head` (bytes ever written, stored by
+//! the writer with `Release`), `tail` (bytes ever read, stored by the reader), the two
+//! "I am asleep" flags and the two closed flags — then [`ShmOptions::ring_bytes`] of
+//! data. A write copies into the free part and publishes `head`; a read copies out what
+//! `head` says is there and publishes `tail`. Memory: per linked pair and channel, two
+//! rings of `ring_bytes` + 4 KiB (default 8 MiB + 8 KiB; a job's collectives link each
+//! rank to its ring neighbours and, for recursive doubling, its log2 n partners).
+//!
+//! # Sleeping and waking
+//!
+//! The engine polls its links for [`crate::config::Tuning::busy_poll`] and then sleeps
+//! in the [`Waiter`]. The waiter raises its "asleep" flag in every ring it reads or
+//! writes, and (after a `SeqCst` fence, paired with the one a peer issues between
+//! publishing and looking at the flag) checks once more whether any ring moved since it
+//! last looked; if none did it sleeps in `epoll` on the links' TCP connections. A peer
+//! that publishes bytes, or frees space, while the flag is up takes the flag down and
+//! writes one byte on the TCP connection: the doorbell. A rank that is not asleep costs
+//! its peers nothing but a load. The TCP connection being in the same `epoll` set as
+//! the TCP links of other hosts is what lets one waiter serve a job mixing both.
+//!
+//! # Failures
+//!
+//! The TCP connection is also the liveness signal: when a rank exits, is killed
+//! (`kill -9`) or shuts its link down, the kernel or the rank closes the connection and
+//! the peer's waiter wakes on the end of stream; the link then hands out what the ring
+//! still holds (a failing rank's notice included) and reports [`LinkError::Closed`].
+//! A stopped rank (`SIGSTOP`) closes nothing: its peers time out as over TCP, and the
+//! status query, which goes over TCP, says it does not answer. No wait is unbounded.
+//!
+//! [`ShmOptions::ring_bytes`]: crate::config::ShmOptions::ring_bytes
+
+use super::tcp::{self, ConnectCtx, TcpConnector};
+use super::{Channel, Connector, Joined, Link, LinkError, Links, Transport, Waiter};
+use crate::error::{Error, Result};
+use crate::sync::lock;
+use crate::sys::shm::{self, ShmSegment};
+use mio::{Events, Poll};
+use std::collections::HashMap;
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The shared-memory transport: `strict` refuses a rank on another host (`shm`);
+/// otherwise such ranks get TCP links (`auto`).
+pub(crate) struct Shm {
+    /// Whether every rank must be on this host.
+    pub strict: bool,
+}
+
+impl Transport for Shm {
+    fn name(&self) -> &str {
+        if self.strict {
+            "shm"
+        } else {
+            "auto"
+        }
+    }
+
+    fn connect(&self, mut job: Joined) -> Result<Links> {
+        let mut me = host_identity();
+        let tag = &job.config.transport.shm.host_tag;
+        if !tag.is_empty() {
+            me = format!("{me} tag={tag}");
+        }
+        let rank = job.rank();
+        job.store.set(&format!("host/{rank}"), me.as_bytes())?;
+        reclaim_stale(job.config.tuning.connect_timeout);
+        let ring_bytes = job.config.transport.shm.ring_bytes;
+        let (rank, world_size, comm_id) = (job.rank(), job.world_size(), job.comm_id);
+        let (tcp, poll, beacon) = tcp::endpoint_parts(ConnectCtx::of(job))?;
+        let pairs = Arc::new(Mutex::new(Vec::new()));
+        Ok(Links::new(
+            Box::new(ShmConnector {
+                tcp,
+                rank,
+                world_size,
+                comm_id,
+                strict: self.strict,
+                ring_bytes,
+                me,
+                same_host: HashMap::new(),
+                pairs: pairs.clone(),
+            }),
+            Box::new(ShmWaiter {
+                poll,
+                events: Events::with_capacity(64),
+                pairs,
+                seen: Vec::new(),
+            }),
+            beacon,
+        ))
+    }
+}
+
+/// What makes two processes "one host" here (see the module docs).
+pub(crate) fn host_identity() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("?{e}"))
+    };
+    let ns = |n: &str| {
+        std::fs::read_link(format!("/proc/self/ns/{n}"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|e| format!("?{e}"))
+    };
+    format!(
+        "boot={} host={} uid={} {} {} {}",
+        read("/proc/sys/kernel/random/boot_id"),
+        read("/proc/sys/kernel/hostname"),
+        shm::effective_uid(),
+        ns("net"),
+        ns("ipc"),
+        ns("mnt"),
+    )
+}
+
+/// Prefix of every segment name this transport makes (in `/dev/shm` without the `/`).
+const PREFIX: &str = "ferroccl-";
+
+/// The name of the ring that rank `from` writes and `to` reads on channel `ch`, made
+/// by process `pid` (the reader) in job `comm_id`.
+fn ring_name(comm_id: u64, pid: u32, from: usize, to: usize, ch: Channel) -> String {
+    format!("/{PREFIX}{comm_id:016x}-{pid}-{from}-{to}-{}", ch.code())
+}
+
+/// Removes this user's ring segments whose creator is dead and which are older than
+/// `min_age` (a live job unlinks its names within a few round trips of making them; a
+/// name that stays is a job that died while linking). Best effort: a name it cannot
+/// read or remove is left alone.
+pub(crate) fn reclaim_stale(min_age: Duration) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    let uid = shm::effective_uid();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = stale_pid(&name) else {
+            continue;
+        };
+        let Ok(meta) = entry.metadata() else { continue };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if meta.uid() == uid && old && !shm::process_alive(pid) {
+            match shm::unlink_name(&format!("/{name}")) {
+                Ok(()) => tracing::info!("removed the stale shared-memory ring {name}"),
+                Err(e) => tracing::debug!("could not remove {name}: {e}"),
+            }
+        }
+    }
+}
+
+/// The creator's pid in a ring segment's name, or `None` for a name that is not one.
+fn stale_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(PREFIX)?;
+    let mut f = rest.split('-');
+    let id = f.next()?;
+    let pid = f.next()?.parse().ok()?;
+    let nums = f
+        .map(|x| x.parse::<u64>().ok())
+        .collect::<Option<Vec<_>>>()?;
+    (id.len() == 16 && u64::from_str_radix(id, 16).is_ok() && nums.len() == 3).then_some(pid)
+}
+
+/// Layout of a ring segment: the header words (byte offsets; each counter on its own
+/// 64-byte line), then the data from [`DATA`].
+mod layout {
+    pub const MAGIC: usize = 0;
+    pub const CAPACITY: usize = 8;
+    pub const HEAD: usize = 64;
+    pub const WRITER_ASLEEP: usize = 128;
+    pub const TAIL: usize = 192;
+    pub const READER_ASLEEP: usize = 256;
+    pub const WRITER_CLOSED: usize = 320;
+    pub const READER_CLOSED: usize = 384;
+    pub const DATA: usize = 4096;
+    /// "FCSHRNG1" as a little-endian word.
+    pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"FCSHRNG1");
+}
+
+/// One direction's ring, as mapped in this process.
+struct Ring {
+    seg: ShmSegment,
+    cap: u64,
+}
+
+impl Ring {
+    fn word(&self, off: usize) -> &AtomicU64 {
+        self.seg.word(off / 8)
+    }
+
+    /// Makes (for the pair) the ring `name` of `cap` data bytes.
+    fn create(name: &str, cap: usize) -> Result<Self> {
+        let seg = ShmSegment::create_new(name, layout::DATA + cap)?;
+        let r = Ring {
+            seg,
+            cap: cap as u64,
+        };
+        r.word(layout::CAPACITY)
+            .store(cap as u64, Ordering::Relaxed);
+        r.word(layout::MAGIC)
+            .store(layout::MAGIC_VALUE, Ordering::Release);
+        Ok(r)
+    }
+
+    /// Maps the peer's ring `name` of `cap` data bytes, checking its header says so.
+    fn open(name: &str, cap: usize) -> std::result::Result<Self, String> {
+        let seg = ShmSegment::open(name, layout::DATA + cap).map_err(|e| e.to_string())?;
+        let r = Ring {
+            seg,
+            cap: cap as u64,
+        };
+        let (magic, c) = (
+            r.word(layout::MAGIC).load(Ordering::Acquire),
+            r.word(layout::CAPACITY).load(Ordering::Relaxed),
+        );
+        if magic != layout::MAGIC_VALUE || c != cap as u64 {
+            return Err(format!(
+                "shared-memory ring {name} has magic {magic:#x} and capacity {c}, \
+                 expected {:#x} and {cap}",
+                layout::MAGIC_VALUE
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Copies `src` into the ring at stream position `pos` (wrapping).
+    fn put(&self, pos: u64, src: &[u8]) {
+        let at = (pos % self.cap) as usize;
+        let first = src.len().min(self.cap as usize - at);
+        self.seg.write_at(layout::DATA + at, &src[..first]);
+        self.seg.write_at(layout::DATA, &src[first..]);
+    }
+
+    /// Copies from the ring at stream position `pos` into `dst` (wrapping).
+    fn get(&self, pos: u64, dst: &mut [u8]) {
+        let at = (pos % self.cap) as usize;
+        let first = dst.len().min(self.cap as usize - at);
+        self.seg.read_at(layout::DATA + at, &mut dst[..first]);
+        self.seg.read_at(layout::DATA, &mut dst[first..]);
+    }
+}
+
+/// What a link and the waiter share: both rings, the TCP connection (doorbell and
+/// liveness), and whether that connection has ended.
+struct Pair {
+    peer: usize,
+    /// The ring this rank writes (the peer's segment).
+    tx: Ring,
+    /// The ring this rank reads (its own segment).
+    rx: Ring,
+    ctl: mio::net::TcpStream,
+    /// The TCP connection ended or failed: the peer exited, was killed or shut down.
+    gone: AtomicBool,
+    /// On the lower rank, the rings' names until the peer says it mapped them
+    /// ([`MAPPED`]); empty on the higher.
+    names: Mutex<Vec<String>>,
+}
+
+impl Pair {
+    /// Wakes the peer's waiter, which raised `flag` before sleeping.
+    fn ring_if_asleep(&self, flag: &AtomicU64) {
+        fence(Ordering::SeqCst);
+        if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0 {
+            // A full socket buffer already holds doorbells the peer has yet to read.
+            let _ = (&self.ctl).write(&[DOORBELL]);
+        }
+    }
+
+    /// Reads what the connection holds (doorbells), noting its end; returns whether it
+    /// has ended.
+    fn drain(&self) -> bool {
+        let mut buf = [0u8; 64];
+        loop {
+            match (&self.ctl).read(&mut buf) {
+                Ok(0) => break self.gone.store(true, Ordering::Release),
+                Ok(n) => {
+                    if buf[..n].contains(&MAPPED) {
+                        lock(&self.names).clear();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => break self.gone.store(true, Ordering::Release),
+            }
+        }
+        self.gone.load(Ordering::Acquire)
+    }
+}
+
+/// A link over a [`Pair`].
+struct ShmLink {
+    pair: Arc<Pair>,
+    /// Bytes written (our `head` of `tx`).
+    sent: u64,
+    /// Bytes read (our `tail` of `rx`).
+    received: u64,
+    closed: bool,
+}
+
+impl Link for ShmLink {
+    fn peer(&self) -> usize {
+        self.pair.peer
+    }
+
+    fn try_write(&mut self, bufs: &[IoSlice<'_>]) -> std::result::Result<usize, LinkError> {
+        let p = &*self.pair;
+        if self.closed
+            || p.gone.load(Ordering::Acquire)
+            || p.tx.word(layout::READER_CLOSED).load(Ordering::Acquire) != 0
+        {
+            return Err(LinkError::Closed);
+        }
+        let tail = p.tx.word(layout::TAIL).load(Ordering::Acquire);
+        let mut room = p.tx.cap - (self.sent - tail);
+        let mut pos = self.sent;
+        for b in bufs {
+            if room == 0 {
+                break;
+            }
+            let take = (b.len() as u64).min(room);
+            p.tx.put(pos, &b[..take as usize]);
+            pos += take;
+            room -= take;
+        }
+        let n = pos - self.sent;
+        if n > 0 {
+            self.sent = pos;
+            p.tx.word(layout::HEAD).store(pos, Ordering::Release);
+            p.ring_if_asleep(p.tx.word(layout::READER_ASLEEP));
+        }
+        Ok(n as usize)
+    }
+
+    fn try_read(&mut self, bufs: &mut [IoSliceMut<'_>]) -> std::result::Result<usize, LinkError> {
+        let p = &*self.pair;
+        let mut head = p.rx.word(layout::HEAD).load(Ordering::Acquire);
+        if head == self.received {
+            if !(self.closed
+                || p.gone.load(Ordering::Acquire)
+                || p.rx.word(layout::WRITER_CLOSED).load(Ordering::Acquire) != 0)
+            {
+                return Ok(0);
+            }
+            // Closed: but bytes published before the close are still to be read.
+            head = p.rx.word(layout::HEAD).load(Ordering::Acquire);
+            if head == self.received {
+                return Err(LinkError::Closed);
+            }
+        }
+        let mut pos = self.received;
+        for b in bufs.iter_mut() {
+            if pos == head {
+                break;
+            }
+            let take = (b.len() as u64).min(head - pos) as usize;
+            p.rx.get(pos, &mut b[..take]);
+            pos += take as u64;
+        }
+        let n = pos - self.received;
+        if n > 0 {
+            self.received = pos;
+            p.rx.word(layout::TAIL).store(pos, Ordering::Release);
+            p.ring_if_asleep(p.rx.word(layout::WRITER_ASLEEP));
+        }
+        Ok(n as usize)
+    }
+
+    fn shutdown(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let p = &*self.pair;
+        // On the lower rank, ring names the peer has not mapped yet stay for it to map
+        // and remove, unless its connection says it never will.
+        let gone = p.drain();
+        let mut names = lock(&p.names);
+        if gone && !names.is_empty() {
+            unlink_names(&names);
+            names.clear();
+        }
+        drop(names);
+        p.tx.word(layout::WRITER_CLOSED).store(1, Ordering::Release);
+        p.rx.word(layout::READER_CLOSED).store(1, Ordering::Release);
+        // The end of stream wakes the peer wherever it sleeps.
+        let _ = p.ctl.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn raw_counts(&self) -> (u64, u64) {
+        (self.sent, self.received)
+    }
+
+    fn class(&self) -> &'static str {
+        "shm"
+    }
+}
+
+impl Drop for ShmLink {
+    /// Shuts the link down; the waiter forgets the pair at its next wait.
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Sleeps in `epoll` over the links' TCP connections (and, with `auto`, the TCP links
+/// to other hosts), after raising the "asleep" flags; see the module docs.
+struct ShmWaiter {
+    poll: Poll,
+    events: Events,
+    pairs: Arc<Mutex<Vec<Arc<Pair>>>>,
+    /// What each pair's counters were when last looked at (rx head, tx tail), by index
+    /// into `pairs`.
+    seen: Vec<(u64, u64)>,
+}
+
+impl Waiter for ShmWaiter {
+    fn wait(&mut self, timeout: Duration) -> io::Result<()> {
+        let mut pairs = lock(&self.pairs);
+        // A pair only this list holds belongs to a dropped link.
+        let mut i = 0;
+        while i < pairs.len() {
+            if Arc::strong_count(&pairs[i]) == 1 {
+                pairs.swap_remove(i);
+                if i < self.seen.len() {
+                    self.seen.swap_remove(i);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        self.seen.resize(pairs.len(), (0, 0));
+        let mut moved = false;
+        for p in pairs.iter() {
+            moved |= p.drain();
+            p.rx.word(layout::READER_ASLEEP).store(1, Ordering::Relaxed);
+            p.tx.word(layout::WRITER_ASLEEP).store(1, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+        for (p, seen) in pairs.iter().zip(self.seen.iter_mut()) {
+            let now = (
+                p.rx.word(layout::HEAD).load(Ordering::Acquire),
+                p.tx.word(layout::TAIL).load(Ordering::Acquire),
+            );
+            let closed = p.rx.word(layout::WRITER_CLOSED).load(Ordering::Acquire) != 0
+                || p.tx.word(layout::READER_CLOSED).load(Ordering::Acquire) != 0;
+            moved |= now != *seen || closed;
+            *seen = now;
+        }
+        let r = if moved {
+            Ok(())
+        } else {
+            let pairs_held = std::mem::take(&mut *pairs);
+            drop(pairs);
+            let r = match self.poll.poll(&mut self.events, Some(timeout)) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+                r => r,
+            };
+            pairs = lock(&self.pairs);
+            let added = std::mem::replace(&mut *pairs, pairs_held);
+            pairs.extend(added);
+            r
+        };
+        for p in pairs.iter() {
+            p.rx.word(layout::READER_ASLEEP).store(0, Ordering::Relaxed);
+            p.tx.word(layout::WRITER_ASLEEP).store(0, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+/// Makes shared-memory links to ranks of this host and TCP links to the others.
+struct ShmConnector {
+    tcp: TcpConnector,
+    rank: usize,
+    world_size: usize,
+    comm_id: u64,
+    strict: bool,
+    ring_bytes: usize,
+    /// This rank's [`host_identity`].
+    me: String,
+    /// Whether each peer asked about so far is on this host.
+    same_host: HashMap<usize, bool>,
+    pairs: Arc<Mutex<Vec<Arc<Pair>>>>,
+}
+
+/// Removes ring names (best effort: one already gone is fine).
+fn unlink_names(names: &[String]) {
+    for n in names {
+        if let Err(e) = shm::unlink_name(n) {
+            tracing::debug!("unlinking {n}: {e}");
+        }
+    }
+}
+
+/// Bytes on a link's TCP connection after the set-up: a doorbell, and (once, from
+/// the higher rank) "I have mapped the rings and removed their names".
+const DOORBELL: u8 = 1;
+const MAPPED: u8 = 2;
+
+/// What the lower rank of a link says after the TCP handshake: `FCSM`, its pid, and
+/// the size of the two rings it made.
+const OFFER_LEN: usize = 16;
+const OFFER_MAGIC: [u8; 4] = *b"FCSM";
+
+impl ShmConnector {
+    /// Whether `peer` is on this host (asked through the store once).
+    fn same_host(&mut self, peer: usize, deadline: Instant) -> Result<bool> {
+        if let Some(&s) = self.same_host.get(&peer) {
+            return Ok(s);
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let theirs = self
+            .tcp
+            .store()
+            .get(&format!("host/{peer}"), wait)
+            .map_err(|e| {
+                Error::Rendezvous(format!(
+                    "rank {}: rank {peer} did not publish which host it is on within {wait:?}: \
+                     has it started, with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})",
+                    self.rank
+                ))
+            })?;
+        let same = theirs == self.me.as_bytes();
+        if !same && self.strict {
+            return Err(Error::Unavailable {
+                what: "transport shm".into(),
+                why: format!(
+                    "rank {peer} is on another host (it says {:?}; rank {} is on {:?}): \
+                     use --transport auto or tcp",
+                    String::from_utf8_lossy(&theirs),
+                    self.rank,
+                    self.me
+                ),
+            });
+        }
+        self.same_host.insert(peer, same);
+        Ok(same)
+    }
+
+    /// The two rings of a fresh link to `peer`, over its handshaken TCP connection
+    /// `s`. The lower rank (the one that dialled) makes both and says so on `s` at once;
+    /// the higher reads that, maps both and removes the names. Neither waits for the
+    /// other's main thread (the lower rank's dial is answered by the higher's acceptor),
+    /// so ranks connecting to their neighbours in any order cannot deadlock.
+    fn link_rings(
+        &self,
+        s: &mut TcpStream,
+        peer: usize,
+        ch: Channel,
+        deadline: Instant,
+    ) -> Result<(Ring, Ring)> {
+        let who = format!("rank {peer}");
+        let hs = |detail: String| Error::Handshake {
+            peer: who.clone(),
+            detail,
+        };
+        let io = |what: &str, e: io::Error| hs(format!("shared-memory set-up: {what}: {e}"));
+        let me = self.rank;
+        if peer > me {
+            let pid = std::process::id();
+            let mut tx =
+                Ring::create(&ring_name(self.comm_id, pid, me, peer, ch), self.ring_bytes)?;
+            let mut rx =
+                Ring::create(&ring_name(self.comm_id, pid, peer, me, ch), self.ring_bytes)?;
+            // From here the names are the peer's to remove once it has mapped them
+            // (even if this rank is done with the link first), or ours when the peer is
+            // known never to (`ShmLink::drop`).
+            tx.seg.disown();
+            rx.seg.disown();
+            let mut offer = [0u8; OFFER_LEN];
+            offer[..4].copy_from_slice(&OFFER_MAGIC);
+            offer[4..8].copy_from_slice(&pid.to_le_bytes());
+            offer[8..16].copy_from_slice(&(self.ring_bytes as u64).to_le_bytes());
+            s.write_all(&offer)
+                .map_err(|e| io("sending the offer", e))?;
+            return Ok((tx, rx));
+        }
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left))
+            .map_err(|e| io("read timeout", e))?;
+        let mut offer = [0u8; OFFER_LEN];
+        s.read_exact(&mut offer)
+            .map_err(|e| io("reading the offer", e))?;
+        if offer[..4] != OFFER_MAGIC {
+            return Err(hs(format!(
+                "expected a shared-memory offer, got {:02x?}",
+                &offer[..4]
+            )));
+        }
+        let pid = u32::from_le_bytes([offer[4], offer[5], offer[6], offer[7]]);
+        let mut cap = [0u8; 8];
+        cap.copy_from_slice(&offer[8..16]);
+        let cap = u64::from_le_bytes(cap);
+        let cap = usize::try_from(cap)
+            .ok()
+            .filter(|c| (4096..=1 << 30).contains(c))
+            .ok_or_else(|| hs(format!("offered rings of {cap} bytes")))?;
+        let (tx_name, rx_name) = (
+            ring_name(self.comm_id, pid, me, peer, ch),
+            ring_name(self.comm_id, pid, peer, me, ch),
+        );
+        let rings = Ring::open(&tx_name, cap).and_then(|tx| Ok((tx, Ring::open(&rx_name, cap)?)));
+        // Mapped or not, the names go: nobody else may attach, nothing is left behind.
+        unlink_names(&[tx_name, rx_name]);
+        let rings = rings.map_err(hs)?;
+        // Best effort: a lower rank that already finished and left reads nothing more.
+        let _ = s.write_all(&[MAPPED]);
+        Ok(rings)
+    }
+}
+
+impl Connector for ShmConnector {
+    fn connect(
+        &mut self,
+        peer: usize,
+        channel: Channel,
+        deadline: Instant,
+    ) -> Result<Box<dyn Link>> {
+        super::check_peer(self.rank, peer, self.world_size)?;
+        if !self.same_host(peer, deadline)? {
+            return self.tcp.connect(peer, channel, deadline);
+        }
+        let mut s = self.tcp.stream(peer, channel, deadline)?;
+        let (tx, rx) = self.link_rings(&mut s, peer, channel, deadline)?;
+        let ctl = self.tcp.register(s, peer, channel)?;
+        let names = if peer > self.rank {
+            let pid = std::process::id();
+            vec![
+                ring_name(self.comm_id, pid, self.rank, peer, channel),
+                ring_name(self.comm_id, pid, peer, self.rank, channel),
+            ]
+        } else {
+            Vec::new()
+        };
+        let pair = Arc::new(Pair {
+            peer,
+            tx,
+            rx,
+            ctl,
+            gone: AtomicBool::new(false),
+            names: Mutex::new(names),
+        });
+        lock(&self.pairs).push(pair.clone());
+        Ok(Box::new(ShmLink {
+            pair,
+            sent: 0,
+            received: 0,
+            closed: false,
+        }))
+    }
+
+    fn peer_status(&mut self, peer: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
+        self.tcp.peer_status(peer, deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_names_are_recognised_and_others_left_alone() {
+        assert_eq!(
+            stale_pid("ferroccl-00000000deadbeef-1234-0-1-0"),
+            Some(1234)
+        );
+        for other in [
+            "ferroccl-test-77",
+            "ferroccl-deadbeef-1234-0-1-0",
+            "ferroccl-00000000deadbeef-x-0-1-0",
+            "ferroccl-00000000deadbeef-12-0-1",
+            "sem.ferroccl-00000000deadbeef-1234-0-1-0",
+        ] {
+            assert_eq!(stale_pid(other), None, "{other}");
+        }
+        let name = ring_name(0xdead_beef, 1234, 0, 1, Channel::P2p);
+        assert_eq!(stale_pid(&name[1..]), Some(1234));
+    }
+
+    #[test]
+    fn the_host_identity_names_the_namespaces() {
+        let id = host_identity();
+        assert!(id.contains("net:["), "{id}");
+        assert!(id.contains("ipc:["), "{id}");
+        assert_eq!(id, host_identity(), "stable");
+    }
+
+    /// Two ranks' links over a real store: rank 0 sleeps in its waiter with a wait far
+    /// longer than the test's deadline; the doorbell of rank 1's write must wake it, and
+    /// later the end of rank 1's connection (its links dropped without a word, as a
+    /// killed process's are closed by the kernel). Bytes written before the end are
+    /// still read, then `Closed`.
+    #[test]
+    fn a_sleeping_waiter_wakes_for_bytes_and_for_a_peer_that_left() {
+        // A lost wakeup would sleep for an hour: the deadline fails it in 30 s.
+        crate::testing::with_deadline(Duration::from_secs(30), sleeper_wakes);
+    }
+
+    fn sleeper_wakes() {
+        use crate::config::Config;
+        use crate::rendezvous::{StoreClient, StoreServer};
+        let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let addr = server.local_addr().to_string();
+        let join = move |rank: usize| {
+            let mut config = Config::new(rank, 2, addr.clone());
+            config.job.serve_store = false;
+            config.transport.shm.ring_bytes = 4096;
+            let mut store =
+                StoreClient::connect_with_token(&addr, Duration::from_secs(10), None).unwrap();
+            let comm_id = store.join(rank, 2).unwrap();
+            Shm { strict: true }
+                .connect(Joined {
+                    config,
+                    comm_id,
+                    store,
+                })
+                .unwrap()
+        };
+        /// Reads until `want` bytes came, sleeping in the waiter (for an hour: only a
+        /// wakeup ends it) whenever nothing is there.
+        fn read_all(l: &mut Box<dyn Link>, w: &mut Box<dyn Waiter>, want: usize) -> Vec<u8> {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 16];
+            while got.len() < want {
+                match l.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap() {
+                    0 => w.wait(Duration::from_secs(3600)).unwrap(),
+                    n => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            got
+        }
+        let j1 = join.clone();
+        let peer = std::thread::spawn(move || {
+            let mut links = j1(1);
+            let far = Instant::now() + Duration::from_secs(10);
+            let mut l = links
+                .connector
+                .connect(0, Channel::Collective, far)
+                .unwrap();
+            // Give rank 0 time to fall asleep (if it has not, its wait returns at
+            // once, which is allowed: the test only requires that it returns).
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(l.try_write(&[IoSlice::new(b"ding")]).unwrap(), 4);
+            // Only rank 0's doorbell can wake this wait: the link stays open.
+            assert_eq!(read_all(&mut l, &mut links.waiter, 4), b"dong");
+            assert_eq!(l.try_write(&[IoSlice::new(b"bye")]).unwrap(), 3);
+            drop(l);
+            drop(links);
+        });
+        let mut links = join(0);
+        let far = Instant::now() + Duration::from_secs(10);
+        let mut l = links
+            .connector
+            .connect(1, Channel::Collective, far)
+            .unwrap();
+        // Only rank 1's doorbell can wake this wait: rank 1 keeps the link open.
+        assert_eq!(read_all(&mut l, &mut links.waiter, 4), b"ding");
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(l.try_write(&[IoSlice::new(b"dong")]).unwrap(), 4);
+        // Then the end of rank 1's connection wakes it: the bytes before it are read,
+        // then Closed.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 16];
+        let closed = loop {
+            match l.try_read(&mut [IoSliceMut::new(&mut buf)]) {
+                Ok(0) => links.waiter.wait(Duration::from_secs(3600)).unwrap(),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, b"bye", "every byte before the end is read");
+        assert!(matches!(closed, LinkError::Closed), "{closed:?}");
+        peer.join().unwrap();
+    }
+
+    #[test]
+    fn a_ring_wraps_and_keeps_order() {
+        let name = format!("/ferroccl-test-ring-{}", std::process::id());
+        let a = Ring::create(&name, 4096).unwrap();
+        let b = Ring::open(&name, 4096).unwrap();
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        b.put(3000, &data);
+        let mut back = vec![0u8; 3000];
+        a.get(3000, &mut back);
+        assert_eq!(back, data, "a write across the end reads back");
+        assert!(Ring::open(&name, 8192).is_err(), "a size it is not");
+    }
+}

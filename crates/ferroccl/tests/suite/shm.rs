@@ -1,0 +1,195 @@
+//! Every collective over shared memory (`shm`, world 1..=8) and over jobs mixing
+//! shared memory and TCP (`auto` with emulated hosts of 2 ranks), against the same f64
+//! references and bitwise agreement as over TCP; the choice `auto` makes; and what
+//! shared-memory links leave behind.
+
+use crate::common;
+
+use common::checks::{
+    check_all_gather, check_all_reduce, check_broadcast, check_reduce, check_reduce_scatter,
+};
+use common::{run, test_config, Net};
+use ferroccl::{DataType, Error, ReduceOp, TransportKind};
+use proptest::prelude::*;
+use std::time::Duration;
+
+fn any_dtype() -> impl Strategy<Value = DataType> {
+    prop::sample::select(DataType::ALL.to_vec())
+}
+fn any_op() -> impl Strategy<Value = ReduceOp> {
+    prop::sample::select(ReduceOp::ALL.to_vec())
+}
+/// Shared memory only, or emulated hosts of 2 ranks (shared memory within, TCP
+/// between).
+fn any_net() -> impl Strategy<Value = Net> {
+    prop::sample::select(vec![Net::Shm, Net::Hosts(2)])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn all_reduce_over_shm(net in any_net(), n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(),
+                           op in any_op(), seg in 1usize..=8192, seed in any::<u64>(), small in any::<bool>()) {
+        let r = for_dtype!(dt, check_all_reduce(net, n, count, op, seg, seed, small));
+        prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
+    }
+
+    #[test]
+    fn reduce_scatter_over_shm(net in any_net(), n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(),
+                               op in any_op(), seg in 1usize..=8192, seed in any::<u64>(), v in any::<bool>()) {
+        let r = for_dtype!(dt, check_reduce_scatter(net, n, count, op, seg, seed, v));
+        prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
+    }
+
+    #[test]
+    fn all_gather_over_shm(net in any_net(), n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(),
+                           seg in 1usize..=8192, seed in any::<u64>(), v in any::<bool>()) {
+        let r = for_dtype!(dt, check_all_gather(net, n, count, seg, seed, v));
+        prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
+    }
+
+    #[test]
+    fn broadcast_over_shm(net in any_net(), n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(),
+                          root in 0usize..8, seg in 1usize..=8192, seed in any::<u64>()) {
+        let r = for_dtype!(dt, check_broadcast(net, n, count, root % n, seg, seed));
+        prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
+    }
+
+    #[test]
+    fn reduce_over_shm(net in any_net(), n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(),
+                       op in any_op(), root in 0usize..8, seg in 1usize..=8192, seed in any::<u64>()) {
+        let r = for_dtype!(dt, check_reduce(net, n, count, op, root % n, seg, seed));
+        prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
+    }
+}
+
+/// Messages many times the ring (a 4 KiB ring, 4 MiB frames) wrap it thousands of
+/// times, with the writer and the reader each waiting for the other to sleep and wake.
+#[test]
+fn messages_larger_than_the_ring_wrap_it() {
+    let mut cfg = test_config();
+    cfg.transport.shm.ring_bytes = 4096;
+    cfg.tuning.segment_bytes = 4 << 20;
+    cfg.tuning.small_message_bytes = 0;
+    for n in [2usize, 3] {
+        let out = run(n, Net::Shm, &cfg, Duration::from_secs(60), |c| {
+            let mut v: Vec<f32> = (0..(1 << 20)).map(|i| (i % 1000) as f32).collect();
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok(v)
+        })
+        .unwrap();
+        for v in &out {
+            for (i, x) in v.iter().enumerate() {
+                assert_eq!(*x, ((i % 1000) * n) as f32, "n={n} element {i}");
+            }
+        }
+    }
+}
+
+/// Point-to-point over shared memory: its own channel, messages larger than the ring.
+#[test]
+fn send_and_recv_over_shm() {
+    let mut cfg = test_config();
+    cfg.transport.shm.ring_bytes = 8192;
+    let out = run(3, Net::Shm, &cfg, Duration::from_secs(30), |c| {
+        let r = c.rank();
+        let msg: Vec<i32> = (0..50_000).map(|i| i * (r as i32 + 1)).collect();
+        let to = (r + 1) % 3;
+        let from = (r + 2) % 3;
+        let mut got = vec![0i32; 50_000];
+        if r == 0 {
+            c.send(&msg, to, 7)?;
+            c.recv(&mut got, from, 7)?;
+        } else {
+            c.recv(&mut got, from, 7)?;
+            c.send(&msg, to, 7)?;
+        }
+        Ok(got)
+    })
+    .unwrap();
+    for (r, got) in out.iter().enumerate() {
+        let from = (r + 2) % 3;
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, x)| *x == i as i32 * (from as i32 + 1)),
+            "rank {r} got the wrong message"
+        );
+    }
+}
+
+/// `shm` refuses a job whose ranks are on different hosts, naming the rank, before
+/// any collective runs; `auto` links the same job with TCP between the hosts.
+#[test]
+fn shm_refuses_a_rank_on_another_host_and_auto_takes_tcp() {
+    let out = run(
+        2,
+        Net::Hosts(1),
+        &test_config(),
+        Duration::from_secs(30),
+        |c| {
+            let mut v = vec![c.rank() as i32 + 1; 100];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok(v[0])
+        },
+    )
+    .unwrap();
+    assert_eq!(out, vec![3, 3], "auto across emulated hosts");
+    let mut strict = test_config();
+    strict.transport.kind = TransportKind::Shm;
+    let out = common::run_all(2, Net::Hosts(1), &strict, Duration::from_secs(30), |c| {
+        c.barrier()
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        let e = o.expect("finished").unwrap_err();
+        assert!(matches!(e, Error::Unavailable { .. }), "rank {r}: {e}");
+        let peer = 1 - r;
+        assert!(
+            e.to_string()
+                .contains(&format!("rank {peer} is on another host")),
+            "rank {r}: {e}"
+        );
+    }
+}
+
+/// A ring segment left by a job that died while linking (its creator is gone and the
+/// name is old) is removed by the next job's ranks; a fresh one, or a live creator's,
+/// is left alone.
+#[test]
+fn a_new_job_reclaims_a_dead_jobs_segments() {
+    let dead = {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    };
+    let live = std::process::id();
+    let path = |pid: u32, tag: u32| format!("/dev/shm/ferroccl-00000000{tag:08x}-{pid}-0-1-0");
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let old_dead = path(dead, 0xdead);
+    let old_live = path(live, 0x11fe);
+    let new_dead = path(dead, 0xf5e5);
+    for p in [&old_dead, &old_live, &new_dead] {
+        std::fs::write(p, b"x").unwrap();
+    }
+    for p in [&old_dead, &old_live] {
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(hour_ago).unwrap();
+    }
+    run(2, Net::Shm, &test_config(), Duration::from_secs(30), |c| {
+        c.barrier()
+    })
+    .unwrap();
+    let exists = |p: &str| std::path::Path::new(p).exists();
+    let (a, b, c) = (exists(&old_dead), exists(&old_live), exists(&new_dead));
+    for p in [&old_dead, &old_live, &new_dead] {
+        let _ = std::fs::remove_file(p);
+    }
+    assert!(!a, "a dead job's old segment is reclaimed");
+    assert!(b, "a live process's segment is left alone");
+    assert!(
+        c,
+        "a segment younger than the connect timeout is left alone"
+    );
+}
