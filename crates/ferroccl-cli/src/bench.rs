@@ -86,6 +86,10 @@ pub struct BenchArgs {
     /// started by a launcher also read FERROCCL_ALGO; this flag wins.
     #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner"])]
     pub algo: Option<String>,
+    /// With --algo auto: choose per size by this network model instead of the size
+    /// rule, e.g. `alpha_us=20,link_gbs=12.5,reduce_gbs=10` (also FERROCCL_COST_MODEL).
+    #[arg(long = "cost-model", value_parser = |s: &str| s.parse::<ferroccl::CostModel>().map_err(|e| e.to_string()))]
+    pub cost_model: Option<ferroccl::CostModel>,
     /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
     #[arg(long = "busy-poll-us")]
     pub busy_poll_us: Option<u64>,
@@ -177,6 +181,9 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     if a.law.is_some() {
         // The law is the ring's: recursive doubling would follow another one.
         c.tuning.small_message_bytes = 0;
+    }
+    if let Some(m) = a.cost_model {
+        c.tuning.cost_model = Some(m);
     }
     if let Some(algo) = &a.algo {
         // clap admits only the names the parser knows.
@@ -743,12 +750,16 @@ fn bench_typed<T: Element>(
                 }
             );
         } else if coll == Coll::AllReduce {
-            match c.config().tuning.all_reduce_algo {
-                ferroccl::AllReduceAlgo::Auto => println!(
-                    "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
-                    c.config().tuning.small_message_bytes
+            let t = &c.config().tuning;
+            match (t.all_reduce_algo, t.cost_model) {
+                (ferroccl::AllReduceAlgo::Auto, Some(m)) => println!(
+                    "# algo: per size, the least time predicted on {m} (rab: Rabenseifner)"
                 ),
-                forced => println!(
+                (ferroccl::AllReduceAlgo::Auto, None) => println!(
+                    "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
+                    t.small_message_bytes
+                ),
+                (forced, _) => println!(
                     "# algo: {forced:?} for every size (rab: Rabenseifner, recursive halving then doubling)"
                 ),
             }

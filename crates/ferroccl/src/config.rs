@@ -95,6 +95,98 @@ impl std::str::FromStr for AllReduceAlgo {
     }
 }
 
+/// A network model: time of a message of `S` bytes is `alpha + S / bandwidth`, and
+/// combining `S` bytes takes `S / reduce` ([`Tuning::cost_model`]; `ferroccl simulate`
+/// plays the algorithms' plans on the same model).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct CostModel {
+    /// Seconds per message.
+    pub alpha: f64,
+    /// Bytes per second of a rank's link.
+    pub bandwidth: f64,
+    /// Bytes per second a rank combines.
+    pub reduce: f64,
+}
+
+impl CostModel {
+    /// A model of `alpha` seconds per message, links of `bandwidth` bytes/s, combining
+    /// at `reduce` bytes/s; each must be finite, `alpha >= 0` and the rates > 0.
+    pub fn new(alpha: f64, bandwidth: f64, reduce: f64) -> Result<Self> {
+        if !(alpha.is_finite() && alpha >= 0.0) {
+            return Err(Error::Config(format!(
+                "cost model: alpha {alpha} s is not >= 0"
+            )));
+        }
+        for (what, v) in [("bandwidth", bandwidth), ("reduce", reduce)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(Error::Config(format!(
+                    "cost model: {what} {v} B/s is not > 0"
+                )));
+            }
+        }
+        Ok(Self {
+            alpha,
+            bandwidth,
+            reduce,
+        })
+    }
+}
+
+impl std::fmt::Display for CostModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "alpha {:.3} us, link {:.3} GB/s, reduce {:.3} GB/s",
+            self.alpha * 1e6,
+            self.bandwidth / 1e9,
+            self.reduce / 1e9
+        )
+    }
+}
+
+impl std::str::FromStr for CostModel {
+    type Err = Error;
+    /// `alpha_us=20,link_gbs=12.5,reduce_gbs=10`: α in microseconds, link and
+    /// reduction rates in GB/s (10⁹ bytes per second). Every key once, nothing else.
+    fn from_str(s: &str) -> Result<Self> {
+        let (mut a, mut l, mut r) = (None, None, None);
+        let form = "alpha_us=20,link_gbs=12.5,reduce_gbs=10";
+        for part in s.split(',') {
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                Error::Config(format!(
+                    "cost model '{s}': '{part}' is not key=value (e.g. {form})"
+                ))
+            })?;
+            let v: f64 = v.trim().parse().map_err(|_| {
+                Error::Config(format!("cost model '{s}': '{}' is not a number", v.trim()))
+            })?;
+            let slot = match k.trim() {
+                "alpha_us" => &mut a,
+                "link_gbs" => &mut l,
+                "reduce_gbs" => &mut r,
+                other => {
+                    return Err(Error::Config(format!(
+                        "cost model '{s}': unknown key '{other}' (e.g. {form})"
+                    )))
+                }
+            };
+            if slot.replace(v).is_some() {
+                return Err(Error::Config(format!(
+                    "cost model '{s}': '{}' given twice",
+                    k.trim()
+                )));
+            }
+        }
+        match (a, l, r) {
+            (Some(a), Some(l), Some(r)) => CostModel::new(a * 1e-6, l * 1e9, r * 1e9),
+            _ => Err(Error::Config(format!(
+                "cost model '{s}': needs alpha_us, link_gbs and reduce_gbs (e.g. {form})"
+            ))),
+        }
+    }
+}
+
 /// This process's place in a job: rank, size, and the rendezvous.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -161,6 +253,12 @@ pub struct Tuning {
     /// [`Config::from_env`], `ferroccl bench --algo`). Must be the same on every rank
     /// (a disagreement is a [`Error::Mismatch`]).
     pub all_reduce_algo: AllReduceAlgo,
+    /// A model of the network, for [`AllReduceAlgo::Auto`] to choose per call the
+    /// algorithm with the least predicted time (ring, recursive doubling,
+    /// Rabenseifner) instead of the size rule. `FERROCCL_COST_MODEL` in
+    /// [`Config::from_env`], `ferroccl bench --cost-model`. Must be the same on every
+    /// rank. Default: none.
+    pub cost_model: Option<CostModel>,
     /// The clock [`Tuning::timeout`] is measured on: the system's, or a [`Clock::manual`]
     /// one that tests advance by hand so that a timeout fires exactly when they say.
     pub clock: Clock,
@@ -369,6 +467,7 @@ impl Default for Tuning {
             busy_poll: DEFAULT_BUSY_POLL,
             small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
             all_reduce_algo: AllReduceAlgo::Auto,
+            cost_model: None,
             clock: Clock::system(),
             trace_capacity: DEFAULT_TRACE_CAPACITY,
         }
@@ -447,6 +546,12 @@ impl Config {
             c.tuning.all_reduce_algo = a
                 .parse()
                 .map_err(|e: Error| Error::Env(format!("FERROCCL_ALGO: {e}")))?;
+        }
+        if let Some(m) = &env.cost_model {
+            c.tuning.cost_model = Some(
+                m.parse()
+                    .map_err(|e: Error| Error::Env(format!("FERROCCL_COST_MODEL: {e}")))?,
+            );
         }
         if let Some(t) = &env.transport {
             c.transport.kind = TransportKind::parse(t)

@@ -72,6 +72,98 @@ pub fn choose_all_reduce(
     (best, times)
 }
 
+/// The closed-form time of an all-reduce of `count` elements of `esize` bytes over `n`
+/// ranks by `algo` on a flat network (`alpha` s per message, `beta` bytes/s, `gamma` s
+/// per combined byte), with the ring cut into the engine's segments of at most
+/// `segment_bytes`: what a communicator consults per call to choose
+/// ([`crate::config::Tuning::cost_model`]); `None` where the algorithm cannot run it.
+/// Exact for recursive doubling and Rabenseifner over powers of two, close when ranks
+/// fold in; the ring's pipelining is approximated (the larger of its port time and its
+/// first segment's latency plus the rest). The tests
+/// hold it to [`simulate`] on the real plans.
+#[allow(clippy::too_many_arguments)]
+pub fn predict_all_reduce(
+    algo: Algorithm,
+    n: usize,
+    count: usize,
+    esize: usize,
+    segment_bytes: usize,
+    alpha: f64,
+    beta: f64,
+    gamma: f64,
+) -> Option<f64> {
+    if n <= 1 {
+        return Some(0.0);
+    }
+    let bytes = count * esize;
+    let s = bytes as f64;
+    let p = super::doubling::pow2_floor(n);
+    let stages = p.trailing_zeros() as f64;
+    let share = (p as f64 - 1.0) / p as f64 * s;
+    // Ranks beyond the power of two hand their data in (`fold_in`) and get the result
+    // back (`back`); 0 for a power of two.
+    let (fold_in, back) = if p < n {
+        (alpha + s / beta + gamma * s, alpha + s / beta)
+    } else {
+        (0.0, 0.0)
+    };
+    Some(match algo {
+        Algorithm::Ring => {
+            let chunk = count.div_ceil(n);
+            let seg =
+                super::schedule::pipeline_segment(chunk, esize, segment_bytes).min(chunk.max(1));
+            let (c, g) = ((chunk * esize) as f64, (seg * esize) as f64);
+            let k = (chunk.max(1)).div_ceil(seg) as f64;
+            let steps = 2.0 * (n as f64 - 1.0);
+            let port = steps * c / beta + alpha + gamma * g;
+            let latency = steps * (alpha + g / beta)
+                + (n as f64 - 1.0) * gamma * g
+                + (k - 1.0) * (g / beta).max(gamma * g);
+            port.max(latency)
+        }
+        Algorithm::RecursiveDoubling if bytes <= u32::MAX as usize => {
+            // Two paths after the fold: through the partners, a full message per
+            // stage; or on a folded rank, whose unfolded partners' frames are already
+            // there (no α for those stages), then the way back.
+            let stage = alpha + s / beta + gamma * s;
+            // Stages whose partner folded too pay their α: log2 of the folded count.
+            let both = ((n - p) as f64).log2().ceil().max(0.0);
+            let folded = stages * (s / beta + gamma * s) + both * alpha + back;
+            fold_in + (stages * stage).max(if p < n { folded } else { 0.0 })
+        }
+        // Its all-gather waits for the folded ranks' halves: the fold delays the
+        // whole chain, and the way back follows it.
+        Algorithm::Rabenseifner => {
+            fold_in + 2.0 * stages * alpha + 2.0 * share / beta + gamma * share + back
+        }
+        _ => return None,
+    })
+}
+
+/// The algorithm of [`ALL_REDUCE`] with the least [`predict_all_reduce`] time.
+#[allow(clippy::too_many_arguments)]
+pub fn choose_by_model(
+    n: usize,
+    count: usize,
+    esize: usize,
+    segment_bytes: usize,
+    alpha: f64,
+    beta: f64,
+    gamma: f64,
+) -> Algorithm {
+    ALL_REDUCE
+        .iter()
+        .filter_map(|&a| {
+            predict_all_reduce(a, n, count, esize, segment_bytes, alpha, beta, gamma)
+                .map(|t| (a, t))
+        })
+        .fold(None, |best: Option<(Algorithm, f64)>, (a, t)| match best {
+            Some((_, bt)) if bt <= t => best,
+            _ => Some((a, t)),
+        })
+        .map_or(Algorithm::Ring, |(a, _)| a)
+}
+
 /// The model network.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Network {
@@ -321,6 +413,69 @@ mod tests {
             choose_all_reduce(8, 1 << 24, 4, 512 << 10, &net).0,
             Algorithm::RecursiveDoubling
         );
+    }
+
+    #[test]
+    fn closed_forms_are_the_plans_critical_paths() {
+        let net = Network::flat(15e-6, 2e9, 0.3e-9);
+        for n in [2usize, 3, 5, 8, 12, 16] {
+            let p = doubling::pow2_floor(n);
+            // Divisible by n and p, so every block is equal.
+            let count = 240 * n * p;
+            let bytes = count * 4;
+            for algo in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner] {
+                let sim = simulate(n, |r| all_reduce_plan(algo, r, n, count, 4, bytes), &net)
+                    .into_iter()
+                    .fold(0.0, f64::max);
+                let (a, b, g) = (net.alpha, net.beta, net.gamma);
+                let f = predict_all_reduce(algo, n, count, 4, bytes, a, b, g).unwrap();
+                if n.is_power_of_two() {
+                    assert!(
+                        close(sim, f),
+                        "{algo:?} n={n}: simulated {sim}, formula {f}"
+                    );
+                } else {
+                    assert!(
+                        (f - sim).abs() <= 0.05 * sim,
+                        "{algo:?} n={n}: simulated {sim}, formula {f}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_model_choice_is_within_5_percent_of_the_best_simulated() {
+        // The criterion, on the real (segmented) plans, for the worlds a debug
+        // test can afford; `ferroccl simulate` prints the same for thousands of ranks.
+        for net in [
+            Network::flat(20e-6, 12.5e9, 0.1e-9),
+            Network::flat(2e-6, 1.25e9, 0.5e-9),
+        ] {
+            for n in [2usize, 5, 8, 64] {
+                let mut bytes = 1024usize;
+                while bytes <= 64 << 20 {
+                    let count = bytes / 4;
+                    let (_, times) = choose_all_reduce(n, count, 4, 512 << 10, &net);
+                    let best = times
+                        .iter()
+                        .filter_map(|x| x.1)
+                        .fold(f64::INFINITY, f64::min);
+                    let (a, b, g) = (net.alpha, net.beta, net.gamma);
+                    let pick = choose_by_model(n, count, 4, 512 << 10, a, b, g);
+                    let got = times
+                        .iter()
+                        .find(|x| x.0 == pick)
+                        .and_then(|x| x.1)
+                        .unwrap();
+                    assert!(
+                        got <= 1.05 * best,
+                        "n={n} {bytes} B: {pick:?} {got} vs best {best}: {times:?}"
+                    );
+                    bytes *= 16;
+                }
+            }
+        }
     }
 
     #[test]

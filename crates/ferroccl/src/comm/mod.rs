@@ -338,8 +338,24 @@ impl Communicator {
             AllReduceAlgo::Rabenseifner if self.world_size > 1 && !self.host_pull => {
                 Algorithm::Rabenseifner
             }
-            AllReduceAlgo::Auto if bytes <= self.cfg.tuning.small_message_bytes && rd_fits => {
-                Algorithm::RecursiveDoubling
+            AllReduceAlgo::Auto if self.world_size > 1 && !self.host_pull => {
+                match self.cfg.tuning.cost_model {
+                    // The least predicted time on the configured network.
+                    Some(m) => crate::algo::sim::choose_by_model(
+                        self.world_size,
+                        // Bytes as one-byte elements: the model needs no alignment.
+                        bytes,
+                        1,
+                        self.cfg.tuning.segment_bytes,
+                        m.alpha,
+                        m.bandwidth,
+                        1.0 / m.reduce,
+                    ),
+                    None if bytes <= self.cfg.tuning.small_message_bytes && rd_fits => {
+                        Algorithm::RecursiveDoubling
+                    }
+                    None => Algorithm::Ring,
+                }
             }
             _ => Algorithm::Ring,
         }

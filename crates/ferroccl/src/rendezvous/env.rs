@@ -34,6 +34,8 @@ pub struct LaunchEnv {
     pub job_id: Option<String>,
     /// `FERROCCL_ALGO`: the all-reduce algorithm to force (parsed by the config).
     pub algo: Option<String>,
+    /// `FERROCCL_COST_MODEL`: the network model that chooses it (parsed by the config).
+    pub cost_model: Option<String>,
     /// `TORCHELASTIC_USE_AGENT_STORE` is true: `MASTER_ADDR:MASTER_PORT` is a PyTorch
     /// TCPStore that torchrun's agent serves, not a port for rank 0 to take.
     pub agent_store: bool,
@@ -220,6 +222,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             trace_capacity,
             job_id: job_identity(fam.source, &var),
             algo: var("FERROCCL_ALGO"),
+            cost_model: var("FERROCCL_COST_MODEL"),
             agent_store: fam.source == "torchrun"
                 && var("TORCHELASTIC_USE_AGENT_STORE")
                     .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1")),
@@ -303,6 +306,7 @@ mod tests {
             trace_capacity: None,
             job_id: None,
             algo: None,
+            cost_model: None,
             agent_store: false,
             transport: None,
         }

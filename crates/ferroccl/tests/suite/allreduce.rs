@@ -614,3 +614,37 @@ fn bad_config_is_rejected() {
         Err(Error::Config(_))
     ));
 }
+
+#[test]
+fn a_cost_model_chooses_per_call_and_every_rank_chooses_alike() {
+    let model: ferroccl::CostModel = "alpha_us=20,link_gbs=12.5,reduce_gbs=10".parse().unwrap();
+    let mut cfg = test_config();
+    cfg.tuning.cost_model = Some(model);
+    let res = run(8, Net::Local, &cfg, DEADLINE, move |c| {
+        let picks: Vec<_> = [1usize << 10, 1 << 18, 1 << 26]
+            .iter()
+            .map(|&b| c.all_reduce_algorithm(b))
+            .collect();
+        // And it runs: 1 MiB by whatever the model picks, checked.
+        let mut v = vec![c.rank() as f32 + 1.0; 1 << 18];
+        c.all_reduce(&mut v, ReduceOp::Sum)?;
+        Ok((picks, v[0], v[(1 << 18) - 1]))
+    })
+    .unwrap();
+    for (r, (picks, first, last)) in res.iter().enumerate() {
+        assert_eq!(picks, &res[0].0, "rank {r} chose differently");
+        assert_eq!((*first, *last), (36.0, 36.0), "rank {r}");
+    }
+    // 8 ranks at α = 20 µs: 1 KiB is latency (not the ring's 14 steps); 64 MiB is
+    // bandwidth (not recursive doubling's 3 whole-buffer steps).
+    assert_ne!(res[0].0[0], ferroccl::Algorithm::Ring);
+    assert_ne!(res[0].0[2], ferroccl::Algorithm::RecursiveDoubling);
+    for bad in [
+        "alpha_us=20,link_gbs=12.5",
+        "alpha_us=-1,link_gbs=1,reduce_gbs=1",
+        "x=1",
+        "alpha_us=1,alpha_us=2,link_gbs=1,reduce_gbs=1",
+    ] {
+        assert!(bad.parse::<ferroccl::CostModel>().is_err(), "{bad}");
+    }
+}
