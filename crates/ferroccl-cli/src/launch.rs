@@ -55,8 +55,8 @@ pub struct LaunchArgs {
     pub node_rank: u64,
     /// When a rank fails, stop the others and start all ranks again, up to this many
     /// times (each attempt gets a fresh store and communicator; `FERROCCL_RESTART_COUNT`
-    /// and `TORCHELASTIC_RESTART_COUNT` say which attempt it is). `ferroccl train
-    /// --resume latest` then goes on from its newest checkpoint.
+    /// says which attempt it is). `ferroccl train --resume` then goes on from its newest
+    /// checkpoint.
     #[arg(long, default_value_t = 0)]
     pub max_restarts: usize,
     /// The command and its arguments.

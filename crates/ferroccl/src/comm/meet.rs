@@ -40,21 +40,37 @@ fn agent_key(cfg: &Config) -> String {
 }
 
 /// torchrun's agent holds `MASTER_ADDR:MASTER_PORT` with a PyTorch TCPStore: rank 0
-/// serves ferroccl's store on a free port of the address it reaches the agent from, and
-/// publishes it there; the other ranks wait for it.
+/// serves ferroccl's store on a free port and publishes its address there; the other
+/// ranks wait for it.
 fn via_agent_store(cfg: &Config) -> Result<(Option<StoreServer>, String)> {
     let j = &cfg.job;
     let key = agent_key(cfg);
     let mut agent = TorchStore::connect(&j.master_addr, cfg.tuning.connect_timeout)?;
     if j.rank == 0 {
-        let ip = agent.local_addr()?.ip();
-        let server = StoreServer::bind_job(
-            SocketAddr::new(ip, 0),
-            j.world_size,
-            j.token.clone(),
-            j.job_id.clone(),
-        )?;
-        let addr = server.local_addr().to_string();
+        let local = agent.local_addr()?;
+        // Reached over loopback, the agent runs on this host, and the other hosts reach
+        // it by MASTER_ADDR's name (which may resolve to a loopback alias here, as
+        // Debian's /etc/hosts does): serve on every interface and publish that name.
+        // Otherwise serve and publish the address this host reaches the agent from.
+        let (bind, host) = if local.ip().is_loopback() {
+            let any: std::net::IpAddr = match local {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+            };
+            let name = j
+                .master_addr
+                .rsplit_once(':')
+                .map_or("127.0.0.1", |(h, _)| h);
+            (SocketAddr::new(any, 0), name.to_owned())
+        } else {
+            let host = match local {
+                SocketAddr::V4(a) => a.ip().to_string(),
+                SocketAddr::V6(a) => format!("[{}]", a.ip()),
+            };
+            (SocketAddr::new(local.ip(), 0), host)
+        };
+        let server = StoreServer::bind_job(bind, j.world_size, j.token.clone(), j.job_id.clone())?;
+        let addr = format!("{host}:{}", server.local_addr().port());
         agent.set(&key, addr.as_bytes())?;
         tracing::debug!(agent = %j.master_addr, store = %addr, ?key, "published the store in torchrun's agent store");
         Ok((Some(server), addr))
