@@ -61,37 +61,28 @@ pub fn choose_all_reduce(
         .iter()
         .map(|&a| (a, all_reduce_time(a, n, count, esize, segment_bytes, net)))
         .collect();
-    let best = times
-        .iter()
-        .filter_map(|&(a, t)| t.map(|t| (a, t)))
-        .fold(None, |best: Option<(Algorithm, f64)>, (a, t)| match best {
-            Some((_, bt)) if bt <= t => best,
-            _ => Some((a, t)),
-        })
-        .map_or(Algorithm::Ring, |(a, _)| a);
+    let best = least(times.iter().filter_map(|&(a, t)| t.map(|t| (a, t))));
     (best, times)
 }
 
 /// The closed-form time of an all-reduce of `count` elements of `esize` bytes over `n`
-/// ranks by `algo` on a flat network (`alpha` s per message, `beta` bytes/s, `gamma` s
-/// per combined byte), with the ring cut into the engine's segments of at most
+/// ranks by `algo` on `net`, taken as flat (its between-hosts `alpha`, `beta`,
+/// `gamma`), with the ring cut into the engine's segments of at most
 /// `segment_bytes`: what a communicator consults per call to choose
 /// ([`crate::config::Tuning::cost_model`]); `None` where the algorithm cannot run it.
 /// Exact for recursive doubling and Rabenseifner over powers of two, close when ranks
 /// fold in; the ring's pipelining is approximated (the larger of its port time and its
 /// first segment's latency plus the rest). The tests
 /// hold it to [`simulate`] on the real plans.
-#[allow(clippy::too_many_arguments)]
 pub fn predict_all_reduce(
     algo: Algorithm,
     n: usize,
     count: usize,
     esize: usize,
     segment_bytes: usize,
-    alpha: f64,
-    beta: f64,
-    gamma: f64,
+    net: &Network,
 ) -> Option<f64> {
+    let (alpha, beta, gamma) = (net.alpha, net.beta, net.gamma);
     if n <= 1 {
         return Some(0.0);
     }
@@ -141,22 +132,21 @@ pub fn predict_all_reduce(
 }
 
 /// The algorithm of [`ALL_REDUCE`] with the least [`predict_all_reduce`] time.
-#[allow(clippy::too_many_arguments)]
 pub fn choose_by_model(
     n: usize,
     count: usize,
     esize: usize,
     segment_bytes: usize,
-    alpha: f64,
-    beta: f64,
-    gamma: f64,
+    net: &Network,
 ) -> Algorithm {
-    ALL_REDUCE
-        .iter()
-        .filter_map(|&a| {
-            predict_all_reduce(a, n, count, esize, segment_bytes, alpha, beta, gamma)
-                .map(|t| (a, t))
-        })
+    least(ALL_REDUCE.iter().filter_map(|&a| {
+        predict_all_reduce(a, n, count, esize, segment_bytes, net).map(|t| (a, t))
+    }))
+}
+
+/// The algorithm with the least time (the first of equals; the ring when none can run).
+fn least(times: impl Iterator<Item = (Algorithm, f64)>) -> Algorithm {
+    times
         .fold(None, |best: Option<(Algorithm, f64)>, (a, t)| match best {
             Some((_, bt)) if bt <= t => best,
             _ => Some((a, t)),
@@ -427,8 +417,7 @@ mod tests {
                 let sim = simulate(n, |r| all_reduce_plan(algo, r, n, count, 4, bytes), &net)
                     .into_iter()
                     .fold(0.0, f64::max);
-                let (a, b, g) = (net.alpha, net.beta, net.gamma);
-                let f = predict_all_reduce(algo, n, count, 4, bytes, a, b, g).unwrap();
+                let f = predict_all_reduce(algo, n, count, 4, bytes, &net).unwrap();
                 if n.is_power_of_two() {
                     assert!(
                         close(sim, f),
@@ -461,8 +450,7 @@ mod tests {
                         .iter()
                         .filter_map(|x| x.1)
                         .fold(f64::INFINITY, f64::min);
-                    let (a, b, g) = (net.alpha, net.beta, net.gamma);
-                    let pick = choose_by_model(n, count, 4, 512 << 10, a, b, g);
+                    let pick = choose_by_model(n, count, 4, 512 << 10, &net);
                     let got = times
                         .iter()
                         .find(|x| x.0 == pick)

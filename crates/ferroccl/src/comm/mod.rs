@@ -347,9 +347,7 @@ impl Communicator {
                         bytes,
                         1,
                         self.cfg.tuning.segment_bytes,
-                        m.alpha,
-                        m.bandwidth,
-                        1.0 / m.reduce,
+                        &crate::algo::sim::Network::flat(m.alpha, m.bandwidth, 1.0 / m.reduce),
                     ),
                     None if bytes <= self.cfg.tuning.small_message_bytes && rd_fits => {
                         Algorithm::RecursiveDoubling
