@@ -535,9 +535,10 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     fn load(&mut self, ck: &Checkpoint, source: &Path) -> Result<()> {
         let bad = |why: String| Error::checkpoint(source, why);
         let kinds: Vec<&'static str> = self.opt.state().iter().map(|(k, _)| *k).collect();
-        let mut found = Vec::new();
+        // Per parameter: its weights, then one buffer per kind of optimizer state.
+        let mut found: Vec<(Vec<f32>, Vec<Vec<f32>>)> = Vec::new();
         for p in &self.params {
-            for kind in std::iter::once("param").chain(kinds.iter().copied()) {
+            let take = |kind: &str| {
                 let name = format!("{kind}/{}", p.name);
                 let t = ck
                     .tensor(&name)
@@ -548,17 +549,16 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
                         t.shape, p.shape
                     )));
                 }
-                found.push(t.data.clone());
-            }
+                Ok(t.data.clone())
+            };
+            let weights = take("param")?;
+            let state = kinds.iter().map(|k| take(k)).collect::<Result<Vec<_>>>()?;
+            found.push((weights, state));
         }
-        let mut it = found.into_iter();
-        let per = 1 + kinds.len();
         let mut states = self.opt.state();
-        for (j, p) in self.params.iter_mut().enumerate() {
-            let mut group: Vec<Vec<f32>> = it.by_ref().take(per).collect();
-            let rest = group.split_off(1);
-            p.master = group.pop().expect("checked: param is first");
-            for ((_, bufs), data) in states.iter_mut().zip(rest) {
+        for (j, (p, (weights, state))) in self.params.iter_mut().zip(found).enumerate() {
+            p.master = weights;
+            for ((_, bufs), data) in states.iter_mut().zip(state) {
                 bufs[j] = data;
             }
         }
