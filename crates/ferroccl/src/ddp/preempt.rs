@@ -127,7 +127,15 @@ mod tests {
                 })
             })
             .collect();
-        let mut got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        // A hang (a rank that never agrees) fails in seconds, not at the 60 s timeout.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            let _ = tx.send(got);
+        });
+        let mut got = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("every rank stops within 20 s");
         got.sort();
         assert_eq!(got, vec![(0, 4, false), (1, 4, false), (2, 4, true)]);
     }

@@ -256,7 +256,9 @@ fn a_rank_whose_rank_0_never_publishes_times_out_naming_the_agent_store() {
             let agent = format!("127.0.0.1:{}", server.port);
             let mut cfg = config(1, 2, &agent, Some("torchrun run lonely attempt 0"));
             cfg.job.agent_store = true;
-            cfg.tuning.connect_timeout = Duration::from_millis(300);
+            // Long enough to reach the agent on a loaded machine; then the wait for the
+            // key that never comes fails.
+            cfg.tuning.connect_timeout = Duration::from_secs(2);
             let msg = match Communicator::init(cfg) {
                 Err(e) => e.to_string(),
                 Ok(_) => panic!("joined a job whose rank 0 never came"),
