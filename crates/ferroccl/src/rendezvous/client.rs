@@ -68,6 +68,35 @@ fn try_connect(addr: &str, timeout: Duration) -> std::result::Result<TcpStream, 
     Err(Attempt::Retry(last))
 }
 
+/// A TCP connection to `addr` (`host:port`), retrying refused or unreachable attempts
+/// with a backoff from 10 ms to 250 ms until `deadline`: [`Error::StoreUnreachable`]
+/// with the last error then, [`Error::InvalidArgument`] at once for a malformed
+/// address. Every store client of the crate connects through it.
+pub(super) fn connect_retrying(addr: &str, deadline: Duration) -> Result<TcpStream> {
+    let start = Instant::now();
+    let mut backoff = INITIAL_BACKOFF;
+    loop {
+        let remaining = deadline.saturating_sub(start.elapsed());
+        let per_attempt = remaining.max(Duration::from_millis(10));
+        let detail = match try_connect(addr, per_attempt) {
+            Ok(stream) => return Ok(stream),
+            Err(Attempt::Fatal(e)) => return Err(e),
+            Err(Attempt::Retry(detail)) => detail,
+        };
+        let elapsed = start.elapsed();
+        if elapsed >= deadline {
+            return Err(Error::StoreUnreachable {
+                addr: addr.to_owned(),
+                after: elapsed,
+                detail,
+            });
+        }
+        tracing::trace!(addr, %detail, "rendezvous store not reachable yet; retrying");
+        std::thread::sleep(backoff.min(deadline - elapsed));
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
 impl StoreClient {
     /// Connects to `addr` (`host:port`), retrying until `deadline` passes.
     ///
@@ -117,28 +146,7 @@ impl StoreClient {
     }
 
     fn connect_plain(addr: &str, deadline: Duration) -> Result<Self> {
-        let start = Instant::now();
-        let mut backoff = INITIAL_BACKOFF;
-        loop {
-            let remaining = deadline.saturating_sub(start.elapsed());
-            let per_attempt = remaining.max(Duration::from_millis(10));
-            let detail = match try_connect(addr, per_attempt) {
-                Ok(stream) => return Self::from_stream(addr, stream),
-                Err(Attempt::Fatal(e)) => return Err(e),
-                Err(Attempt::Retry(detail)) => detail,
-            };
-            let elapsed = start.elapsed();
-            if elapsed >= deadline {
-                return Err(Error::StoreUnreachable {
-                    addr: addr.to_owned(),
-                    after: elapsed,
-                    detail,
-                });
-            }
-            tracing::trace!(addr, %detail, "rendezvous store not reachable yet; retrying");
-            std::thread::sleep(backoff.min(deadline - elapsed));
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-        }
+        Self::from_stream(addr, connect_retrying(addr, deadline)?)
     }
 
     fn from_stream(addr: &str, stream: TcpStream) -> Result<Self> {

@@ -29,7 +29,7 @@
 
 use crate::error::{Error, Result};
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// VALIDATE's magic number (PyTorch 2.x).
@@ -120,44 +120,28 @@ impl TorchStore {
     }
 
     fn open(addr: &str, deadline: Duration) -> Result<Self> {
-        let start = Instant::now();
-        let mut backoff = Duration::from_millis(10);
-        loop {
-            let attempt = addr
-                .to_socket_addrs()
-                .map_err(|e| e.to_string())
-                .and_then(|mut it| it.next().ok_or_else(|| "no address".to_owned()))
-                .and_then(|sa: SocketAddr| {
-                    let left = deadline.saturating_sub(start.elapsed());
-                    TcpStream::connect_timeout(&sa, left.max(Duration::from_millis(10)))
-                        .map_err(|e| format!("connecting to {sa}: {e}"))
-                });
-            match attempt {
-                Ok(stream) => {
-                    let _ = stream.set_nodelay(true);
-                    stream
-                        .set_read_timeout(Some(REPLY_TIMEOUT))
-                        .and_then(|()| stream.set_write_timeout(Some(REPLY_TIMEOUT)))
-                        .map_err(|e| Error::io(format!("torchrun's agent store at {addr}"), e))?;
-                    return Ok(Self {
-                        stream,
-                        addr: addr.to_owned(),
-                        protocol: TorchProtocol::V1,
-                    });
-                }
-                Err(detail) if start.elapsed() >= deadline => {
-                    return Err(Error::StoreUnreachable {
-                        addr: format!("{addr} (torchrun's agent store)"),
-                        after: start.elapsed(),
-                        detail,
-                    })
-                }
-                Err(_) => {
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_millis(250));
-                }
-            }
-        }
+        let stream = super::client::connect_retrying(addr, deadline).map_err(|e| match e {
+            Error::StoreUnreachable {
+                addr,
+                after,
+                detail,
+            } => Error::StoreUnreachable {
+                addr: format!("{addr} (torchrun's agent store)"),
+                after,
+                detail,
+            },
+            e => e,
+        })?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(REPLY_TIMEOUT))
+            .and_then(|()| stream.set_write_timeout(Some(REPLY_TIMEOUT)))
+            .map_err(|e| Error::io(format!("torchrun's agent store at {addr}"), e))?;
+        Ok(Self {
+            stream,
+            addr: addr.to_owned(),
+            protocol: TorchProtocol::V1,
+        })
     }
 
     /// The protocol generation the server speaks.
