@@ -90,6 +90,11 @@ pub struct BenchArgs {
     /// rule, e.g. `alpha_us=20,link_gbs=12.5,reduce_gbs=10` (also FERROCCL_COST_MODEL).
     #[arg(long = "cost-model", value_parser = |s: &str| s.parse::<ferroccl::CostModel>().map_err(|e| e.to_string()))]
     pub cost_model: Option<ferroccl::CostModel>,
+    /// Congestion control of TCP links: auto (the system's unless it is BBR, whose
+    /// ProbeRTT stalls a ring; then cubic or reno), system, or a name such as cubic
+    /// (also FERROCCL_TCP_CONGESTION).
+    #[arg(long = "tcp-congestion", value_parser = |s: &str| ferroccl::TcpCongestion::parse(s).map_err(|e| e.to_string()))]
+    pub tcp_congestion: Option<ferroccl::TcpCongestion>,
     /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
     #[arg(long = "busy-poll-us")]
     pub busy_poll_us: Option<u64>,
@@ -174,6 +179,9 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     }
     if let Some(us) = a.busy_poll_us {
         c.tuning.busy_poll = Duration::from_micros(us);
+    }
+    if let Some(t) = &a.tcp_congestion {
+        c.transport.tcp.congestion = t.clone();
     }
     if let Some(n) = a.trace_capacity {
         c.tuning.trace_capacity = n;
@@ -719,7 +727,13 @@ fn bench_typed<T: Element>(
             c.config().tuning.busy_poll,
             c.config().tuning.timeout
         );
-        println!("# links of rank 0: {}", describe_links(&c.link_classes()));
+        let links = c.link_classes();
+        println!("# links of rank 0: {}", describe_links(&links));
+        if links.iter().any(|(_, class)| *class == "tcp") {
+            let want = &c.config().transport.tcp.congestion;
+            let (now, system) = ferroccl::transport::tcp_congestion_in_effect(want)?;
+            println!("# tcp congestion control: {now} (system default {system})");
+        }
         println!(
             "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timing: {}",
             a.min_bytes, a.max_bytes, a.step_factor, a.warmup, a.iters, a.check, a.stat

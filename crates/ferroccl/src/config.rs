@@ -313,12 +313,64 @@ pub struct TcpOptions {
     /// `SO_SNDBUF`/`SO_RCVBUF` in bytes (the kernel caps it at `net.core.[rw]mem_max`);
     /// 0 leaves the kernel's autotuning alone. Default 4 MiB.
     pub socket_buffer: usize,
+    /// The congestion control of every link (`FERROCCL_TCP_CONGESTION`). Default
+    /// [`TcpCongestion::Auto`]: the system's, unless that is BBR.
+    pub congestion: TcpCongestion,
 }
 
 impl Default for TcpOptions {
     fn default() -> Self {
         TcpOptions {
             socket_buffer: DEFAULT_SOCKET_BUFFER,
+            congestion: TcpCongestion::Auto,
+        }
+    }
+}
+
+/// Which TCP congestion control ferroccl's links run (`TCP_CONGESTION` on each socket).
+///
+/// A collective keeps one long flow per link busy, and a ring waits for its slowest
+/// link at every step. BBR (v1 and later) drains its flow to four packets for 200 ms
+/// whenever it has not seen the path's minimum round trip for 10 s (ProbeRTT), which a
+/// busy link with a queue never shows: each link stalls that long every 10 s, at a
+/// different moment, and the ring stalls with it. On `tools/emulated-cluster` at
+/// 1 Gbit/s (4 hosts, 64 MiB) that cost 10–12 % over the ring law; cubic and reno
+/// stay at the link's framing floor. So by default a link replaces BBR with cubic
+/// (reno where cubic is not allowed) and leaves every other choice alone.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
+#[non_exhaustive]
+pub enum TcpCongestion {
+    /// The system's default (`net.ipv4.tcp_congestion_control`), unless it is BBR
+    /// (`bbr*`): then cubic, or reno where cubic is not allowed for this user; when
+    /// neither can be set, BBR stays (logged once).
+    #[default]
+    Auto,
+    /// Whatever the kernel gives a new socket, BBR included.
+    System,
+    /// This algorithm, e.g. `cubic`; one the kernel lacks or does not allow this user
+    /// is an [`Error::Unavailable`] when the links are made.
+    Named(String),
+}
+
+impl TcpCongestion {
+    /// Parses `auto`, `system`, or an algorithm's name (what
+    /// `net.ipv4.tcp_available_congestion_control` lists: lowercase letters, digits
+    /// and `_`, at most 15 bytes).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(TcpCongestion::Auto),
+            "system" => Ok(TcpCongestion::System),
+            _ if !s.is_empty()
+                && s.len() < 16
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') =>
+            {
+                Ok(TcpCongestion::Named(s.to_string()))
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "TCP congestion control {s:?}: expected auto, system, or an algorithm's name \
+                 such as cubic (net.ipv4.tcp_available_congestion_control lists them)"
+            ))),
         }
     }
 }
@@ -517,7 +569,8 @@ impl Config {
     /// `TORCHELASTIC_USE_AGENT_STORE` [`Job::agent_store`]; `FERROCCL_TOKEN`, when set,
     /// becomes [`Job::token`], and
     /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`], `FERROCCL_TRACE_CAPACITY`
-    /// [`Tuning::trace_capacity`], `FERROCCL_TRANSPORT` [`TransportOptions::kind`].
+    /// [`Tuning::trace_capacity`], `FERROCCL_TRANSPORT` [`TransportOptions::kind`],
+    /// `FERROCCL_TCP_CONGESTION` [`TcpOptions::congestion`].
     pub fn from_env() -> Result<Self> {
         let env = crate::rendezvous::detect_env()?.ok_or_else(|| {
             Error::Env(
@@ -556,6 +609,10 @@ impl Config {
         if let Some(t) = &env.transport {
             c.transport.kind = TransportKind::parse(t)
                 .map_err(|e| Error::Env(format!("FERROCCL_TRANSPORT: {e}")))?;
+        }
+        if let Some(t) = &env.tcp_congestion {
+            c.transport.tcp.congestion = TcpCongestion::parse(t)
+                .map_err(|e| Error::Env(format!("FERROCCL_TCP_CONGESTION: {e}")))?;
         }
         Ok(c)
     }
@@ -689,6 +746,13 @@ impl ConfigBuilder {
         self.0.transport.tcp.socket_buffer = bytes;
         self
     }
+
+    /// [`TcpOptions::congestion`].
+    pub fn tcp_congestion(mut self, c: TcpCongestion) -> Self {
+        self.0.transport.tcp.congestion = c;
+        self
+    }
+
     /// [`ShmOptions::ring_bytes`].
     pub fn shm_ring_bytes(mut self, bytes: usize) -> Self {
         self.0.transport.shm.ring_bytes = bytes;
@@ -748,6 +812,24 @@ mod tests {
         let s = Clock::system();
         s.advance(Duration::from_secs(1000));
         assert!(s.now() < Instant::now() + Duration::from_secs(1));
+    }
+
+    #[test]
+    fn tcp_congestion_names_parse() {
+        assert_eq!(TcpCongestion::parse("auto").unwrap(), TcpCongestion::Auto);
+        assert_eq!(
+            TcpCongestion::parse("system").unwrap(),
+            TcpCongestion::System
+        );
+        assert_eq!(
+            TcpCongestion::parse("cubic").unwrap(),
+            TcpCongestion::Named("cubic".into())
+        );
+        for bad in ["", "Cubic", "cubic;rm", "a_name_of_16_byt"] {
+            let e = TcpCongestion::parse(bad).unwrap_err();
+            assert!(e.to_string().contains("congestion"), "{bad:?}: {e}");
+        }
+        assert_eq!(TcpOptions::default().congestion, TcpCongestion::Auto);
     }
 
     #[test]

@@ -170,7 +170,9 @@ pub(crate) mod wire;
 
 pub use algo::{sim, Algorithm};
 pub use comm::{AbortHandle, Communicator, Handle, Pending, Scope};
-pub use config::{AllReduceAlgo, Clock, Config, ConfigBuilder, CostModel, TransportKind};
+pub use config::{
+    AllReduceAlgo, Clock, Config, ConfigBuilder, CostModel, TcpCongestion, TransportKind,
+};
 pub use error::{Error, Result};
 pub use half;
 pub use reduce::{DataType, Element, ReduceOp};

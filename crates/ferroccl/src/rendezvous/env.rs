@@ -42,6 +42,9 @@ pub struct LaunchEnv {
     /// `FERROCCL_TRANSPORT`: the transport's name (`auto`, `tcp`, `shm`, ...), checked
     /// by `Config::from_env`.
     pub transport: Option<String>,
+    /// `FERROCCL_TCP_CONGESTION`: the TCP links' congestion control (`auto`, `system`
+    /// or a name), checked by `Config::from_env`.
+    pub tcp_congestion: Option<String>,
 }
 
 /// The variables one launcher family sets.
@@ -227,6 +230,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
                 && var("TORCHELASTIC_USE_AGENT_STORE")
                     .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1")),
             transport: var("FERROCCL_TRANSPORT").map(|v| v.trim().to_string()),
+            tcp_congestion: var("FERROCCL_TCP_CONGESTION").map(|v| v.trim().to_string()),
         }));
     }
     Ok(None)
@@ -288,6 +292,20 @@ mod tests {
         detect_from(|k| map.get(k).cloned())
     }
 
+    #[test]
+    fn ferroccl_knobs_are_read_trimmed() {
+        let e = detect(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("FERROCCL_TRANSPORT", " tcp "),
+            ("FERROCCL_TCP_CONGESTION", "cubic\n"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(e.transport.as_deref(), Some("tcp"));
+        assert_eq!(e.tcp_congestion.as_deref(), Some("cubic"));
+    }
+
     fn env(
         source: &'static str,
         rank: usize,
@@ -309,6 +327,7 @@ mod tests {
             cost_model: None,
             agent_store: false,
             transport: None,
+            tcp_congestion: None,
         }
     }
 

@@ -12,6 +12,7 @@
 //! [`crate::config::TcpOptions::socket_buffer`]).
 
 use super::{Beacon, Channel, Connector, Joined, Link, LinkError, Links, Transport, Waiter};
+use crate::config::TcpCongestion;
 use crate::error::{Error, Result};
 use crate::rendezvous::{auth, StoreClient};
 use crate::sync::lock;
@@ -50,6 +51,8 @@ pub(crate) struct SocketOpts {
     pub socket_buffer: usize,
     /// How long connecting to peers may take in all.
     pub connect_timeout: Duration,
+    /// The congestion control each socket is given.
+    pub congestion: TcpCongestion,
 }
 
 /// The first message on a data connection, each way.
@@ -240,6 +243,7 @@ impl ConnectCtx {
             opts: SocketOpts {
                 socket_buffer: job.config.transport.tcp.socket_buffer,
                 connect_timeout: job.config.tuning.connect_timeout,
+                congestion: job.config.transport.tcp.congestion.clone(),
             },
             token: job.config.job.token.clone(),
             store: job.store,
@@ -254,24 +258,115 @@ fn hs_err(peer: impl Into<String>, detail: impl Into<String>) -> Error {
     }
 }
 
-fn new_socket(addr: &SocketAddr, opts: &SocketOpts) -> io::Result<Socket> {
+fn new_socket(addr: &SocketAddr, opts: &SocketOpts) -> Result<Socket> {
     let s = Socket::new(
         Domain::for_address(*addr),
         Type::STREAM,
         Some(Protocol::TCP),
-    )?;
+    )
+    .map_err(|e| Error::io("creating a socket", e))?;
     if opts.socket_buffer > 0 {
         // Set before connect/listen so the window scale is negotiated for it.
-        s.set_send_buffer_size(opts.socket_buffer)?;
-        s.set_recv_buffer_size(opts.socket_buffer)?;
+        s.set_send_buffer_size(opts.socket_buffer)
+            .and_then(|()| s.set_recv_buffer_size(opts.socket_buffer))
+            .map_err(|e| Error::io("setting a socket's buffer sizes", e))?;
     }
+    // Accepted sockets inherit the listener's.
+    set_congestion(&s, &opts.congestion)?;
     Ok(s)
+}
+
+/// The congestion control `s` runs.
+fn congestion_of(s: &Socket) -> io::Result<String> {
+    let name = s.tcp_congestion()?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+/// The congestion control a link made with `want` runs, and the system's default
+/// (what a new socket runs before ferroccl sets it): a throwaway socket, set the way
+/// every link's is.
+pub(crate) fn congestion_in_effect(want: &TcpCongestion) -> Result<(String, String)> {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+        .map_err(|e| Error::io("creating a socket", e))?;
+    let system = congestion_of(&s).map_err(|e| Error::io("reading TCP_CONGESTION", e))?;
+    set_congestion(&s, want)?;
+    let now = congestion_of(&s).map_err(|e| Error::io("reading TCP_CONGESTION", e))?;
+    Ok((now, system))
+}
+
+/// What [`TcpCongestion::Auto`] did to a socket.
+#[derive(Debug, PartialEq, Eq)]
+enum AutoCongestion {
+    /// The system's choice is not BBR: left alone.
+    Kept,
+    /// BBR, replaced by this one.
+    Replaced(&'static str),
+    /// BBR, and neither replacement could be set.
+    Stuck,
+}
+
+/// [`TcpCongestion::Auto`]'s rule, apart from the socket: a socket running `current`
+/// keeps it unless it is BBR (`bbr`, `bbr2`, `bbr3`...), which is replaced by the
+/// first of cubic and reno that `set` accepts.
+fn auto_congestion(current: &str, mut set: impl FnMut(&str) -> bool) -> AutoCongestion {
+    if !current.starts_with("bbr") {
+        return AutoCongestion::Kept;
+    }
+    ["cubic", "reno"]
+        .into_iter()
+        .find(|alt| set(alt))
+        .map_or(AutoCongestion::Stuck, AutoCongestion::Replaced)
+}
+
+/// Gives `s` the congestion control `want` asks for (see [`TcpCongestion`]).
+fn set_congestion(s: &Socket, want: &TcpCongestion) -> Result<()> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    match want {
+        TcpCongestion::Named(name) => s.set_tcp_congestion(name.as_bytes()).map_err(|e| {
+            let why = match e.raw_os_error() {
+                Some(libc::ENOENT) => "this kernel does not have it \
+                    (net.ipv4.tcp_available_congestion_control lists what it has)"
+                    .to_string(),
+                Some(libc::EPERM) => "this user may not use it \
+                    (net.ipv4.tcp_allowed_congestion_control; CAP_NET_ADMIN may use any)"
+                    .to_string(),
+                _ => e.to_string(),
+            };
+            Error::Unavailable {
+                what: format!("TCP congestion control {name:?}"),
+                why,
+            }
+        }),
+        TcpCongestion::Auto => {
+            let current = congestion_of(s).unwrap_or_default();
+            match auto_congestion(&current, |alt| s.set_tcp_congestion(alt.as_bytes()).is_ok()) {
+                AutoCongestion::Kept => {}
+                AutoCongestion::Replaced(alt) => SAID.call_once(|| {
+                    tracing::info!(
+                        "TCP links run {alt} instead of the system's {current}: BBR's \
+                         ProbeRTT stalls each link 200 ms every 10 s, and a ring with it \
+                         (FERROCCL_TCP_CONGESTION=system keeps {current})"
+                    )
+                }),
+                AutoCongestion::Stuck => SAID.call_once(|| {
+                    tracing::warn!(
+                        "TCP links stay on the system's {current} (neither cubic nor reno \
+                         may be set): expect large all-reduces some 5-10 % over the ring \
+                         law from its ProbeRTT stalls"
+                    )
+                }),
+            }
+            Ok(())
+        }
+        TcpCongestion::System => Ok(()),
+    }
 }
 
 /// Binds the data listener on `ip`, port chosen by the kernel.
 pub(crate) fn listen(ip: IpAddr, opts: &SocketOpts) -> Result<TcpListener> {
     let addr = SocketAddr::new(ip, 0);
-    let s = new_socket(&addr, opts).map_err(|e| Error::io("creating the data listener", e))?;
+    let s = new_socket(&addr, opts)?;
     s.bind(&SockAddr::from(addr)).map_err(|e| {
         if e.kind() == io::ErrorKind::AddrInUse {
             Error::AddrInUse {
@@ -853,12 +948,9 @@ fn connect_with_retry(
     let mut backoff = Duration::from_millis(5);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let attempt = new_socket(addr, opts).and_then(|s| {
-            s.connect_timeout(&SockAddr::from(*addr), left.max(Duration::from_millis(1)))?;
-            Ok(s)
-        });
-        match attempt {
-            Ok(s) => return Ok(s.into()),
+        let s = new_socket(addr, opts)?;
+        match s.connect_timeout(&SockAddr::from(*addr), left.max(Duration::from_millis(1))) {
+            Ok(()) => return Ok(s.into()),
             Err(e) if Instant::now() + backoff < deadline => {
                 tracing::debug!("connect to {addr} failed ({e}); retrying");
                 std::thread::sleep(backoff);
@@ -872,6 +964,111 @@ fn connect_with_retry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_congestion_replaces_bbr_only() {
+        let set = |ok: &'static [&'static str]| move |alt: &str| ok.contains(&alt);
+        assert_eq!(
+            auto_congestion("cubic", set(&["reno"])),
+            AutoCongestion::Kept
+        );
+        assert_eq!(auto_congestion("reno", set(&[])), AutoCongestion::Kept);
+        assert_eq!(
+            auto_congestion("bbr", set(&["cubic", "reno"])),
+            AutoCongestion::Replaced("cubic")
+        );
+        assert_eq!(
+            auto_congestion("bbr2", set(&["reno"])),
+            AutoCongestion::Replaced("reno")
+        );
+        assert_eq!(auto_congestion("bbr", set(&[])), AutoCongestion::Stuck);
+        // A kept choice is never touched.
+        let mut calls = 0;
+        auto_congestion("cubic", |_| {
+            calls += 1;
+            true
+        });
+        assert_eq!(calls, 0);
+    }
+
+    fn opts(congestion: TcpCongestion) -> SocketOpts {
+        SocketOpts {
+            socket_buffer: 0,
+            connect_timeout: Duration::from_secs(5),
+            congestion,
+        }
+    }
+
+    fn loopback() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    #[test]
+    fn sockets_get_the_congestion_control_asked_for() {
+        // reno is always built in.
+        let s = new_socket(&loopback(), &opts(TcpCongestion::Named("reno".into()))).unwrap();
+        assert_eq!(congestion_of(&s).unwrap(), "reno");
+        // The system's, untouched.
+        let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+            .unwrap()
+            .trim()
+            .to_string();
+        let s = new_socket(&loopback(), &opts(TcpCongestion::System)).unwrap();
+        assert_eq!(congestion_of(&s).unwrap(), system);
+        // Auto: the system's unless BBR.
+        let s = new_socket(&loopback(), &opts(TcpCongestion::Auto)).unwrap();
+        let got = congestion_of(&s).unwrap();
+        if system.starts_with("bbr") {
+            let allowed =
+                std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+                    .unwrap_or_default();
+            // reno may always be set by root, and by anyone where it is allowed.
+            if crate::sys::shm::effective_uid() == 0
+                || allowed.split_whitespace().any(|a| a == "reno")
+            {
+                assert!(got == "cubic" || got == "reno", "auto left {got}");
+            }
+        } else {
+            assert_eq!(got, system);
+        }
+    }
+
+    #[test]
+    fn a_congestion_control_the_kernel_lacks_is_a_typed_error() {
+        let e = new_socket(
+            &loopback(),
+            &opts(TcpCongestion::Named("no_such_cc".into())),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("no_such_cc") && msg.contains("does not have it"),
+            "{msg}"
+        );
+        // Connecting says so too, not "connection refused" after retrying (port 1 has
+        // no listener).
+        let e = connect_with_retry(
+            &SocketAddr::from(([127, 0, 0, 1], 1)),
+            &opts(TcpCongestion::Named("no_such_cc".into())),
+            Instant::now() + Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn accepted_links_inherit_the_listeners_congestion_control() {
+        let o = opts(TcpCongestion::Named("reno".into()));
+        let l = listen(IpAddr::from([127, 0, 0, 1]), &o).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = connect_with_retry(&addr, &o, Instant::now() + Duration::from_secs(5)).unwrap();
+        l.set_nonblocking(false).unwrap();
+        let (a, _) = l.accept().unwrap();
+        for s in [Socket::from(c), Socket::from(a)] {
+            assert_eq!(congestion_of(&s).unwrap(), "reno");
+        }
+    }
 
     #[test]
     fn hello_round_trips_and_rejects_strangers() {
