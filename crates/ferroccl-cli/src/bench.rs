@@ -86,10 +86,12 @@ pub struct BenchArgs {
     /// started by a launcher also read FERROCCL_ALGO; this flag wins.
     #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner"])]
     pub algo: Option<String>,
-    /// With --algo auto: choose per size by this network model instead of the size
-    /// rule, e.g. `alpha_us=20,link_gbs=12.5,reduce_gbs=10` (also FERROCCL_COST_MODEL).
-    #[arg(long = "cost-model", value_parser = |s: &str| s.parse::<ferroccl::CostModel>().map_err(|e| e.to_string()))]
-    pub cost_model: Option<ferroccl::CostModel>,
+    /// With --algo auto: choose per size by a network model instead of the size rule:
+    /// `measure` (timed on the links at start), `@FILE` (a `bench --law RATE --json
+    /// FILE` fit), or `alpha_us=20,link_gbs=12.5,reduce_gbs=10` (also
+    /// FERROCCL_COST_MODEL).
+    #[arg(long = "cost-model", value_parser = |s: &str| ferroccl::CostModelSpec::parse(s).map_err(|e| e.to_string()))]
+    pub cost_model: Option<ferroccl::CostModelSpec>,
     /// Congestion control of TCP links: auto (the system's unless it is BBR, whose
     /// ProbeRTT stalls a ring; then cubic or reno), system, or a name such as cubic
     /// (also FERROCCL_TCP_CONGESTION).
@@ -191,7 +193,7 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
         c.tuning.small_message_bytes = 0;
     }
     if let Some(m) = a.cost_model {
-        c.tuning.cost_model = Some(m);
+        m.apply(&mut c.tuning);
     }
     if let Some(algo) = &a.algo {
         // clap admits only the names the parser knows.
@@ -767,7 +769,8 @@ fn bench_typed<T: Element>(
             let t = &c.config().tuning;
             match (t.all_reduce_algo, t.cost_model) {
                 (ferroccl::AllReduceAlgo::Auto, Some(m)) => println!(
-                    "# algo: per size, the least time predicted on {m} (rab: Rabenseifner)"
+                    "# algo: per size, the least time predicted on {m}{} (rab: Rabenseifner)",
+                    if t.measure_cost_model { " (measured on these links)" } else { "" }
                 ),
                 (ferroccl::AllReduceAlgo::Auto, None) => println!(
                     "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
@@ -931,11 +934,31 @@ struct JsonMeta<'a> {
     law: Option<LawReport>,
 }
 
+/// Bytes per second the CPU kernel combines (f32 sum over 4 MiB, median of 5).
+fn reduce_rate() -> f64 {
+    let n = 1 << 20;
+    let src = vec![1.0f32; n];
+    let mut dst = vec![2.0f32; n];
+    let mut ts: Vec<f64> = (0..6)
+        .map(|_| {
+            let t0 = Instant::now();
+            ferroccl::reduce::reduce_into(&mut dst, &src, ReduceOp::Sum);
+            t0.elapsed().as_secs_f64()
+        })
+        .skip(1)
+        .collect();
+    ts.sort_by(f64::total_cmp);
+    (4 * n) as f64 / ts[ts.len() / 2].max(1e-9)
+}
+
 /// What `--law` found: the law, the link rate it was given, and the fit (if any).
 struct LawReport {
     law: RingLaw,
     rate: f64,
     fit: Option<Fit>,
+    /// Bytes per second this rank's CPU combines (f32 sum): the model's third number,
+    /// written next to the fit for `FERROCCL_COST_MODEL=@FILE`.
+    reduce: f64,
 }
 
 impl LawReport {
@@ -962,6 +985,7 @@ fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize) -> LawReport {
         law,
         rate,
         fit: crate::law::fit(&law, &points),
+        reduce: reduce_rate(),
     };
     let (steps, fac) = (law.steps, law.factor);
     println!(
@@ -1009,6 +1033,10 @@ fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize) -> LawReport {
             rows.len()
         ),
     }
+    println!(
+        "# reduce (this CPU, f32 sum): {:.3} GB/s; with --json FILE, FERROCCL_COST_MODEL=@FILE chooses all-reduces by this fit",
+        rep.reduce * 1e-9
+    );
     println!("#");
     rep
 }
@@ -1036,11 +1064,12 @@ fn write_json(path: &std::path::Path, m: &JsonMeta<'_>, rows: &[Row]) -> ferrocc
             Some(f) => {
                 let _ = writeln!(
                     s,
-                    "  \"fit\": {{\"alpha_s\": {:e}, \"beta_s_per_byte\": {:e}, \"link_bytes_per_s\": {}, \"rate_bytes_per_s\": {}}},",
+                    "  \"fit\": {{\"alpha_s\": {:e}, \"beta_s_per_byte\": {:e}, \"link_bytes_per_s\": {}, \"rate_bytes_per_s\": {}, \"reduce_bytes_per_s\": {}}},",
                     f.alpha_s,
                     f.beta_s_per_byte,
                     f.link_bytes_per_s(),
-                    l.rate
+                    l.rate,
+                    l.reduce
                 );
             }
             None => s.push_str("  \"fit\": null,\n"),

@@ -187,6 +187,87 @@ impl std::str::FromStr for CostModel {
     }
 }
 
+impl CostModel {
+    /// The model in a `ferroccl bench --law RATE --json FILE` file: its `fit` object's
+    /// `alpha_s`, `beta_s_per_byte` and `reduce_bytes_per_s` (the bench's own CPU
+    /// reduction rate, f32 sum). `what` names the file in errors.
+    pub fn from_law_json(text: &str, what: &str) -> Result<Self> {
+        let v: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::Config(format!("cost model {what}: not JSON ({e})")))?;
+        let fit = v.get("fit").filter(|f| f.is_object()).ok_or_else(|| {
+            Error::Config(format!(
+                "cost model {what}: no \"fit\" object (write it with `ferroccl bench --law RATE --json FILE` over several sizes)"
+            ))
+        })?;
+        let num = |k: &str| {
+            fit.get(k).and_then(|x| x.as_f64()).ok_or_else(|| {
+                Error::Config(format!(
+                    "cost model {what}: fit has no number \"{k}\"{}",
+                    if k == "reduce_bytes_per_s" {
+                        " (an older bench wrote it: run `ferroccl bench --law` again)"
+                    } else {
+                        ""
+                    }
+                ))
+            })
+        };
+        let (alpha, beta, reduce) = (
+            num("alpha_s")?,
+            num("beta_s_per_byte")?,
+            num("reduce_bytes_per_s")?,
+        );
+        if !(beta.is_finite() && beta > 0.0) {
+            return Err(Error::Config(format!(
+                "cost model {what}: beta_s_per_byte {beta} is not > 0"
+            )));
+        }
+        CostModel::new(alpha, 1.0 / beta, reduce).map_err(|e| Error::Config(format!("{what}: {e}")))
+    }
+}
+
+/// Where [`Tuning::cost_model`] comes from: what `FERROCCL_COST_MODEL` and
+/// `ferroccl bench --cost-model` say.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum CostModelSpec {
+    /// This model.
+    Given(CostModel),
+    /// Measured on the communicator's own links when it is made
+    /// ([`Tuning::measure_cost_model`]).
+    Measure,
+}
+
+impl CostModelSpec {
+    /// `measure`; `@FILE`, a `ferroccl bench --law RATE --json FILE` file (read now,
+    /// see [`CostModel::from_law_json`]); or `alpha_us=20,link_gbs=12.5,reduce_gbs=10`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let s = s.trim();
+        if s == "measure" {
+            Ok(CostModelSpec::Measure)
+        } else if let Some(path) = s.strip_prefix('@') {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::Config(format!("cost model file {path}: {e}")))?;
+            CostModel::from_law_json(&text, path).map(CostModelSpec::Given)
+        } else {
+            s.parse().map(CostModelSpec::Given)
+        }
+    }
+
+    /// Sets `t` to it.
+    pub fn apply(self, t: &mut Tuning) {
+        match self {
+            CostModelSpec::Given(m) => {
+                t.cost_model = Some(m);
+                t.measure_cost_model = false;
+            }
+            CostModelSpec::Measure => {
+                t.cost_model = None;
+                t.measure_cost_model = true;
+            }
+        }
+    }
+}
+
 /// This process's place in a job: rank, size, and the rendezvous.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -259,6 +340,11 @@ pub struct Tuning {
     /// [`Config::from_env`], `ferroccl bench --cost-model`. Must be the same on every
     /// rank. Default: none.
     pub cost_model: Option<CostModel>,
+    /// Measure [`Tuning::cost_model`] on the communicator's links when it is made
+    /// ([`crate::Communicator::measure_cost_model`]: a few ring all-reduces, about
+    /// 0.1–1 s); `FERROCCL_COST_MODEL=measure`. Must be the same on every rank.
+    /// Default: false.
+    pub measure_cost_model: bool,
     /// The clock [`Tuning::timeout`] is measured on: the system's, or a [`Clock::manual`]
     /// one that tests advance by hand so that a timeout fires exactly when they say.
     pub clock: Clock,
@@ -520,6 +606,7 @@ impl Default for Tuning {
             small_message_bytes: DEFAULT_SMALL_MESSAGE_BYTES,
             all_reduce_algo: AllReduceAlgo::Auto,
             cost_model: None,
+            measure_cost_model: false,
             clock: Clock::system(),
             trace_capacity: DEFAULT_TRACE_CAPACITY,
         }
@@ -601,10 +688,9 @@ impl Config {
                 .map_err(|e: Error| Error::Env(format!("FERROCCL_ALGO: {e}")))?;
         }
         if let Some(m) = &env.cost_model {
-            c.tuning.cost_model = Some(
-                m.parse()
-                    .map_err(|e: Error| Error::Env(format!("FERROCCL_COST_MODEL: {e}")))?,
-            );
+            CostModelSpec::parse(m)
+                .map_err(|e| Error::Env(format!("FERROCCL_COST_MODEL: {e}")))?
+                .apply(&mut c.tuning);
         }
         if let Some(t) = &env.transport {
             c.transport.kind = TransportKind::parse(t)

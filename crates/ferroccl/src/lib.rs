@@ -171,7 +171,8 @@ pub(crate) mod wire;
 pub use algo::{sim, Algorithm};
 pub use comm::{AbortHandle, Communicator, Handle, Pending, Scope};
 pub use config::{
-    AllReduceAlgo, Clock, Config, ConfigBuilder, CostModel, TcpCongestion, TransportKind,
+    AllReduceAlgo, Clock, Config, ConfigBuilder, CostModel, CostModelSpec, TcpCongestion,
+    TransportKind,
 };
 pub use error::{Error, Result};
 pub use half;

@@ -479,6 +479,29 @@ fn bench_law_prints_the_fit_and_plan_reads_it() {
         ]);
         let report = ok(&p);
         assert!(report.contains("its fit object"), "{report}");
+        // The same file is a cost model: the bench's CPU reduction rate is next to the
+        // fit, and `--cost-model @FILE` chooses by the three.
+        let reduce = v["fit"]["reduce_bytes_per_s"].as_f64().expect("fit.reduce");
+        assert!(reduce > 0.0, "{text}");
+        let m = ok(&ferroccl(&[
+            "bench",
+            "--transport",
+            "local",
+            "--ranks",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--cost-model",
+            &format!("@{f}"),
+        ]));
+        let want = format!("predicted on alpha {:.3} us", alpha * 1e6);
+        assert!(m.contains(&want), "{want}:\n{m}");
     } else {
         assert!(
             out.contains("# fit: not possible over these 3 size(s)"),

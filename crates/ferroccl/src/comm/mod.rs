@@ -17,6 +17,7 @@ mod collectives;
 #[cfg(feature = "cuda")]
 mod device;
 mod meet;
+mod model;
 mod p2p;
 mod scope;
 
@@ -184,9 +185,12 @@ impl Communicator {
             comm_id,
             store,
         })?;
-        let c = Self::assemble(cfg, links, server, transport.name())?;
+        let mut c = Self::assemble(cfg, links, server, transport.name())?;
         if let Some((offset, err)) = clock {
             lock(&c.shared.engine).rec.set_clock(offset, Some(err));
+        }
+        if c.cfg.tuning.measure_cost_model {
+            c.measure_cost_model()?;
         }
         tracing::debug!(
             rank = c.rank,

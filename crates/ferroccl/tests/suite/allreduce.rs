@@ -616,6 +616,102 @@ fn bad_config_is_rejected() {
 }
 
 #[test]
+fn a_measured_cost_model_is_the_same_on_every_rank() {
+    // Over TCP, measured by Communicator::init; the values depend on the machine,
+    // what every rank holds must not.
+    let mut cfg = test_config();
+    cfg.tuning.measure_cost_model = true;
+    let sizes = [1usize << 10, 1 << 16, 1 << 20, 1 << 24];
+    let res = run(3, Net::Tcp, &cfg, DEADLINE, move |c| {
+        let m = c.config().tuning.cost_model;
+        let picks: Vec<_> = sizes.iter().map(|&b| c.all_reduce_algorithm(b)).collect();
+        let mut v = vec![c.rank() as f32 + 1.0; 1000];
+        c.all_reduce(&mut v, ReduceOp::Sum)?;
+        Ok((m, picks, v))
+    })
+    .unwrap();
+    let m0 = res[0].0.expect("rank 0 has a measured model");
+    assert!(
+        m0.alpha >= 0.0 && m0.bandwidth > 0.0 && m0.reduce > 0.0,
+        "{m0:?}"
+    );
+    for (r, (m, picks, v)) in res.iter().enumerate() {
+        let m = m.expect("a measured model");
+        // Bit for bit.
+        assert_eq!(
+            [m.alpha.to_bits(), m.bandwidth.to_bits(), m.reduce.to_bits()],
+            [
+                m0.alpha.to_bits(),
+                m0.bandwidth.to_bits(),
+                m0.reduce.to_bits()
+            ],
+            "rank {r}"
+        );
+        assert_eq!(picks, &res[0].1, "rank {r} chose differently");
+        assert!(v.iter().all(|&x| x == 6.0), "rank {r}");
+    }
+    // Threads of one process measure by calling it themselves; one rank has nothing
+    // to measure.
+    let res = run(2, Net::Local, &test_config(), DEADLINE, |c| {
+        let m = c.measure_cost_model()?;
+        Ok((m, c.config().tuning.cost_model))
+    })
+    .unwrap();
+    for (m, kept) in &res {
+        assert!(m.is_some() && m == kept && *m == res[0].0, "{res:?}");
+    }
+    let one = run(1, Net::Local, &test_config(), DEADLINE, |c| {
+        c.measure_cost_model()
+    })
+    .unwrap();
+    assert_eq!(one, vec![None]);
+}
+
+#[test]
+fn a_cost_model_is_read_from_a_law_fit_file() {
+    let dir = std::env::temp_dir().join(format!("ferroccl-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("law.json");
+    std::fs::write(
+        &good,
+        r#"{"tool": "ferroccl bench", "fit": {"alpha_s": 5e-4, "beta_s_per_byte": 8e-9, "link_bytes_per_s": 125000000, "rate_bytes_per_s": 125000000, "reduce_bytes_per_s": 4e9}, "rows": []}"#,
+    )
+    .unwrap();
+    let spec = ferroccl::CostModelSpec::parse(&format!("@{}", good.display())).unwrap();
+    let mut t = Config::default().tuning;
+    t.measure_cost_model = true;
+    spec.apply(&mut t);
+    let m = t.cost_model.expect("a model");
+    assert!(!t.measure_cost_model);
+    assert_eq!((m.alpha, m.bandwidth, m.reduce), (5e-4, 1.0 / 8e-9, 4e9));
+    assert_eq!(
+        ferroccl::CostModelSpec::parse(" measure ").unwrap(),
+        ferroccl::CostModelSpec::Measure
+    );
+    // What is wrong is named: the file, the missing key, an older bench.
+    let old = dir.join("old.json");
+    std::fs::write(
+        &old,
+        r#"{"fit": {"alpha_s": 5e-4, "beta_s_per_byte": 8e-9}}"#,
+    )
+    .unwrap();
+    let no_fit = dir.join("nofit.json");
+    std::fs::write(&no_fit, r#"{"fit": null}"#).unwrap();
+    let missing = dir.join("missing.json");
+    for (path, says) in [
+        (&old, "reduce_bytes_per_s"),
+        (&no_fit, "no \"fit\""),
+        (&missing, "missing.json"),
+    ] {
+        let e = ferroccl::CostModelSpec::parse(&format!("@{}", path.display()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{path:?}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_cost_model_chooses_per_call_and_every_rank_chooses_alike() {
     let model: ferroccl::CostModel = "alpha_us=20,link_gbs=12.5,reduce_gbs=10".parse().unwrap();
     let mut cfg = test_config();
