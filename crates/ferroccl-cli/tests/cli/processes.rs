@@ -453,3 +453,70 @@ fn two_launchers_one_per_host_form_one_job() {
     assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("--master-port"), "{}", out.stderr);
 }
+
+/// Runs `script` in a private mount namespace (`unshare -m`), where it may mount over
+/// `/dev/shm` without touching the machine's; `None` when this machine cannot (no
+/// root, no `unshare`), said on stderr.
+fn in_mount_namespace(script: &str) -> Option<Output> {
+    let probe = run(
+        {
+            let mut c = Command::new("unshare");
+            c.args(["-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt && echo ok"]);
+            c
+        },
+        Duration::from_secs(20),
+    );
+    if !probe.stdout.contains("ok") {
+        eprintln!(
+            "skipped: no private mount namespace here (needs root and unshare): {}",
+            probe.stderr
+        );
+        return None;
+    }
+    let mut c = Command::new("unshare");
+    c.args(["-m", "sh", "-c", script]);
+    Some(run(c, Duration::from_secs(60)))
+}
+
+#[test]
+fn an_unusable_dev_shm_falls_back_to_tcp_or_fails_typed_when_shm_is_asked_for() {
+    let bench = format!("{EXE} bench --ranks 2 -b 256K -e 256K -n 2 -w 1");
+    // Full (64 KiB of tmpfs cannot hold a 4 MiB ring), then read-only, then missing. `auto` links over TCP, checks its results, and each rank says why
+    // once; `shm` fails naming the cause.
+    for (setup, cause) in [
+        ("mount -t tmpfs -o size=64k tmpfs /dev/shm", "No space left"),
+        ("mount -t tmpfs -o ro tmpfs /dev/shm", "Read-only"),
+        (
+            // A /dev of its own with only what a process needs, and no shm.
+            "d=/tmp/ferroccl-dev-$$ && mkdir -p $d && mount -t tmpfs tmpfs $d && \
+             for f in null zero urandom random; do touch $d/$f && mount --bind /dev/$f $d/$f; done && \
+             mount --move $d /dev && rmdir $d",
+            "no /dev/shm",
+        ),
+    ] {
+        let Some(out) = in_mount_namespace(&format!(
+            "{setup} && {bench} && echo AUTO-OK; {bench} --transport shm; echo SHM-RC=$?"
+        )) else {
+            return;
+        };
+        let (so, se) = text(&out);
+        let ctx = format!("{setup}\nstdout:\n{so}\nstderr:\n{se}");
+        assert!(so.contains("AUTO-OK"), "auto failed: {ctx}");
+        assert!(so.contains("# links of rank 0: tcp to 1"), "{ctx}");
+        assert!(so.contains("# Out of bounds values : 0 OK"), "{ctx}");
+        for r in 0..2 {
+            let said = se
+                .lines()
+                .filter(|l| l.contains(&format!("rank {r}: shared memory is unusable here")))
+                .collect::<Vec<_>>();
+            assert_eq!(said.len(), 1, "rank {r} says it once: {ctx}");
+            assert!(said[0].contains(cause), "{ctx}");
+        }
+        assert!(!so.contains("SHM-RC=0"), "shm must fail: {ctx}");
+        assert!(
+            se.contains("transport shm is not available: shared memory is unusable on this host")
+                && se.contains(cause),
+            "{ctx}"
+        );
+    }
+}

@@ -55,16 +55,20 @@ impl ShmSegment {
         // SAFETY: a NUL-terminated name; the descriptor is closed below.
         let fd = unsafe { libc::shm_open(cname.as_ptr(), flags, 0o600) };
         if fd < 0 {
-            return Err(Error::io(
-                format!("shm_open {name}"),
-                std::io::Error::last_os_error(),
-            ));
+            let e = std::io::Error::last_os_error();
+            let hint = match e.raw_os_error() {
+                Some(libc::ENOENT) if owner => " (no /dev/shm: is it mounted?)",
+                Some(libc::EROFS) => " (/dev/shm is read-only)",
+                Some(libc::EACCES) => " (no permission in /dev/shm)",
+                _ => "",
+            };
+            return Err(Error::io(format!("shm_open {name}{hint}"), e));
         }
         let sized = if owner {
             // SAFETY: `fd` is ours.
             let r = unsafe { libc::ftruncate(fd, len as libc::off_t) };
             if r == 0 {
-                Ok(())
+                reserve(fd, len)
             } else {
                 Err(std::io::Error::last_os_error())
             }
@@ -194,6 +198,30 @@ pub(crate) fn process_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists and may be signalled.
     let r = unsafe { libc::kill(p, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Gives the first `len` bytes of `fd` their pages now. A tmpfs (`/dev/shm`) grants
+/// `ftruncate` beyond its free space and fails only when a page is first touched,
+/// with SIGBUS; reserving them here turns a full `/dev/shm` into an error at set-up.
+fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
+    loop {
+        // SAFETY: `fd` is an open descriptor of the caller's; posix_fallocate returns
+        // the error number instead of setting errno.
+        let r = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
+        match r {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            // A file system without fallocate: nothing to reserve with.
+            libc::EOPNOTSUPP => return Ok(()),
+            e => {
+                let e = std::io::Error::from_raw_os_error(e);
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("reserving {len} bytes: {e} (is /dev/shm full?)"),
+                ));
+            }
+        }
+    }
 }
 
 /// This process's effective user id.

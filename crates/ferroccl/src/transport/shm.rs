@@ -91,9 +91,24 @@ impl Transport for Shm {
             me = format!("{me} tag={tag}");
         }
         let rank = job.rank();
-        job.store.set(&format!("host/{rank}"), me.as_bytes())?;
-        reclaim_stale(job.config.tuning.connect_timeout);
         let ring_bytes = job.config.transport.shm.ring_bytes;
+        reclaim_stale(job.config.tuning.connect_timeout);
+        if let Err(e) = probe(ring_bytes) {
+            if self.strict {
+                return Err(Error::Unavailable {
+                    what: "transport shm".into(),
+                    why: format!("shared memory is unusable on this host: {e}"),
+                });
+            }
+            // An identity no other rank has: every peer sees another host and links
+            // over TCP, and both sides of each link agree without a word.
+            tracing::warn!(
+                "rank {rank}: shared memory is unusable here ({e}); this rank's links \
+                 within the host use TCP"
+            );
+            me = format!("{me} shm-unusable-rank={rank}");
+        }
+        job.store.set(&format!("host/{rank}"), me.as_bytes())?;
         let (rank, world_size, comm_id) = (job.rank(), job.world_size(), job.comm_id);
         let (tcp, poll, beacon) = tcp::endpoint_parts(ConnectCtx::of(job))?;
         let pairs = Arc::new(Mutex::new(Vec::new()));
@@ -180,6 +195,19 @@ pub(crate) fn reclaim_stale(min_age: Duration) {
             }
         }
     }
+}
+
+/// Whether this process can make a ring of `ring_bytes`: a segment of that size made,
+/// its pages reserved and removed again. What fails (no `/dev/shm`, no permission, no
+/// space) is the error.
+fn probe(ring_bytes: usize) -> Result<()> {
+    // Shaped like a ring's name (so a leftover is reclaimed like one), with an id no
+    // communicator has drawn yet in this process.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let name = format!("/{PREFIX}{nanos:016x}-{}-0-0-0", std::process::id());
+    ShmSegment::create_new(&name, ring_bytes + layout::DATA).map(drop)
 }
 
 /// The creator's pid in a ring segment's name, or `None` for a name that is not one.
