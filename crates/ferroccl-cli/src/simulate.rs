@@ -97,6 +97,7 @@ fn short(algo: Algorithm) -> &'static str {
         Algorithm::Ring => "ring",
         Algorithm::RecursiveDoubling => "rd",
         Algorithm::Rabenseifner => "rab",
+        Algorithm::Tree => "tree",
         _ => "?",
     }
 }
@@ -132,8 +133,8 @@ fn run(a: &SimulateArgs) -> Result<()> {
         "# the real plans of each algorithm in virtual time; times in microseconds; '-' cannot run"
     );
     println!(
-        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
-        "ranks", "size(B)", "ring", "rd", "rab", "chosen", "ring/best"
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+        "ranks", "size(B)", "ring", "rd", "rab", "tree", "chosen", "ring/best"
     );
     for &n in &a.ranks {
         let mut size = a.min_bytes;
@@ -148,12 +149,13 @@ fn run(a: &SimulateArgs) -> Result<()> {
                 _ => "-".into(),
             };
             println!(
-                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
                 n,
                 count * 4,
                 col(ring),
                 col(of(Algorithm::RecursiveDoubling)),
                 col(of(Algorithm::Rabenseifner)),
+                col(of(Algorithm::Tree)),
                 short(best),
                 ratio
             );
