@@ -82,9 +82,10 @@ pub struct BenchArgs {
     #[arg(long = "small-message-bytes", value_parser = parse_size)]
     pub small_message_bytes: Option<usize>,
     /// All-reduce algorithm: auto (rd up to --small-message-bytes, ring above), ring, rd
-    /// (recursive doubling) or rabenseifner (recursive halving then doubling). Ranks
-    /// started by a launcher also read FERROCCL_ALGO; this flag wins.
-    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner"])]
+    /// (recursive doubling), rabenseifner (recursive halving then doubling) or tree
+    /// (pipelined double binary tree). Ranks started by a launcher also read
+    /// FERROCCL_ALGO; this flag wins.
+    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree"])]
     pub algo: Option<String>,
     /// With --algo auto: choose per size by this network model instead of the size
     /// rule, e.g. `alpha_us=20,link_gbs=12.5,reduce_gbs=10` (also FERROCCL_COST_MODEL).
@@ -753,14 +754,14 @@ fn bench_typed<T: Element>(
             let t = &c.config().tuning;
             match (t.all_reduce_algo, t.cost_model) {
                 (ferroccl::AllReduceAlgo::Auto, Some(m)) => println!(
-                    "# algo: per size, the least time predicted on {m} (rab: Rabenseifner)"
+                    "# algo: per size, the least time predicted on {m} (rab: Rabenseifner, tree: double binary tree)"
                 ),
                 (ferroccl::AllReduceAlgo::Auto, None) => println!(
                     "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
                     t.small_message_bytes
                 ),
                 (forced, _) => println!(
-                    "# algo: {forced:?} for every size (rab: Rabenseifner, recursive halving then doubling)"
+                    "# algo: {forced:?} for every size (rab: Rabenseifner, recursive halving then doubling; tree: double binary tree)"
                 ),
             }
         }
@@ -838,6 +839,7 @@ fn bench_typed<T: Element>(
                 Coll::AllReduce => match c.all_reduce_algorithm(bytes) {
                     ferroccl::Algorithm::Ring => "ring",
                     ferroccl::Algorithm::Rabenseifner => "rab",
+                    ferroccl::Algorithm::Tree => "tree",
                     _ => "rd",
                 },
                 Coll::ReduceScatter | Coll::AllGather => "ring",

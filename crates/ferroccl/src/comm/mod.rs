@@ -338,6 +338,7 @@ impl Communicator {
             AllReduceAlgo::Rabenseifner if self.world_size > 1 && !self.host_pull => {
                 Algorithm::Rabenseifner
             }
+            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
             AllReduceAlgo::Auto if self.world_size > 1 && !self.host_pull => {
                 match self.cfg.tuning.cost_model {
                     // The least predicted time on the configured network.
