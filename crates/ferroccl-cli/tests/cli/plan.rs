@@ -894,6 +894,9 @@ fn simulate_prints_every_algorithm_and_the_least() {
             other => panic!("chosen {other}"),
         };
         assert_eq!(chosen, best, "{r:?}");
+        // The cost model's pick, within 5 % of the least simulated time.
+        let model: f64 = r[9].parse().unwrap();
+        assert!((1.0..=1.05).contains(&model), "{r:?}");
     }
     // 64 ranks, 1 KiB: latency-bound, the ring's 126 steps lose.
     assert_ne!(rows[3][6], "ring", "{:?}", rows[3]);

@@ -117,9 +117,10 @@ pub fn predict_all_reduce(
                 + (n as f64 - 1.0) * gamma * g
                 + (k - 1.0) * (g / beta).max(gamma * g);
             // Reductions make a reduce-scatter step slower than an all-gather step:
-            // the first half can be bound by its latency while the second is bound by
-            // the port.
-            let mixed = (n as f64 - 1.0) * (alpha + g / beta + gamma * g + c / beta);
+            // the first half can be bound by its latency or by the reduction of a
+            // chunk while the second is bound by the port.
+            let rs_step = (alpha + g / beta + gamma * g).max(gamma * c);
+            let mixed = (n as f64 - 1.0) * (rs_step + c / beta);
             port.max(latency).max(mixed)
         }
         Algorithm::RecursiveDoubling if bytes <= u32::MAX as usize => {
