@@ -260,7 +260,11 @@ impl Communicator {
     /// Reduces `buf` across all ranks, in place: afterwards every rank holds the same,
     /// bitwise identical, result. Messages up to
     /// [`Tuning::small_message_bytes`](crate::config::Tuning::small_message_bytes) use
-    /// recursive doubling, larger ones the pipelined ring.
+    /// recursive doubling, larger ones the pipelined ring, unless
+    /// [`Tuning::all_reduce_algo`](crate::config::Tuning::all_reduce_algo) forces one
+    /// (ring, recursive doubling, Rabenseifner, tree) or a
+    /// [`Tuning::cost_model`](crate::config::Tuning::cost_model) chooses per call
+    /// ([`Communicator::all_reduce_algorithm`] says which).
     ///
     /// ```
     /// use ferroccl::{Communicator, Config, ReduceOp};
