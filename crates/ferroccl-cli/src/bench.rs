@@ -83,8 +83,8 @@ pub struct BenchArgs {
     pub small_message_bytes: Option<usize>,
     /// All-reduce algorithm: auto (rd up to --small-message-bytes, ring above), ring, rd
     /// (recursive doubling), rabenseifner (recursive halving then doubling) or tree
-    /// (pipelined double binary tree). Ranks started by a launcher also read
-    /// FERROCCL_ALGO; this flag wins.
+    /// (pipelined double binary tree; broadcast and reduce then run down a binary tree
+    /// too). Ranks started by a launcher also read FERROCCL_ALGO; this flag wins.
     #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree"])]
     pub algo: Option<String>,
     /// With --algo auto: choose per size by this network model instead of the size
@@ -843,6 +843,7 @@ fn bench_typed<T: Element>(
                     _ => "rd",
                 },
                 Coll::ReduceScatter | Coll::AllGather => "ring",
+                _ if c.rooted_algorithm() == ferroccl::Algorithm::Tree => "tree",
                 _ => "chain",
             };
             let gb = |us: f64| bytes as f64 / (us * 1e-6) / 1e9;

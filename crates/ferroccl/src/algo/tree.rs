@@ -52,6 +52,15 @@
 //! left, so the plans never deadlock, and both trees' segments interleave at each
 //! rank in the order they become ready.
 
+//!
+//! # Broadcast and reduce
+//!
+//! [`broadcast`] and [`reduce`] run down (up) one binary tree of the same shape, its
+//! positions counted from the root, pipelined in segments: `log2 n` hops of a segment
+//! instead of the chain's `n - 1`, every rank but the root receiving (sending) the
+//! buffer once, an interior rank sending it to two children. Their root agreement is
+//! the chain's frames with the barrier first ([`super::chain::with_agreement`]).
+
 use super::schedule::{chunk_range, segment_range, segments};
 use super::{In, Land, Out, Plan};
 use std::collections::HashMap;
@@ -264,6 +273,74 @@ pub(crate) fn plan(rank: usize, n: usize, count: usize, esize: usize, seg_elems:
             })
             .collect(),
     }
+}
+
+/// Broadcast of `len` bytes from `root` down one binary tree (tree 0's shape, positions
+/// counted from the root), pipelined in segments of `seg` bytes, with the root
+/// agreement of [`super::chain::with_agreement`].
+pub(crate) fn broadcast(rank: usize, n: usize, root: usize, len: usize, seg: usize) -> Plan {
+    super::chain::with_agreement(rank, n, rooted(rank, n, root, len, seg, false))
+}
+
+/// Reduce of `len` bytes up one binary tree into `root` (the shape of [`broadcast`]),
+/// in place; on the other ranks the buffer holds a partial result afterwards.
+pub(crate) fn reduce(rank: usize, n: usize, root: usize, len: usize, seg: usize) -> Plan {
+    super::chain::with_agreement(rank, n, rooted(rank, n, root, len, seg, true))
+}
+
+/// The data frames of a rooted tree collective: each segment from the parent to the
+/// children (broadcast), or from the children, combined, to the parent (reduce).
+fn rooted(rank: usize, n: usize, root: usize, len: usize, seg: usize, up: bool) -> Plan {
+    let mut plan = Plan::default();
+    if n == 1 {
+        return plan;
+    }
+    let pos = (rank + n - root) % n;
+    let at = |p: usize| (p + root) % n;
+    let parent = (pos != 0).then(|| at(parent_pos(pos, n)));
+    let children: Vec<usize> = children_pos(pos, n).into_iter().map(at).collect();
+    for (j, r) in super::frames(len, seg) {
+        let frame_in = |peer: usize, land: Land| In {
+            peer,
+            step: 0,
+            seg: j,
+            off: r.start,
+            len: r.len(),
+            land,
+            after_send: None,
+        };
+        let frame_out = |peer: usize, after_recv: Option<usize>| Out {
+            peer,
+            step: 0,
+            seg: j,
+            off: r.start,
+            len: r.len(),
+            after_recv,
+        };
+        if up {
+            for (i, &c) in children.iter().enumerate() {
+                let finish = parent.is_none() && i + 1 == children.len();
+                let land = Land::Reduce {
+                    theirs_first: false,
+                    finish,
+                };
+                plan.ins.push(frame_in(c, land));
+            }
+            if let Some(p) = parent {
+                let after = (!children.is_empty()).then(|| plan.ins.len() - 1);
+                plan.outs.push(frame_out(p, after));
+            }
+        } else {
+            if let Some(p) = parent {
+                plan.ins.push(frame_in(p, Land::Copy));
+            }
+            let after = parent.map(|_| plan.ins.len() - 1);
+            for &c in &children {
+                plan.outs.push(frame_out(c, after));
+            }
+        }
+    }
+    plan
 }
 
 /// Elements per segment of a tree all-reduce of `count` elements: each half in up to
@@ -479,6 +556,28 @@ mod tests {
                 "n={n}"
             );
         }
+    }
+
+    #[test]
+    fn broadcast_and_reduce_compute_their_definition() {
+        for n in (1usize..=16).chain([33, 100]) {
+            let roots: Vec<usize> = if n <= 16 {
+                (0..n).collect()
+            } else {
+                vec![0, n / 3, n - 1]
+            };
+            for root in roots {
+                super::super::chain::tests::check_rooted(&broadcast, &reduce, n, root);
+            }
+        }
+    }
+
+    /// The chain's root-disagreement model (`chain.rs`), on the trees: every
+    /// assignment of roots for n <= 5, random ones up to 16: no rank waits forever,
+    /// some rank reports the mismatch, no rank returns Ok unless all agree.
+    #[test]
+    fn root_disagreements_fail_fast_on_every_rank() {
+        super::super::chain::tests::each_root_assignment(&broadcast, &reduce);
     }
 
     #[test]

@@ -360,6 +360,19 @@ impl Communicator {
         }
     }
 
+    /// The algorithm a broadcast or reduce uses on this communicator: a pipelined
+    /// binary tree from the root when [`Tuning::all_reduce_algo`] is
+    /// [`AllReduceAlgo::Tree`](crate::config::AllReduceAlgo::Tree)
+    /// (`FERROCCL_ALGO=tree`) and the buffers are streamed over links, the chain
+    /// otherwise. Both keep the root agreement ([`crate::algo`]'s `chain.rs`).
+    pub fn rooted_algorithm(&self) -> Algorithm {
+        use crate::config::AllReduceAlgo;
+        match self.cfg.tuning.all_reduce_algo {
+            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
+            _ => Algorithm::Chain,
+        }
+    }
+
     // ---- execution ----
 
     /// Blocks until every background operation has finished.
