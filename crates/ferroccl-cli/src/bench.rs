@@ -82,9 +82,10 @@ pub struct BenchArgs {
     #[arg(long = "small-message-bytes", value_parser = parse_size)]
     pub small_message_bytes: Option<usize>,
     /// All-reduce algorithm: auto (rd up to --small-message-bytes, ring above), ring, rd
-    /// (recursive doubling) or rabenseifner (recursive halving then doubling). Ranks
-    /// started by a launcher also read FERROCCL_ALGO; this flag wins.
-    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner"])]
+    /// (recursive doubling), rabenseifner (recursive halving then doubling) or tree
+    /// (pipelined double binary tree; broadcast and reduce then run down a binary tree
+    /// too). Ranks started by a launcher also read FERROCCL_ALGO; this flag wins.
+    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree"])]
     pub algo: Option<String>,
     /// With --algo auto: choose per size by a network model instead of the size rule:
     /// `measure` (timed on the links at start), `@FILE` (a `bench --law RATE --json
@@ -769,7 +770,7 @@ fn bench_typed<T: Element>(
             let t = &c.config().tuning;
             match (t.all_reduce_algo, t.cost_model) {
                 (ferroccl::AllReduceAlgo::Auto, Some(m)) => println!(
-                    "# algo: per size, the least time predicted on {m}{} (rab: Rabenseifner)",
+                    "# algo: per size, the least time predicted on {m}{} (rab: Rabenseifner, tree: double binary tree)",
                     if t.measure_cost_model { " (measured on these links)" } else { "" }
                 ),
                 (ferroccl::AllReduceAlgo::Auto, None) => println!(
@@ -777,7 +778,7 @@ fn bench_typed<T: Element>(
                     t.small_message_bytes
                 ),
                 (forced, _) => println!(
-                    "# algo: {forced:?} for every size (rab: Rabenseifner, recursive halving then doubling)"
+                    "# algo: {forced:?} for every size (rab: Rabenseifner, recursive halving then doubling; tree: double binary tree)"
                 ),
             }
         }
@@ -855,9 +856,11 @@ fn bench_typed<T: Element>(
                 Coll::AllReduce => match c.all_reduce_algorithm(bytes) {
                     ferroccl::Algorithm::Ring => "ring",
                     ferroccl::Algorithm::Rabenseifner => "rab",
+                    ferroccl::Algorithm::Tree => "tree",
                     _ => "rd",
                 },
                 Coll::ReduceScatter | Coll::AllGather => "ring",
+                _ if c.rooted_algorithm() == ferroccl::Algorithm::Tree => "tree",
                 _ => "chain",
             };
             let gb = |us: f64| bytes as f64 / (us * 1e-6) / 1e9;

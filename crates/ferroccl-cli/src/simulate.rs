@@ -2,11 +2,13 @@
 //! network ([`ferroccl::sim`]), for worlds of up to thousands of ranks, in seconds.
 //!
 //! Per world size and message size it prints each algorithm's predicted time, the one
-//! with the least, and how much faster than the ring that is.
+//! with the least, how much faster than the ring that is, and what the closed-form cost
+//! model (`FERROCCL_COST_MODEL`, [`ferroccl::sim::choose_by_model`]) would choose on a
+//! flat network of the same α, β and γ, with its simulated time over the least.
 
 use crate::bench::parse_size;
 use clap::Args;
-use ferroccl::sim::{choose_all_reduce, Network};
+use ferroccl::sim::{choose_all_reduce, choose_by_model, Network};
 use ferroccl::{Algorithm, Error, Result};
 use std::process::ExitCode;
 
@@ -97,6 +99,7 @@ fn short(algo: Algorithm) -> &'static str {
         Algorithm::Ring => "ring",
         Algorithm::RecursiveDoubling => "rd",
         Algorithm::Rabenseifner => "rab",
+        Algorithm::Tree => "tree",
         _ => "?",
     }
 }
@@ -132,8 +135,17 @@ fn run(a: &SimulateArgs) -> Result<()> {
         "# the real plans of each algorithm in virtual time; times in microseconds; '-' cannot run"
     );
     println!(
-        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
-        "ranks", "size(B)", "ring", "rd", "rab", "chosen", "ring/best"
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9} {:>6} {:>10}",
+        "ranks",
+        "size(B)",
+        "ring",
+        "rd",
+        "rab",
+        "tree",
+        "chosen",
+        "ring/best",
+        "model",
+        "model/best"
     );
     for &n in &a.ranks {
         let mut size = a.min_bytes;
@@ -143,19 +155,24 @@ fn run(a: &SimulateArgs) -> Result<()> {
             let col = |t: Option<f64>| t.map_or("-".to_owned(), |t| format!("{:.1}", t * 1e6));
             let of = |algo: Algorithm| times.iter().find(|(x, _)| *x == algo).and_then(|x| x.1);
             let ring = of(Algorithm::Ring);
-            let ratio = match (ring, of(best)) {
+            let over = |t: Option<f64>| match (t, of(best)) {
                 (Some(r), Some(b)) if b > 0.0 => format!("{:.2}", r / b),
                 _ => "-".into(),
             };
+            let flat = Network::flat(net.alpha, net.beta, net.gamma);
+            let model = choose_by_model(n, count, 4, a.segment_bytes, &flat);
             println!(
-                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9} {:>6} {:>10}",
                 n,
                 count * 4,
                 col(ring),
                 col(of(Algorithm::RecursiveDoubling)),
                 col(of(Algorithm::Rabenseifner)),
+                col(of(Algorithm::Tree)),
                 short(best),
-                ratio
+                over(ring),
+                short(model),
+                over(of(model))
             );
             size = size.saturating_mul(a.step_factor);
         }

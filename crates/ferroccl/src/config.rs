@@ -74,22 +74,27 @@ pub enum AllReduceAlgo {
     /// Rabenseifner: the ring's bytes in `2·log2 n` steps (host buffers streamed over
     /// links; a transport that reads peers' memory runs the ring).
     Rabenseifner,
+    /// The pipelined double binary tree: `O(log n)` latency for any `n`, half the
+    /// buffer up and down each of two trees (host buffers streamed over links; a
+    /// transport that reads peers' memory runs the ring).
+    Tree,
 }
 
 impl std::str::FromStr for AllReduceAlgo {
     type Err = Error;
-    /// `auto`, `ring`, `rd` (or `recursive-doubling`), `rabenseifner`; anything else
-    /// is an error naming them, never a fallback.
+    /// `auto`, `ring`, `rd` (or `recursive-doubling`), `rabenseifner`, `tree`;
+    /// anything else is an error naming them, never a fallback.
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Self::Auto,
             "ring" => Self::Ring,
             "rd" | "recursive-doubling" | "doubling" => Self::RecursiveDoubling,
             "rabenseifner" | "rab" => Self::Rabenseifner,
+            "tree" => Self::Tree,
             other => {
                 return Err(Error::Config(format!(
-                    "unknown all-reduce algorithm '{other}': use auto, ring, rd or rabenseifner"
-                )))
+                "unknown all-reduce algorithm '{other}': use auto, ring, rd, rabenseifner or tree"
+            )))
             }
         })
     }
@@ -330,13 +335,13 @@ pub struct Tuning {
     /// 4 ranks.
     pub small_message_bytes: usize,
     /// Which all-reduce algorithm runs: chosen by size ([`AllReduceAlgo::Auto`], the
-    /// default) or forced (`FERROCCL_ALGO=ring|rd|rabenseifner` in
+    /// default) or forced (`FERROCCL_ALGO=ring|rd|rabenseifner|tree` in
     /// [`Config::from_env`], `ferroccl bench --algo`). Must be the same on every rank
     /// (a disagreement is a [`Error::Mismatch`]).
     pub all_reduce_algo: AllReduceAlgo,
     /// A model of the network, for [`AllReduceAlgo::Auto`] to choose per call the
     /// algorithm with the least predicted time (ring, recursive doubling,
-    /// Rabenseifner) instead of the size rule. `FERROCCL_COST_MODEL` in
+    /// Rabenseifner, tree) instead of the size rule. `FERROCCL_COST_MODEL` in
     /// [`Config::from_env`], `ferroccl bench --cost-model`. Must be the same on every
     /// rank. Default: none.
     pub cost_model: Option<CostModel>,

@@ -366,6 +366,7 @@ pub fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::
 /// wire formats (to play a peer by hand), the RDMA protocol core and its simulated
 /// queue pair.
 pub mod internals {
+    pub use crate::algo::tree::send_bytes as tree_send_bytes;
     #[cfg(feature = "cuda")]
     pub use crate::transport::cuda_ipc::busbw_limit_fraction;
     #[cfg(feature = "rdma")]

@@ -907,18 +907,22 @@ fn simulate_prints_every_algorithm_and_the_least() {
         .collect();
     assert_eq!(rows.len(), 6, "2 worlds x 3 sizes:\n{}", out.stdout);
     for r in &rows {
-        let t: Vec<f64> = r[2..5].iter().map(|x| x.parse().unwrap()).collect();
+        let t: Vec<f64> = r[2..6].iter().map(|x| x.parse().unwrap()).collect();
         let best = t.iter().cloned().fold(f64::INFINITY, f64::min);
-        let chosen = match r[5] {
+        let chosen = match r[6] {
             "ring" => t[0],
             "rd" => t[1],
             "rab" => t[2],
+            "tree" => t[3],
             other => panic!("chosen {other}"),
         };
         assert_eq!(chosen, best, "{r:?}");
+        // The cost model's pick, within 5 % of the least simulated time.
+        let model: f64 = r[9].parse().unwrap();
+        assert!((1.0..=1.05).contains(&model), "{r:?}");
     }
     // 64 ranks, 1 KiB: latency-bound, the ring's 126 steps lose.
-    assert_ne!(rows[3][5], "ring", "{:?}", rows[3]);
+    assert_ne!(rows[3][6], "ring", "{:?}", rows[3]);
     let bad = common::proc::ferroccl(
         &["simulate", "--ranks", "0"],
         std::time::Duration::from_secs(20),

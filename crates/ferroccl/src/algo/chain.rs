@@ -37,6 +37,13 @@
 //! learn of it through the notice it sends before closing its links. Nobody waits for
 //! the timeout, and no rank returns Ok unless every rank called the same thing.
 //!
+//! The tree's broadcast and reduce ([`super::tree`]) keep the same guarantee with the
+//! same frames arranged otherwise ([`with_agreement`]): their data does not follow the
+//! ring, so it vouches for no neighbour, and the agreement barrier comes first; no data
+//! leaves a rank before its barrier is complete, so no rank ever waits for data from a
+//! rank that saw the call differently. The plan model finds the deadlock if the data
+//! goes first (two roots' trees, each root waiting for the other as its child).
+//!
 //! Cost, up to [`FULL_CHECK_MAX`] ranks: a broadcast root sends nothing but its data
 //! and reads one check from each other rank; a reduce root reads its data and sends
 //! the checks. Over two ranks that is one empty frame per call, from the chain's last
@@ -109,21 +116,53 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
         plan.ins
             .extend((pos + 1..last).map(|p| In::check(at(p), CHECK_STEP)));
     } else {
-        // The agreement barrier, after the data on every link.
-        let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
-        let barrier = super::doubling::plan(rank, n, 0);
-        plan.outs.extend(barrier.outs.into_iter().map(|o| Out {
-            step: AGREE_STEP + o.step,
-            after_recv: o.after_recv.map(|i| ins0 + i),
-            ..o
-        }));
-        plan.ins.extend(barrier.ins.into_iter().map(|i| In {
-            step: AGREE_STEP + i.step,
-            land: Land::Copy,
-            after_send: i.after_send.map(|s| outs0 + s),
-            ..i
-        }));
+        agreement_barrier(rank, n, &mut plan);
     }
+    plan
+}
+
+/// Appends the agreement barrier (after the data on every link) to `plan`.
+fn agreement_barrier(rank: usize, n: usize, plan: &mut Plan) {
+    let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
+    let barrier = super::doubling::plan(rank, n, 0);
+    plan.outs.extend(barrier.outs.into_iter().map(|o| Out {
+        step: AGREE_STEP + o.step,
+        after_recv: o.after_recv.map(|i| ins0 + i),
+        ..o
+    }));
+    plan.ins.extend(barrier.ins.into_iter().map(|i| In {
+        step: AGREE_STEP + i.step,
+        land: Land::Copy,
+        after_send: i.after_send.map(|s| outs0 + s),
+        ..i
+    }));
+}
+
+/// `data` (the frames of a broadcast or reduce along another shape than the chain, at
+/// steps other than the agreement barrier's) after the chain's agreement barrier: the
+/// barrier's frames are the same whatever root a rank names, so they fit across a
+/// disagreement; a rank that reads a frame of another call fails, and its partners
+/// fail with it through its closed links. A rank's last barrier frame vouches for
+/// every rank's call, so no data leaves a rank (every data send waits for it) until
+/// all agree, and data frames are never awaited from a rank that saw the call
+/// differently. The price: a barrier's `log2 n` rounds before the data, where the
+/// chain overlaps its checks with the data.
+pub(crate) fn with_agreement(rank: usize, n: usize, data: Plan) -> Plan {
+    if n == 1 {
+        return data;
+    }
+    let mut plan = Plan::default();
+    agreement_barrier(rank, n, &mut plan);
+    let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
+    let agreed = ins0.checked_sub(1);
+    plan.outs.extend(data.outs.into_iter().map(|o| Out {
+        after_recv: o.after_recv.map(|i| ins0 + i).or(agreed),
+        ..o
+    }));
+    plan.ins.extend(data.ins.into_iter().map(|i| In {
+        after_send: i.after_send.map(|s| outs0 + s),
+        ..i
+    }));
     plan
 }
 
@@ -145,7 +184,7 @@ pub(crate) fn reduce(rank: usize, n: usize, root: usize, len: usize, seg: usize)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::tests::{check_plans, run_views, simulate, End};
     use super::*;
 
@@ -196,6 +235,17 @@ mod tests {
     /// forever, some rank reports the mismatch, and no rank returns Ok.
     #[test]
     fn root_disagreements_fail_fast_on_every_rank() {
+        each_root_assignment(&broadcast, &reduce);
+    }
+
+    /// A rooted plan: `(rank, n, root, len, seg)`.
+    pub type Rooted = dyn Fn(usize, usize, usize, usize, usize) -> Plan;
+
+    /// Runs `broadcast` and `reduce` plans of every assignment of roots in worlds of 2
+    /// to 5, and random ones up to 16, through the executor's model: no rank waits
+    /// forever, some rank reports a mismatch exactly when the roots differ, no rank
+    /// returns Ok unless all agree, and an Ok rank holds the definition.
+    pub fn each_root_assignment(broadcast: &Rooted, reduce: &Rooted) {
         let mut cases: Vec<Vec<usize>> = Vec::new();
         for n in 2..=5usize {
             for code in 0..n.pow(n as u32) {
@@ -262,28 +312,36 @@ mod tests {
     fn broadcast_and_reduce_compute_their_definition() {
         for n in 1..=9 {
             for root in 0..n {
-                for (len, seg) in [(0, 8), (8, 8), (80, 16), (80, 24)] {
-                    let b: Vec<Plan> = (0..n).map(|r| broadcast(r, n, root, len, seg)).collect();
-                    check_plans(&b);
-                    let bufs = (0..n).map(|r| vec![r as f64; len / 8]).collect();
-                    for out in simulate(&b, bufs) {
-                        assert_eq!(out, vec![root as f64; len / 8], "n={n} root={root}");
-                    }
-                    let p: Vec<Plan> = (0..n).map(|r| reduce(r, n, root, len, seg)).collect();
-                    check_plans(&p);
-                    let bufs = (0..n).map(|r| vec![r as f64 + 1.0; len / 8]).collect();
-                    let out = simulate(&p, bufs);
-                    let want = (n * (n + 1) / 2) as f64;
-                    assert_eq!(out[root], vec![want; len / 8], "n={n} root={root}");
-                    // Only the root's receives of data are final.
-                    for (r, plan) in p.iter().enumerate() {
-                        assert!(plan
-                            .ins
-                            .iter()
-                            .filter(|i| i.len > 0)
-                            .all(|i| i.is_final() == (r == root)));
-                    }
-                }
+                check_rooted(&broadcast, &reduce, n, root);
+            }
+        }
+    }
+
+    /// `broadcast` and `reduce` plans of every rank from `root`, over a few lengths and
+    /// segments: they fit, compute their definition, only the root's receives of data
+    /// are final, every rank but the root sends the buffer once in a reduce and
+    /// receives it once in a broadcast.
+    pub fn check_rooted(broadcast: &Rooted, reduce: &Rooted, n: usize, root: usize) {
+        for (len, seg) in [(0, 8), (8, 8), (80, 16), (80, 24)] {
+            let b: Vec<Plan> = (0..n).map(|r| broadcast(r, n, root, len, seg)).collect();
+            check_plans(&b);
+            let bufs = (0..n).map(|r| vec![r as f64; len / 8]).collect();
+            for out in simulate(&b, bufs) {
+                assert_eq!(out, vec![root as f64; len / 8], "n={n} root={root}");
+            }
+            let p: Vec<Plan> = (0..n).map(|r| reduce(r, n, root, len, seg)).collect();
+            check_plans(&p);
+            let bufs = (0..n).map(|r| vec![r as f64 + 1.0; len / 8]).collect();
+            let out = simulate(&p, bufs);
+            let want = (n * (n + 1) / 2) as f64;
+            assert_eq!(out[root], vec![want; len / 8], "n={n} root={root}");
+            for (r, plan) in p.iter().enumerate() {
+                let data = plan.ins.iter().filter(|i| i.len > 0);
+                assert!(data.clone().all(|i| i.is_final() == (r == root)));
+                let once = if r == root { 0 } else { len };
+                assert_eq!(plan.send_bytes(), once, "n={n} root={root} rank {r}");
+                let got: usize = b[r].ins.iter().map(|i| i.len).sum();
+                assert_eq!(got, once, "n={n} root={root} rank {r}");
             }
         }
     }

@@ -11,6 +11,8 @@
 //! - [`doubling`]: recursive-doubling all-reduce (and the barrier) for small messages.
 //! - [`halving`]: Rabenseifner's all-reduce (recursive halving, then doubling): the
 //!   ring's bytes in `2·log2(n)` steps.
+//! - [`tree`]: the pipelined double binary tree all-reduce: two trees, half the
+//!   buffer each, about `2·log2(n)` steps for any `n`.
 //! - [`chain`]: broadcast and reduce as pipelined chains from a root.
 //!
 //! # The plan contract
@@ -28,6 +30,7 @@ pub(crate) mod halving;
 pub(crate) mod ring;
 pub(crate) mod schedule;
 pub mod sim;
+pub(crate) mod tree;
 
 use std::ops::Range;
 
@@ -49,6 +52,10 @@ pub enum Algorithm {
     /// the ring's `2(n-1)/n·S` bytes in `2·log2(n)` steps (plus two when `n` is not a
     /// power of two).
     Rabenseifner,
+    /// A pipelined double binary tree: two trees over the ranks, each reducing half
+    /// of the buffer up to its root and broadcasting it back down in segments;
+    /// `O(log n)` latency for any `n`, `2(n-1)·S` bytes in all as the ring.
+    Tree,
 }
 
 impl Algorithm {
@@ -60,6 +67,7 @@ impl Algorithm {
             Algorithm::Chain => "chain",
             Algorithm::Direct => "direct",
             Algorithm::Rabenseifner => "rabenseifner",
+            Algorithm::Tree => "tree",
         }
     }
 
@@ -70,6 +78,7 @@ impl Algorithm {
             Algorithm::Chain => 2,
             Algorithm::Direct => 3,
             Algorithm::Rabenseifner => 4,
+            Algorithm::Tree => 5,
         }
     }
 
@@ -80,6 +89,7 @@ impl Algorithm {
             2 => Some(Algorithm::Chain),
             3 => Some(Algorithm::Direct),
             4 => Some(Algorithm::Rabenseifner),
+            5 => Some(Algorithm::Tree),
             _ => None,
         }
     }
@@ -224,6 +234,10 @@ pub(crate) fn all_reduce_plan(
             let seg = self::segment_bytes(segment_bytes, esize) / esize;
             halving::plan(rank, n, count, esize, seg)
         }
+        Algorithm::Tree => {
+            let seg = tree::seg_elems(count, esize, segment_bytes);
+            tree::plan(rank, n, count, esize, seg)
+        }
         _ => {
             let chunks = schedule::balanced_chunks(count, n);
             let seg = ring::seg_elems(&chunks, esize, segment_bytes);
@@ -293,6 +307,23 @@ pub(crate) mod tests {
                     .collect();
                 assert_eq!(sent, got, "frames {r} -> {q}");
             }
+        }
+    }
+
+    /// Fails unless the all-reduce plans of all ranks fit each other and, simulated on
+    /// `count` f64 elements per rank (rank `r`'s element `i` is `100r + i`), leave
+    /// every rank with the sum. `ctx` is added to the failure message.
+    pub fn check_all_reduce(plans: &[Plan], count: usize, ctx: &str) {
+        check_plans(plans);
+        let n = plans.len();
+        let bufs: Vec<Vec<f64>> = (0..n)
+            .map(|r| (0..count).map(|i| (r * 100 + i) as f64).collect())
+            .collect();
+        let want: Vec<f64> = (0..count)
+            .map(|i| (0..n).map(|r| (r * 100 + i) as f64).sum())
+            .collect();
+        for (r, b) in simulate(plans, bufs).into_iter().enumerate() {
+            assert_eq!(b, want, "n={n} count={count} {ctx} rank {r}");
         }
     }
 
@@ -412,6 +443,7 @@ pub(crate) mod tests {
             Algorithm::Chain,
             Algorithm::Direct,
             Algorithm::Rabenseifner,
+            Algorithm::Tree,
         ] {
             assert_eq!(Algorithm::from_code(a.code()), Some(a));
         }

@@ -16,10 +16,11 @@ use super::{all_reduce_plan, Algorithm, Land, Plan};
 use std::collections::{HashMap, VecDeque};
 
 /// The all-reduce algorithms the simulator compares, in the order it lists them.
-pub const ALL_REDUCE: [Algorithm; 3] = [
+pub const ALL_REDUCE: [Algorithm; 4] = [
     Algorithm::Ring,
     Algorithm::RecursiveDoubling,
     Algorithm::Rabenseifner,
+    Algorithm::Tree,
 ];
 
 /// Predicted seconds of an all-reduce of `count` elements of `esize` bytes over `n`
@@ -71,9 +72,11 @@ pub fn choose_all_reduce(
 /// `segment_bytes`: what a communicator consults per call to choose
 /// ([`crate::config::Tuning::cost_model`]); `None` where the algorithm cannot run it.
 /// Exact for recursive doubling and Rabenseifner over powers of two, close when ranks
-/// fold in; the ring's pipelining is approximated (the larger of its port time and its
-/// first segment's latency plus the rest). The tests
-/// hold it to [`simulate`] on the real plans.
+/// fold in; the ring's pipelining is approximated (the largest of its port time, its
+/// first segment's latency plus the rest, and a latency-bound reduce-scatter followed
+/// by a port-bound all-gather); the tree's as its deepest path (`2·log2 n` hops, the
+/// busiest port's frames on the way) plus the other segments through its busiest port
+/// or reduction. The tests hold it to [`simulate`] on the real plans.
 pub fn predict_all_reduce(
     algo: Algorithm,
     n: usize,
@@ -106,11 +109,19 @@ pub fn predict_all_reduce(
             let (c, g) = ((chunk * esize) as f64, (seg * esize) as f64);
             let k = (chunk.max(1)).div_ceil(seg) as f64;
             let steps = 2.0 * (n as f64 - 1.0);
-            let port = steps * c / beta + alpha + gamma * g;
+            // The port idles where the all-gather starts only while the first finished
+            // segment is still on its way (it left a chunk's port time earlier).
+            let turn = (alpha + g / beta + gamma * g - c / beta).max(0.0);
+            let port = steps * c / beta + alpha + turn;
             let latency = steps * (alpha + g / beta)
                 + (n as f64 - 1.0) * gamma * g
                 + (k - 1.0) * (g / beta).max(gamma * g);
-            port.max(latency)
+            // Reductions make a reduce-scatter step slower than an all-gather step:
+            // the first half can be bound by its latency or by the reduction of a
+            // chunk while the second is bound by the port.
+            let rs_step = (alpha + g / beta + gamma * g).max(gamma * c);
+            let mixed = (n as f64 - 1.0) * (rs_step + c / beta);
+            port.max(latency).max(mixed)
         }
         Algorithm::RecursiveDoubling if bytes <= u32::MAX as usize => {
             // Two paths after the fold: through the partners, a full message per
@@ -126,6 +137,20 @@ pub fn predict_all_reduce(
         // whole chain, and the way back follows it.
         Algorithm::Rabenseifner => {
             fold_in + 2.0 * stages * alpha + 2.0 * share / beta + gamma * share + back
+        }
+        Algorithm::Tree => {
+            let w = super::tree::Widest::of(n);
+            let half = count.div_ceil(2);
+            let seg = super::tree::seg_elems(count, esize, segment_bytes).min(half.max(1));
+            let g = (seg * esize) as f64;
+            let k = half.max(1).div_ceil(seg) as f64;
+            let d = w.depth as f64;
+            // Each further segment: the busiest port's frames or the busiest reduction.
+            let slot = (w.edges as f64 * g / beta).max(w.children as f64 * gamma * g);
+            // The first: up the deepest path and down again, each hop down sending to
+            // both children (trees of up to three ranks are chains).
+            let fan = if n <= 3 { 1.0 } else { 2.0 };
+            2.0 * d * alpha + (1.0 + fan) * d * g / beta + d * gamma * g + (k - 1.0) * slot
         }
         _ => return None,
     })
@@ -441,7 +466,7 @@ mod tests {
             Network::flat(20e-6, 12.5e9, 0.1e-9),
             Network::flat(2e-6, 1.25e9, 0.5e-9),
         ] {
-            for n in [2usize, 5, 8, 64] {
+            for n in [2usize, 5, 8, 12, 64, 100] {
                 let mut bytes = 1024usize;
                 while bytes <= 64 << 20 {
                     let count = bytes / 4;
@@ -461,6 +486,36 @@ mod tests {
                         "n={n} {bytes} B: {pick:?} {got} vs best {best}: {times:?}"
                     );
                     bytes *= 16;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_trees_closed_form_follows_its_plans() {
+        // Within 5 % once a half travels as 64 segments (the bandwidth-bound calls,
+        // where the tree competes); within 25 % while the pipeline is filling (one or
+        // two segments, where recursive doubling or Rabenseifner win anyway).
+        for net in [
+            Network::flat(20e-6, 12.5e9, 0.1e-9),
+            Network::flat(2e-6, 1.25e9, 0.5e-9),
+            Network::flat(15e-6, 2e9, 0.3e-9),
+        ] {
+            for n in [2usize, 3, 5, 6, 8, 12, 16, 33, 64, 100] {
+                let mut bytes = 1024usize;
+                while bytes <= 64 << 20 {
+                    let count = bytes / 4;
+                    let sim = all_reduce_time(Algorithm::Tree, n, count, 4, 512 << 10, &net);
+                    let f = predict_all_reduce(Algorithm::Tree, n, count, 4, 512 << 10, &net);
+                    let (sim, f) = (sim.unwrap(), f.unwrap());
+                    let seg = super::super::tree::seg_elems(count, 4, 512 << 10);
+                    let k = count.div_ceil(2).div_ceil(seg);
+                    let tol = if k >= 64 { 0.05 } else { 0.25 };
+                    assert!(
+                        (f - sim).abs() <= tol * sim,
+                        "n={n} {bytes} B ({k} segments): simulated {sim}, formula {f}"
+                    );
+                    bytes *= 4;
                 }
             }
         }

@@ -7,7 +7,7 @@
 
 use super::scope::{job_over, JobFn};
 use super::Communicator;
-use crate::algo::{self, all_reduce_plan, chain, doubling, ring, schedule, Algorithm, Plan};
+use crate::algo::{self, all_reduce_plan, chain, doubling, ring, schedule, tree, Algorithm, Plan};
 use crate::engine::{Data, Engine, PullCall};
 use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
@@ -179,13 +179,14 @@ impl Communicator {
 
     pub(super) fn job_broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<JobFn> {
         self.check_root("broadcast", root)?;
+        let algo = self.rooted_algorithm();
         let fp = self.fingerprint(
             OpKind::Broadcast,
             T::DTYPE,
             None,
             buf.len(),
             Some(root),
-            Algorithm::Chain,
+            algo,
         );
         let (n, seg, pull, es) = (
             self.world_size,
@@ -196,7 +197,11 @@ impl Communicator {
         Ok(job_over(buf, move |e, b| {
             let len = b.len();
             let plan_of = |q: usize, pulled: bool| {
-                chain::broadcast(q, n, root, len, chain_segment(pulled, len, n, es, seg))
+                let s = chain_segment(pulled, len, n, es, seg);
+                match algo {
+                    Algorithm::Tree => tree::broadcast(q, n, root, len, s),
+                    _ => chain::broadcast(q, n, root, len, s),
+                }
             };
             execute(e, &fp, pull, &plan_of, b, T::DTYPE, None)
         }))
@@ -210,13 +215,14 @@ impl Communicator {
     ) -> Result<JobFn> {
         self.check_op::<T>(op)?;
         self.check_root("reduce", root)?;
+        let algo = self.rooted_algorithm();
         let fp = self.fingerprint(
             OpKind::Reduce,
             T::DTYPE,
             Some(op),
             buf.len(),
             Some(root),
-            Algorithm::Chain,
+            algo,
         );
         let (n, seg, pull, es) = (
             self.world_size,
@@ -227,7 +233,11 @@ impl Communicator {
         Ok(job_over(buf, move |e, b| {
             let len = b.len();
             let plan_of = |q: usize, pulled: bool| {
-                chain::reduce(q, n, root, len, chain_segment(pulled, len, n, es, seg))
+                let s = chain_segment(pulled, len, n, es, seg);
+                match algo {
+                    Algorithm::Tree => tree::reduce(q, n, root, len, s),
+                    _ => chain::reduce(q, n, root, len, s),
+                }
             };
             execute(e, &fp, pull, &plan_of, b, T::DTYPE, Some(op))
         }))
@@ -260,7 +270,11 @@ impl Communicator {
     /// Reduces `buf` across all ranks, in place: afterwards every rank holds the same,
     /// bitwise identical, result. Messages up to
     /// [`Tuning::small_message_bytes`](crate::config::Tuning::small_message_bytes) use
-    /// recursive doubling, larger ones the pipelined ring.
+    /// recursive doubling, larger ones the pipelined ring, unless
+    /// [`Tuning::all_reduce_algo`](crate::config::Tuning::all_reduce_algo) forces one
+    /// (ring, recursive doubling, Rabenseifner, tree) or a
+    /// [`Tuning::cost_model`](crate::config::Tuning::cost_model) chooses per call
+    /// ([`Communicator::all_reduce_algorithm`] says which).
     ///
     /// ```
     /// use ferroccl::{Communicator, Config, ReduceOp};
@@ -418,14 +432,17 @@ impl Communicator {
         self.run_now(job)
     }
 
-    /// Broadcasts `buf` from `root` to every rank, as a pipelined chain.
+    /// Broadcasts `buf` from `root` to every rank, as a pipelined chain (or a pipelined
+    /// binary tree when [`Tuning::all_reduce_algo`](crate::config::Tuning::all_reduce_algo)
+    /// is `Tree`; [`Communicator::rooted_algorithm`] says which).
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
         let job = self.job_broadcast(buf, root)?;
         self.run_now(job)
     }
 
-    /// Reduces every rank's `buf` into `root`'s, in place, as a pipelined chain. On the
-    /// other ranks `buf` is working space and holds a partial result afterwards.
+    /// Reduces every rank's `buf` into `root`'s, in place, as a pipelined chain (or tree,
+    /// as [`Communicator::broadcast`]). On the other ranks `buf` is working space and
+    /// holds a partial result afterwards.
     pub fn reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
         let job = self.job_reduce(buf, op, root)?;
         self.run_now(job)

@@ -342,6 +342,7 @@ impl Communicator {
             AllReduceAlgo::Rabenseifner if self.world_size > 1 && !self.host_pull => {
                 Algorithm::Rabenseifner
             }
+            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
             AllReduceAlgo::Auto if self.world_size > 1 && !self.host_pull => {
                 match self.cfg.tuning.cost_model {
                     // The least predicted time on the configured network.
@@ -360,6 +361,19 @@ impl Communicator {
                 }
             }
             _ => Algorithm::Ring,
+        }
+    }
+
+    /// The algorithm a broadcast or reduce uses on this communicator: a pipelined
+    /// binary tree from the root when [`Tuning::all_reduce_algo`] is
+    /// [`AllReduceAlgo::Tree`](crate::config::AllReduceAlgo::Tree)
+    /// (`FERROCCL_ALGO=tree`) and the buffers are streamed over links, the chain
+    /// otherwise. Both keep the root agreement ([`crate::algo`]'s `chain.rs`).
+    pub fn rooted_algorithm(&self) -> Algorithm {
+        use crate::config::AllReduceAlgo;
+        match self.cfg.tuning.all_reduce_algo {
+            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
+            _ => Algorithm::Chain,
         }
     }
 

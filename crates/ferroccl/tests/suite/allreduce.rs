@@ -27,6 +27,7 @@ fn check_case<T: Element>(
         Algo::Ring => AllReduceAlgo::Ring,
         Algo::Doubling => AllReduceAlgo::RecursiveDoubling,
         Algo::Rabenseifner => AllReduceAlgo::Rabenseifner,
+        Algo::Tree => AllReduceAlgo::Tree,
     };
     let results = run(n, net, &cfg, DEADLINE, move |c| {
         let mut v = input::<T>(seed, c.rank(), count, op);
@@ -83,6 +84,7 @@ enum Algo {
     Ring,
     Doubling,
     Rabenseifner,
+    Tree,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -118,7 +120,12 @@ fn any_op() -> impl Strategy<Value = ReduceOp> {
     prop::sample::select(ReduceOp::ALL.to_vec())
 }
 fn any_algo() -> impl Strategy<Value = Algo> {
-    prop::sample::select(vec![Algo::Ring, Algo::Doubling, Algo::Rabenseifner])
+    prop::sample::select(vec![
+        Algo::Ring,
+        Algo::Doubling,
+        Algo::Rabenseifner,
+        Algo::Tree,
+    ])
 }
 
 proptest! {
@@ -160,7 +167,7 @@ fn edge_worlds_and_counts() {
     // The STYLE.md matrix: worlds 1, 2, 3, 7, 8, 16; counts 0, 1, < n, not divisible, large.
     for n in [1usize, 2, 3, 7, 8, 16] {
         for count in [0, 1, n.saturating_sub(1), 2 * n + 1, 100_003] {
-            for algo in [Algo::Ring, Algo::Doubling, Algo::Rabenseifner] {
+            for algo in [Algo::Ring, Algo::Doubling, Algo::Rabenseifner, Algo::Tree] {
                 check_dyn(
                     Net::Local,
                     DataType::F32,
@@ -227,6 +234,56 @@ fn large_message_over_tcp_pipelines_many_segments() {
         Algo::Rabenseifner,
     )
     .unwrap();
+    // The tree with halves of 48 segments over 7 ranks (rank 0 interior in both trees).
+    check_dyn(
+        Net::Tcp,
+        DataType::F32,
+        7,
+        3 << 20,
+        ReduceOp::Avg,
+        64 << 10,
+        15,
+        Algo::Tree,
+    )
+    .unwrap();
+}
+
+/// The tree's law: each rank sends each tree's half once to its parent and once to
+/// each child (and receives the same); over all ranks `2(n-1)·S`, the ring's total. In
+/// an even world an interior rank sends `2S` (three halves in its tree, one in the
+/// other) and the two roots `S`. Counted by the links.
+#[test]
+fn wire_bytes_of_the_tree() {
+    for n in [2usize, 3, 4, 5, 6, 8] {
+        let count = 1001usize;
+        let mut cfg = test_config();
+        cfg.tuning.all_reduce_algo = AllReduceAlgo::Tree;
+        let res = run(n, Net::Local, &cfg, DEADLINE, move |c| {
+            assert_eq!(c.all_reduce_algorithm(count * 4), ferroccl::Algorithm::Tree);
+            let before = c.wire_stats();
+            let mut v = vec![1i32; count];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok((c.wire_stats().since(&before), v[count - 1]))
+        })
+        .unwrap();
+        let s = (count * 4) as u64;
+        let mut total = 0;
+        for (r, (st, last)) in res.iter().enumerate() {
+            let law = ferroccl::testing::internals::tree_send_bytes(r, n, count, 4) as u64;
+            assert_eq!(st.payload_sent, law, "n={n} rank {r}");
+            assert_eq!(st.payload_recv, law, "n={n} rank {r}");
+            assert!(law <= 2 * s + 4, "n={n} rank {r}: {law}");
+            assert_eq!(*last, n as i32);
+            total += st.payload_sent;
+        }
+        assert_eq!(total, 2 * (n as u64 - 1) * s, "n={n}: the ring's total");
+        if n % 2 == 0 && n >= 4 {
+            // Half of 1001 i32: 501 and 500 elements; the busiest rank sends three
+            // halves of one tree and one of the other.
+            let busiest = res.iter().map(|x| x.0.payload_sent).max().unwrap();
+            assert!(busiest >= 3 * 500 * 4 + 500 * 4, "n={n}: {busiest}");
+        }
+    }
 }
 
 /// Rabenseifner's law: in a power-of-two world every rank sends the ring's
@@ -274,13 +331,17 @@ fn an_algorithm_named_in_the_environment_is_parsed_or_refused() {
         ("ring", AllReduceAlgo::Ring),
         ("rd", AllReduceAlgo::RecursiveDoubling),
         ("Rabenseifner", AllReduceAlgo::Rabenseifner),
+        ("tree", AllReduceAlgo::Tree),
         ("auto", AllReduceAlgo::Auto),
     ] {
         assert_eq!(name.parse::<AllReduceAlgo>().ok(), Some(want), "{name}");
     }
-    let e = "tree-ish".parse::<AllReduceAlgo>().unwrap_err().to_string();
+    let e = "hypercube"
+        .parse::<AllReduceAlgo>()
+        .unwrap_err()
+        .to_string();
     assert!(
-        e.contains("'tree-ish'") && e.contains("rabenseifner"),
+        e.contains("'hypercube'") && e.contains("rabenseifner") && e.contains("tree"),
         "{e}"
     );
 }

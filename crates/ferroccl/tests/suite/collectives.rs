@@ -38,15 +38,15 @@ proptest! {
 
     #[test]
     fn broadcast_matches_reference(n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(), root in 0usize..8,
-                                   seg in 1usize..=4096, seed in any::<u64>()) {
-        let r = for_dtype!(dt, check_broadcast(Net::Local, n, count, root % n, seg, seed));
+                                   seg in 1usize..=4096, seed in any::<u64>(), tree in any::<bool>()) {
+        let r = for_dtype!(dt, check_broadcast(Net::Local, n, count, root % n, seg, seed, tree));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
     #[test]
     fn reduce_matches_reference(n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(), op in any_op(), root in 0usize..8,
-                                seg in 1usize..=4096, seed in any::<u64>()) {
-        let r = for_dtype!(dt, check_reduce(Net::Local, n, count, op, root % n, seg, seed));
+                                seg in 1usize..=4096, seed in any::<u64>(), tree in any::<bool>()) {
+        let r = for_dtype!(dt, check_reduce(Net::Local, n, count, op, root % n, seg, seed, tree));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }
@@ -58,8 +58,10 @@ fn every_collective_over_tcp() {
         check_reduce_scatter::<half::bf16>(Net::Tcp, n, 4096 * n, ReduceOp::Avg, 512, 2, false)
             .unwrap();
         check_all_gather::<i64>(Net::Tcp, n, 20_000, 777, 3, true).unwrap();
-        check_broadcast::<u8>(Net::Tcp, n, 1 << 20, n - 1, 1 << 16, 4).unwrap();
-        check_reduce::<f64>(Net::Tcp, n, 9999, ReduceOp::Prod, n / 2, 1000, 5).unwrap();
+        for tree in [false, true] {
+            check_broadcast::<u8>(Net::Tcp, n, 1 << 20, n - 1, 1 << 16, 4, tree).unwrap();
+            check_reduce::<f64>(Net::Tcp, n, 9999, ReduceOp::Prod, n / 2, 1000, 5, tree).unwrap();
+        }
     }
 }
 
@@ -147,6 +149,49 @@ proptest! {
     fn bytes_on_the_wire_follow_each_law(n in 1usize..=8, per in 0usize..5000, root in 0usize..8) {
         let r = check_byte_laws(n, per, root % n);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
+/// Down a binary tree (`FERROCCL_ALGO=tree`), counted by the links: a broadcast
+/// reaches every rank but the root once (S received; each rank sends S per child,
+/// `(n-1)·S` in all), a reduce sends S from every rank but the root; the agreement
+/// barrier before the data carries no payload.
+#[test]
+fn tree_broadcast_and_reduce_bytes() {
+    for n in [1usize, 2, 3, 5, 8] {
+        for root in [0, n / 2, n - 1] {
+            let per = 1000usize;
+            let cfg = common::checks::rooted_cfg(4096, 4, true);
+            let res = run(n, Net::Local, &cfg, DEADLINE, move |c| {
+                let algo = c.rooted_algorithm();
+                let s0 = c.wire_stats();
+                let mut b = vec![c.rank() as f32; per];
+                c.broadcast(&mut b, root)?;
+                let s1 = c.wire_stats();
+                c.reduce(&mut b, ReduceOp::Sum, root)?;
+                let s2 = c.wire_stats();
+                Ok((algo, s1.since(&s0), s2.since(&s1), b[per - 1]))
+            })
+            .unwrap();
+            let s = (per * 4) as u64;
+            let mut sent = 0;
+            for (r, (algo, bc, rd, last)) in res.iter().enumerate() {
+                let want_algo = if n > 1 {
+                    ferroccl::Algorithm::Tree
+                } else {
+                    ferroccl::Algorithm::Chain
+                };
+                assert_eq!(*algo, want_algo);
+                let other = if r == root { 0 } else { s };
+                assert_eq!(bc.payload_recv, other, "n={n} root={root} rank {r}");
+                assert_eq!(rd.payload_sent, other, "n={n} root={root} rank {r}");
+                sent += bc.payload_sent;
+                if r == root {
+                    assert_eq!(*last, (n * root) as f32, "n={n} root={root}");
+                }
+            }
+            assert_eq!(sent, (n as u64 - 1) * s, "n={n} root={root}");
+        }
     }
 }
 
@@ -361,9 +406,32 @@ fn p2p_messages_and_collectives_do_not_mix() {
 fn root_disagreements_fail_in_the_same_call_on_every_rank() {
     let mut cfg = test_config();
     cfg.tuning.timeout = Duration::from_secs(120);
-    for net in [Net::Local, Net::Tcp, Net::MemSim(SimMemParams::default())] {
+    let nets = [Net::Local, Net::Tcp, Net::MemSim(SimMemParams::default())];
+    // broadcast [0, 1, 1]: ranks 0 and 1 have a disagreeing left neighbour;
+    // reduce [0, 1, 2]: all three do.
+    check_root_disagreements(&cfg, &nets, &|case| if case == "broadcast" { 2 } else { 3 });
+}
+
+/// The same down the binary tree (`FERROCCL_ALGO=tree`): its agreement barrier comes
+/// before the data, so the ranks that read a frame of the other call say Mismatch
+/// (at least one), and the rest fail with them.
+#[test]
+fn root_disagreements_fail_in_the_same_call_down_the_tree_too() {
+    let mut cfg = common::checks::rooted_cfg(4096, 1, true);
+    cfg.tuning.timeout = Duration::from_secs(120);
+    check_root_disagreements(&cfg, &[Net::Local, Net::Tcp], &|_| 1);
+}
+
+/// Runs both root-disagreement cases over each net: every rank fails (no timeout),
+/// and at least `min_mismatches(case)` ranks say Mismatch naming both roots.
+fn check_root_disagreements(
+    cfg: &ferroccl::Config,
+    nets: &[Net],
+    min_mismatches: &dyn Fn(&str) -> usize,
+) {
+    for &net in nets {
         for case in ["broadcast", "reduce"] {
-            let out = run_all(3, net, &cfg, Duration::from_secs(30), move |c| {
+            let out = run_all(3, net, cfg, Duration::from_secs(30), move |c| {
                 let mut buf = [c.rank() as u8 + 1; 100];
                 let r = match case {
                     "broadcast" => c.broadcast(&mut buf, usize::from(c.rank() != 0)),
@@ -394,9 +462,7 @@ fn root_disagreements_fail_in_the_same_call_on_every_rank() {
                     assert!(t.contains(case), "{t}");
                 }
             }
-            // broadcast [0, 1, 1]: ranks 0 and 1 have a disagreeing left neighbour;
-            // reduce [0, 1, 2]: all three do.
-            let want = if case == "broadcast" { 2 } else { 3 };
+            let want = min_mismatches(case);
             assert!(mismatches >= want, "{net:?} {case}: {errs:?}");
         }
     }

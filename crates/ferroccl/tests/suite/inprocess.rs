@@ -41,12 +41,12 @@ fn every_collective_type_and_op_in_process() {
                     check_reduce_scatter(net, n, 12 * n, op, 2, seed, i % 2 == 0)
                 );
                 assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
-                let r = for_dtype!(dt, check_reduce(net, 3, 29, op, i % 3, 4, seed));
+                let r = for_dtype!(dt, check_reduce(net, 3, 29, op, i % 3, 4, seed, false));
                 assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
             }
             let r = for_dtype!(dt, check_all_gather(net, 3, 21, 2, 9, true));
             assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
-            let r = for_dtype!(dt, check_broadcast(net, 3, 33, 1, 4, 9));
+            let r = for_dtype!(dt, check_broadcast(net, 3, 33, 1, 4, 9, false));
             assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
         }
     }

@@ -62,14 +62,14 @@ proptest! {
     #[test]
     fn broadcast_over_memory_peers(n in 1usize..=8, count in 0usize..=3000, dt in any_dtype(),
                                    root in 0usize..8, p in any_sim(), seed in any::<u64>()) {
-        let r = for_dtype!(dt, check_broadcast(Net::MemSim(p), n, count, root % n, 64, seed));
+        let r = for_dtype!(dt, check_broadcast(Net::MemSim(p), n, count, root % n, 64, seed, false));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
     #[test]
     fn reduce_over_memory_peers(n in 1usize..=8, count in 0usize..=3000, dt in any_dtype(), op in any_op(),
                                 root in 0usize..8, p in any_sim(), seed in any::<u64>()) {
-        let r = for_dtype!(dt, check_reduce(Net::MemSim(p), n, count, op, root % n, 64, seed));
+        let r = for_dtype!(dt, check_reduce(Net::MemSim(p), n, count, op, root % n, 64, seed, false));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }

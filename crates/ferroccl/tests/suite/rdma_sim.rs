@@ -70,14 +70,14 @@ proptest! {
     #[test]
     fn broadcast_over_rdma_sim(n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(), root in 0usize..8,
                                seg in 1usize..=4096, seed in any::<u64>(), p in any_sim()) {
-        let r = for_dtype!(dt, check_broadcast(Net::RdmaSim(p), n, count, root % n, seg, seed));
+        let r = for_dtype!(dt, check_broadcast(Net::RdmaSim(p), n, count, root % n, seg, seed, false));
         prop_assert!(r.is_ok(), "{:?}: {}", p, r.unwrap_err());
     }
 
     #[test]
     fn reduce_over_rdma_sim(n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(), op in any_op(), root in 0usize..8,
                             seg in 1usize..=4096, seed in any::<u64>(), p in any_sim()) {
-        let r = for_dtype!(dt, check_reduce(Net::RdmaSim(p), n, count, op, root % n, seg, seed));
+        let r = for_dtype!(dt, check_reduce(Net::RdmaSim(p), n, count, op, root % n, seg, seed, false));
         prop_assert!(r.is_ok(), "{:?}: {}", p, r.unwrap_err());
     }
 }
@@ -102,8 +102,8 @@ fn edge_worlds_over_rdma_sim() {
             check_reduce_scatter::<half::bf16>(net, n, 333 * n, ReduceOp::Avg, 77, 3, false)
                 .unwrap();
             check_all_gather::<u8>(net, n, 4099, 500, 4, true).unwrap();
-            check_broadcast::<f64>(net, n, 3000, n - 1, 256, 5).unwrap();
-            check_reduce::<i32>(net, n, 1001, ReduceOp::Prod, n / 2, 300, 6).unwrap();
+            check_broadcast::<f64>(net, n, 3000, n - 1, 256, 5, false).unwrap();
+            check_reduce::<i32>(net, n, 1001, ReduceOp::Prod, n / 2, 300, 6, false).unwrap();
         }
     }
 }

@@ -52,14 +52,14 @@ proptest! {
     #[test]
     fn broadcast_over_shm(net in any_net(), n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(),
                           root in 0usize..8, seg in 1usize..=8192, seed in any::<u64>()) {
-        let r = for_dtype!(dt, check_broadcast(net, n, count, root % n, seg, seed));
+        let r = for_dtype!(dt, check_broadcast(net, n, count, root % n, seg, seed, false));
         prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
     }
 
     #[test]
     fn reduce_over_shm(net in any_net(), n in 1usize..=8, count in 0usize..=20_000, dt in any_dtype(),
                        op in any_op(), root in 0usize..8, seg in 1usize..=8192, seed in any::<u64>()) {
-        let r = for_dtype!(dt, check_reduce(net, n, count, op, root % n, seg, seed));
+        let r = for_dtype!(dt, check_reduce(net, n, count, op, root % n, seg, seed, false));
         prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
     }
 }

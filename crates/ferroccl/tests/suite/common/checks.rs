@@ -15,6 +15,16 @@ pub fn cfg(seg_elems: usize, esize: usize) -> Config {
     c
 }
 
+/// [`cfg`], with broadcast and reduce down a binary tree (`FERROCCL_ALGO=tree`) when
+/// `tree`, along the chain otherwise.
+pub fn rooted_cfg(seg_elems: usize, esize: usize, tree: bool) -> Config {
+    let mut c = cfg(seg_elems, esize);
+    if tree {
+        c.tuning.all_reduce_algo = ferroccl::AllReduceAlgo::Tree;
+    }
+    c
+}
+
 /// Per-rank block sizes for the v-variants: varied, some empty.
 pub fn counts(n: usize, total: usize, seed: u64) -> Vec<usize> {
     let mut w: Vec<usize> = (0..n)
@@ -125,18 +135,25 @@ pub fn check_broadcast<T: Element>(
     root: usize,
     seg: usize,
     seed: u64,
+    tree: bool,
 ) -> Result<(), String> {
-    let res = run(n, net, &cfg(seg, size_of::<T>()), DEADLINE, move |c| {
-        let mut buf = input::<T>(seed, c.rank(), count, ReduceOp::Sum);
-        c.broadcast(&mut buf, root)?;
-        Ok(buf)
-    })
+    let res = run(
+        n,
+        net,
+        &rooted_cfg(seg, size_of::<T>(), tree),
+        DEADLINE,
+        move |c| {
+            let mut buf = input::<T>(seed, c.rank(), count, ReduceOp::Sum);
+            c.broadcast(&mut buf, root)?;
+            Ok(buf)
+        },
+    )
     .map_err(|e| e.to_string())?;
     let want = input::<T>(seed, root, count, ReduceOp::Sum);
     for (r, got) in res.iter().enumerate() {
         if bytemuck::cast_slice::<T, u8>(got) != bytemuck::cast_slice::<T, u8>(&want) {
             return Err(format!(
-                "broadcast {} n={n} count={count} root={root}: rank {r} differs",
+                "broadcast {} n={n} count={count} root={root} tree={tree}: rank {r} differs",
                 T::DTYPE
             ));
         }
@@ -146,6 +163,7 @@ pub fn check_broadcast<T: Element>(
 
 // ---- reduce ----
 
+#[allow(clippy::too_many_arguments)]
 pub fn check_reduce<T: Element>(
     net: Net,
     n: usize,
@@ -154,18 +172,25 @@ pub fn check_reduce<T: Element>(
     root: usize,
     seg: usize,
     seed: u64,
+    tree: bool,
 ) -> Result<(), String> {
     if op == ReduceOp::Avg && !T::DTYPE.is_float() {
         return Ok(());
     }
-    let res = run(n, net, &cfg(seg, size_of::<T>()), DEADLINE, move |c| {
-        let send = input::<T>(seed, c.rank(), count, op);
-        let mut recv = vec![T::default(); count];
-        c.reduce_into(&send, &mut recv, op, root)?;
-        // The input is untouched on every rank.
-        assert!(send == input::<T>(seed, c.rank(), count, op));
-        Ok(recv)
-    })
+    let res = run(
+        n,
+        net,
+        &rooted_cfg(seg, size_of::<T>(), tree),
+        DEADLINE,
+        move |c| {
+            let send = input::<T>(seed, c.rank(), count, op);
+            let mut recv = vec![T::default(); count];
+            c.reduce_into(&send, &mut recv, op, root)?;
+            // The input is untouched on every rank.
+            assert!(send == input::<T>(seed, c.rank(), count, op));
+            Ok(recv)
+        },
+    )
     .map_err(|e| e.to_string())?;
     let inputs: Vec<Vec<T>> = (0..n).map(|r| input::<T>(seed, r, count, op)).collect();
     for i in 0..count {
@@ -174,7 +199,7 @@ pub fn check_reduce<T: Element>(
         let g = res[root][i];
         if !close(g, want, scale, n) {
             return Err(format!(
-                "reduce {} {op} n={n} root={root}: element {i} is {g:?}, reference {want}",
+                "reduce {} {op} n={n} root={root} tree={tree}: element {i} is {g:?}, reference {want}",
                 T::DTYPE
             ));
         }
