@@ -838,6 +838,7 @@ fn bench_typed<T: Element>(
                 Coll::AllReduce => match c.all_reduce_algorithm(bytes) {
                     ferroccl::Algorithm::Ring => "ring",
                     ferroccl::Algorithm::Rabenseifner => "rab",
+                    ferroccl::Algorithm::Hierarchical => "hier",
                     _ => "rd",
                 },
                 Coll::ReduceScatter | Coll::AllGather => "ring",

@@ -1,7 +1,8 @@
 //! `ferroccl simulate`: the all-reduce algorithms' real plans played on a model
 //! network ([`ferroccl::sim`]), for worlds of up to thousands of ranks, in seconds.
 //!
-//! Per world size and message size it prints each algorithm's predicted time, the one
+//! Per world size and message size it prints each algorithm's predicted time (the
+//! hierarchical one where `--ranks-per-host` makes hosts of 2 ranks or more), the one
 //! with the least, and how much faster than the ring that is.
 
 use crate::bench::parse_size;
@@ -34,7 +35,8 @@ pub struct SimulateArgs {
     /// Reduction speed of one rank (bytes combined per second).
     #[arg(long, default_value = "10GB/s")]
     pub reduce: String,
-    /// Ranks per host (consecutive ranks share one); 1: every rank its own host.
+    /// Ranks per host (consecutive ranks share one, and the host's port between hosts);
+    /// 1: every rank its own host. The hierarchical plan needs 2 or more.
     #[arg(long = "ranks-per-host", default_value_t = 1)]
     pub ranks_per_host: usize,
     /// Latency within a host, microseconds [default: --alpha-us].
@@ -97,6 +99,7 @@ fn short(algo: Algorithm) -> &'static str {
         Algorithm::Ring => "ring",
         Algorithm::RecursiveDoubling => "rd",
         Algorithm::Rabenseifner => "rab",
+        Algorithm::Hierarchical => "hier",
         _ => "?",
     }
 }
@@ -132,8 +135,8 @@ fn run(a: &SimulateArgs) -> Result<()> {
         "# the real plans of each algorithm in virtual time; times in microseconds; '-' cannot run"
     );
     println!(
-        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
-        "ranks", "size(B)", "ring", "rd", "rab", "chosen", "ring/best"
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+        "ranks", "size(B)", "ring", "rd", "rab", "hier", "chosen", "ring/best"
     );
     for &n in &a.ranks {
         let mut size = a.min_bytes;
@@ -148,12 +151,13 @@ fn run(a: &SimulateArgs) -> Result<()> {
                 _ => "-".into(),
             };
             println!(
-                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
                 n,
                 count * 4,
                 col(ring),
                 col(of(Algorithm::RecursiveDoubling)),
                 col(of(Algorithm::Rabenseifner)),
+                col(of(Algorithm::Hierarchical)),
                 short(best),
                 ratio
             );

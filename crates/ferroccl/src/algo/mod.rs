@@ -11,6 +11,8 @@
 //! - [`doubling`]: recursive-doubling all-reduce (and the barrier) for small messages.
 //! - [`halving`]: Rabenseifner's all-reduce (recursive halving, then doubling): the
 //!   ring's bytes in `2·log2(n)` steps.
+//! - [`hier`]: hierarchical all-reduce over hosts of `k` ranks (local ring
+//!   reduce-scatter, `k` rings between hosts, local all-gather) on a [`HostLayout`].
 //! - [`chain`]: broadcast and reduce as pipelined chains from a root.
 //!
 //! # The plan contract
@@ -25,10 +27,12 @@
 pub(crate) mod chain;
 pub(crate) mod doubling;
 pub(crate) mod halving;
+pub(crate) mod hier;
 pub(crate) mod ring;
 pub(crate) mod schedule;
 pub mod sim;
 
+pub use hier::HostLayout;
 use std::ops::Range;
 
 /// How a collective moves its data. Chosen identically on every rank from the call's
@@ -49,6 +53,10 @@ pub enum Algorithm {
     /// the ring's `2(n-1)/n·S` bytes in `2·log2(n)` steps (plus two when `n` is not a
     /// power of two).
     Rabenseifner,
+    /// Hierarchical (hosts of `k` ranks each): ring reduce-scatter within each host, `k`
+    /// rings between hosts each on its `1/k` share, ring all-gather within each host;
+    /// `2(H-1)/H·S` bytes per host between hosts.
+    Hierarchical,
 }
 
 impl Algorithm {
@@ -60,6 +68,7 @@ impl Algorithm {
             Algorithm::Chain => "chain",
             Algorithm::Direct => "direct",
             Algorithm::Rabenseifner => "rabenseifner",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
@@ -70,6 +79,7 @@ impl Algorithm {
             Algorithm::Chain => 2,
             Algorithm::Direct => 3,
             Algorithm::Rabenseifner => 4,
+            Algorithm::Hierarchical => 5,
         }
     }
 
@@ -80,6 +90,7 @@ impl Algorithm {
             2 => Some(Algorithm::Chain),
             3 => Some(Algorithm::Direct),
             4 => Some(Algorithm::Rabenseifner),
+            5 => Some(Algorithm::Hierarchical),
             _ => None,
         }
     }
@@ -209,7 +220,8 @@ impl Plan {
 }
 
 /// The all-reduce plan of `rank` by `algo`: the one dispatch host and device buffers
-/// (and the simulator) share. `segment_bytes` is the pipelining segment.
+/// (and the simulator) share. `segment_bytes` is the pipelining segment; `layout` says
+/// which ranks share a host (the hierarchical plan needs an even [`HostLayout::shape`]).
 pub(crate) fn all_reduce_plan(
     algo: Algorithm,
     rank: usize,
@@ -217,8 +229,13 @@ pub(crate) fn all_reduce_plan(
     count: usize,
     esize: usize,
     segment_bytes: usize,
+    layout: &HostLayout,
 ) -> Plan {
     match algo {
+        Algorithm::Hierarchical => {
+            debug_assert_eq!(layout.world_size(), n);
+            hier::plan(rank, layout, count, esize, segment_bytes)
+        }
         Algorithm::RecursiveDoubling => doubling::plan(rank, n, count * esize),
         Algorithm::Rabenseifner => {
             let seg = self::segment_bytes(segment_bytes, esize) / esize;
@@ -293,6 +310,23 @@ pub(crate) mod tests {
                     .collect();
                 assert_eq!(sent, got, "frames {r} -> {q}");
             }
+        }
+    }
+
+    /// Fails unless the all-reduce plans of all ranks over `count` f64 elements fit
+    /// each other ([`check_plans`]) and, simulated, leave every rank with the sum
+    /// (rank `r`'s element `i` is `100r + i`); `what` names the case.
+    pub fn check_sums(plans: &[Plan], count: usize, what: &str) {
+        check_plans(plans);
+        let n = plans.len();
+        let bufs: Vec<Vec<f64>> = (0..n)
+            .map(|r| (0..count).map(|i| (r * 100 + i) as f64).collect())
+            .collect();
+        let want: Vec<f64> = (0..count)
+            .map(|i| (0..n).map(|r| (r * 100 + i) as f64).sum())
+            .collect();
+        for (r, b) in simulate(plans, bufs).into_iter().enumerate() {
+            assert_eq!(b, want, "{what}: rank {r}");
         }
     }
 
@@ -412,6 +446,7 @@ pub(crate) mod tests {
             Algorithm::Chain,
             Algorithm::Direct,
             Algorithm::Rabenseifner,
+            Algorithm::Hierarchical,
         ] {
             assert_eq!(Algorithm::from_code(a.code()), Some(a));
         }

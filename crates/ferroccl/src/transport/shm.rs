@@ -92,6 +92,7 @@ impl Transport for Shm {
         }
         let rank = job.rank();
         job.store.set(&format!("host/{rank}"), me.as_bytes())?;
+        let hosts = job_hosts(&mut job)?;
         reclaim_stale(job.config.tuning.connect_timeout);
         let ring_bytes = job.config.transport.shm.ring_bytes;
         let (rank, world_size, comm_id) = (job.rank(), job.world_size(), job.comm_id);
@@ -116,8 +117,44 @@ impl Transport for Shm {
                 seen: Vec::new(),
             }),
             beacon,
-        ))
+        )
+        .with_hosts(hosts))
     }
+}
+
+/// Every rank's host identity, in rank order, the same list on every rank: rank 0
+/// reads each `host/<rank>` and publishes the list as `hosts` (one store read per rank
+/// for the others).
+fn job_hosts(job: &mut Joined) -> Result<Vec<String>> {
+    let (rank, n) = (job.rank(), job.world_size());
+    let wait = job.config.tuning.connect_timeout;
+    let missing = |what: &str, e: Error| {
+        Error::Rendezvous(format!(
+            "rank {rank}: {what} was not published within {wait:?}: has every rank started, \
+             with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})"
+        ))
+    };
+    if rank == 0 {
+        let mut all = Vec::with_capacity(n);
+        for r in 0..n {
+            let id = job
+                .store
+                .get(&format!("host/{r}"), wait)
+                .map_err(|e| missing(&format!("host/{r}"), e))?;
+            all.push(String::from_utf8_lossy(&id).into_owned());
+        }
+        let list = serde_json::to_vec(&all).map_err(|e| Error::Rendezvous(e.to_string()))?;
+        job.store.set("hosts", &list)?;
+        return Ok(all);
+    }
+    let list = job
+        .store
+        .get("hosts", wait)
+        .map_err(|e| missing("the job's host list", e))?;
+    serde_json::from_slice::<Vec<String>>(&list)
+        .ok()
+        .filter(|v| v.len() == n)
+        .ok_or_else(|| Error::Rendezvous(format!("rank {rank}: the job's host list is malformed")))
 }
 
 /// What makes two processes "one host" here (see the module docs).
