@@ -16,10 +16,12 @@
 //! does. Steps are numbered consecutively across the three phases (local ring steps
 //! `0..k-1`, then the host ring's `2(H-1)`, then the local all-gather's `k-1`).
 //!
-//! The phases are ordered by their dependencies: the host ring's first sends wait for
-//! the last local reduction, the local all-gather's first sends for the last receive of
-//! the host ring, and the all-gather's receives (which overwrite chunks the local
-//! reduce-scatter sent) for that reduce-scatter's last send.
+//! The phases are joined frame by frame: a host-ring send waits for the last local
+//! reduction of its bytes, a local all-gather send for the host-ring receive that made
+//! its bytes final, and an all-gather receive (which overwrites a chunk the local
+//! reduce-scatter sent) for the last send of those bytes. So the host ring starts on
+//! the first segment the local reduce-scatter finishes, and the local all-gather on
+//! the first final one.
 
 use super::schedule::{self, balanced_chunks};
 use super::{ring, Land, Plan};
@@ -116,36 +118,51 @@ impl HostLayout {
     }
 }
 
+/// The index of the last of `frames` (`(offset, length)` in bytes) that overlaps
+/// `bytes`, if any.
+fn last_overlap(
+    frames: impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator,
+    bytes: Range<usize>,
+) -> Option<usize> {
+    frames
+        .enumerate()
+        .rfind(|(_, (off, len))| *off < bytes.end && bytes.start < off + len)
+        .map(|(i, _)| i)
+}
+
 /// Appends `part` (a plan over ring positions) to `plan`: its peers mapped through
-/// `members`, its steps moved by `step_base`; a send that depends on nothing waits
-/// for `recv_dep` instead, a receive that depends on nothing for `send_dep`. With
-/// `finish == false` its reductions do not finish the bytes.
-fn append(
-    plan: &mut Plan,
-    part: Plan,
-    members: &[usize],
-    step_base: usize,
-    recv_dep: Option<usize>,
-    send_dep: Option<usize>,
-    finish: bool,
-) {
+/// `members`, its steps moved by `step_base`. A send of `part` that depends on nothing
+/// in `part` waits for the last receive of `plan` that changed its bytes (receives are
+/// applied in order, so then all have); a receive that depends on nothing waits for
+/// the last send of `plan` that read the bytes it changes. With `finish == false` its
+/// reductions do not finish the bytes.
+fn append(plan: &mut Plan, part: Plan, members: &[usize], step_base: usize, finish: bool) {
     let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
     let step = |s: u32| s + step_base as u32;
-    plan.outs.extend(part.outs.into_iter().map(|mut o| {
+    for mut o in part.outs {
         o.peer = members[o.peer];
         o.step = step(o.step);
-        o.after_recv = o.after_recv.map(|d| d + ins0).or(recv_dep);
-        o
-    }));
-    plan.ins.extend(part.ins.into_iter().map(|mut i| {
+        o.after_recv = match o.after_recv {
+            Some(d) => Some(d + ins0),
+            None => last_overlap(
+                plan.ins[..ins0].iter().map(|i| (i.off, i.len)),
+                o.off..o.off + o.len,
+            ),
+        };
+        plan.outs.push(o);
+    }
+    for mut i in part.ins {
         i.peer = members[i.peer];
         i.step = step(i.step);
-        i.after_send = i.after_send.map(|d| d + outs0).or(send_dep);
+        i.after_send = match i.after_send {
+            Some(d) => Some(d + outs0),
+            None => last_overlap(plan.outs[..outs0].iter().map(|o| (o.off, o.len)), i.range()),
+        };
         if let Land::Reduce { finish: f, .. } = &mut i.land {
             *f &= finish;
         }
-        i
-    }));
+        plan.ins.push(i);
+    }
 }
 
 /// The hierarchical all-reduce plan of `rank` over `layout` (which must have a
@@ -178,10 +195,9 @@ pub(crate) fn plan(
     let mut p = Plan::default();
     // 1. Local reduce-scatter: chunk i reduced over this host (final only if h == 1).
     let rs = ring::reduce_scatter(i, k, &chunks, esize, seg_local);
-    append(&mut p, rs, local, 0, None, None, h == 1);
-    let rs_last_out = p.outs.len().checked_sub(1);
-    // 2. The host ring of local index i all-reduces chunk i, once it is reduced here.
-    let last_in = p.ins.len().checked_sub(1);
+    append(&mut p, rs, local, 0, h == 1);
+    // 2. The host ring of local index i all-reduces chunk i, each frame once its bytes
+    //    are reduced here.
     let ar = ring::plan(
         host,
         h,
@@ -190,20 +206,11 @@ pub(crate) fn plan(
         0..schedule::allreduce_steps(h),
         seg_across,
     );
-    append(&mut p, ar, &across, k - 1, last_in, None, true);
-    // 3. Local all-gather of the finished chunks, once chunk i is final here; its
-    //    receives overwrite chunks the reduce-scatter sent.
-    let last_in = p.ins.len().checked_sub(1);
+    append(&mut p, ar, &across, k - 1, true);
+    // 3. Local all-gather of the finished chunks, each frame of chunk i once its bytes
+    //    are final here; its receives overwrite chunks the reduce-scatter sent.
     let ag = ring::all_gather(i, k, &chunks, esize, seg_local);
-    append(
-        &mut p,
-        ag,
-        local,
-        schedule::allreduce_steps(h),
-        last_in,
-        rs_last_out,
-        true,
-    );
+    append(&mut p, ag, local, schedule::allreduce_steps(h), true);
     p
 }
 
