@@ -58,6 +58,7 @@
 use super::tcp::{self, ConnectCtx, TcpConnector};
 use super::{Channel, Connector, Joined, Link, LinkError, Links, Transport, Waiter};
 use crate::error::{Error, Result};
+use crate::rendezvous::StoreClient;
 use crate::sync::lock;
 use crate::sys::shm::{self, ShmSegment};
 use mio::{Events, Poll};
@@ -92,11 +93,14 @@ impl Transport for Shm {
         }
         let rank = job.rank();
         job.store.set(&format!("host/{rank}"), me.as_bytes())?;
-        let hosts = job_hosts(&mut job)?;
-        reclaim_stale(job.config.tuning.connect_timeout);
+        let wait = job.config.tuning.connect_timeout;
+        reclaim_stale(wait);
         let ring_bytes = job.config.transport.shm.ring_bytes;
         let (rank, world_size, comm_id) = (job.rank(), job.world_size(), job.comm_id);
-        let (tcp, poll, beacon) = tcp::endpoint_parts(ConnectCtx::of(job))?;
+        let (mut tcp, poll, beacon) = tcp::endpoint_parts(ConnectCtx::of(job))?;
+        // After this rank's address is out: a peer may wait for it before its own
+        // host identity is published (it connects first, as over TCP).
+        let hosts = job_hosts(tcp.store(), rank, world_size, wait)?;
         let pairs = Arc::new(Mutex::new(Vec::new()));
         Ok(Links::new(
             Box::new(ShmConnector {
@@ -125,9 +129,12 @@ impl Transport for Shm {
 /// Every rank's host identity, in rank order, the same list on every rank: rank 0
 /// reads each `host/<rank>` and publishes the list as `hosts` (one store read per rank
 /// for the others).
-fn job_hosts(job: &mut Joined) -> Result<Vec<String>> {
-    let (rank, n) = (job.rank(), job.world_size());
-    let wait = job.config.tuning.connect_timeout;
+fn job_hosts(
+    store: &mut StoreClient,
+    rank: usize,
+    n: usize,
+    wait: Duration,
+) -> Result<Vec<String>> {
     let missing = |what: &str, e: Error| {
         Error::Rendezvous(format!(
             "rank {rank}: {what} was not published within {wait:?}: has every rank started, \
@@ -137,18 +144,16 @@ fn job_hosts(job: &mut Joined) -> Result<Vec<String>> {
     if rank == 0 {
         let mut all = Vec::with_capacity(n);
         for r in 0..n {
-            let id = job
-                .store
+            let id = store
                 .get(&format!("host/{r}"), wait)
                 .map_err(|e| missing(&format!("host/{r}"), e))?;
             all.push(String::from_utf8_lossy(&id).into_owned());
         }
         let list = serde_json::to_vec(&all).map_err(|e| Error::Rendezvous(e.to_string()))?;
-        job.store.set("hosts", &list)?;
+        store.set("hosts", &list)?;
         return Ok(all);
     }
-    let list = job
-        .store
+    let list = store
         .get("hosts", wait)
         .map_err(|e| missing("the job's host list", e))?;
     serde_json::from_slice::<Vec<String>>(&list)
