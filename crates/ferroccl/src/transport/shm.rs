@@ -127,35 +127,54 @@ impl Transport for Shm {
 }
 
 /// Every rank's host identity, in rank order, the same list on every rank: rank 0
-/// reads each `host/<rank>` and publishes the list as `hosts` (one store read per rank
-/// for the others).
+/// reads each `host/<rank>` (within `wait` in all) and publishes the list as `hosts`
+/// (one store read per rank for the others). A rank that never says is named: rank 0
+/// publishes why it has no list (`!` and the reason), so every rank reports it.
 fn job_hosts(
     store: &mut StoreClient,
     rank: usize,
     n: usize,
     wait: Duration,
 ) -> Result<Vec<String>> {
-    let missing = |what: &str, e: Error| {
-        Error::Rendezvous(format!(
-            "rank {rank}: {what} was not published within {wait:?}: has every rank started, \
-             with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})"
-        ))
-    };
+    const FAILED: u8 = b'!';
     if rank == 0 {
+        let deadline = Instant::now() + wait;
         let mut all = Vec::with_capacity(n);
         for r in 0..n {
-            let id = store
-                .get(&format!("host/{r}"), wait)
-                .map_err(|e| missing(&format!("host/{r}"), e))?;
-            all.push(String::from_utf8_lossy(&id).into_owned());
+            let left = deadline.saturating_duration_since(Instant::now());
+            match store.get(&format!("host/{r}"), left) {
+                Ok(id) => all.push(String::from_utf8_lossy(&id).into_owned()),
+                Err(e) => {
+                    let why = format!(
+                        "rank {r} did not publish which host it is on within {wait:?}: has it \
+                         started, with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE?"
+                    );
+                    let mut note = vec![FAILED];
+                    note.extend_from_slice(why.as_bytes());
+                    // Best effort: the others time out on their own otherwise.
+                    let _ = store.set("hosts", &note);
+                    return Err(Error::Rendezvous(format!("rank 0: {why} ({e})")));
+                }
+            }
         }
         let list = serde_json::to_vec(&all).map_err(|e| Error::Rendezvous(e.to_string()))?;
         store.set("hosts", &list)?;
         return Ok(all);
     }
-    let list = store
-        .get("hosts", wait)
-        .map_err(|e| missing("the job's host list", e))?;
+    // Rank 0 waits up to `wait` for the last rank; give it that and as long again.
+    let list = store.get("hosts", 2 * wait).map_err(|e| {
+        Error::Rendezvous(format!(
+            "rank {rank}: rank 0 did not publish the job's host list within {:?}: has it \
+             started, with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})",
+            2 * wait
+        ))
+    })?;
+    if let Some(why) = list.strip_prefix(&[FAILED]) {
+        return Err(Error::Rendezvous(format!(
+            "rank {rank}: {} (rank 0 found)",
+            String::from_utf8_lossy(why)
+        )));
+    }
     serde_json::from_slice::<Vec<String>>(&list)
         .ok()
         .filter(|v| v.len() == n)
