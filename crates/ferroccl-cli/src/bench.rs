@@ -12,7 +12,7 @@
 #[cfg(feature = "cuda")]
 mod device;
 
-use crate::law::{Fit, RingLaw};
+use crate::law::{host_law, Fit, HostLaw, RingLaw};
 use clap::Args;
 use ferroccl::transport::TransportKind;
 use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
@@ -81,11 +81,13 @@ pub struct BenchArgs {
     /// All-reduces up to this size use recursive doubling instead of the ring (0: always ring).
     #[arg(long = "small-message-bytes", value_parser = parse_size)]
     pub small_message_bytes: Option<usize>,
-    /// All-reduce algorithm: auto (rd up to --small-message-bytes, ring above), ring, rd
-    /// (recursive doubling), rabenseifner (recursive halving then doubling) or tree
-    /// (pipelined double binary tree; broadcast and reduce then run down a binary tree
-    /// too). Ranks started by a launcher also read FERROCCL_ALGO; this flag wins.
-    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree"])]
+    /// All-reduce algorithm: auto (rd up to --small-message-bytes, ring above; hier above
+    /// on hosts of 2 or more ranks each), ring, rd (recursive doubling), rabenseifner
+    /// (recursive halving then doubling), tree (pipelined double binary tree; broadcast
+    /// and reduce then run down a binary tree too) or hier (hierarchical: within hosts,
+    /// then k rings between hosts). Ranks started by a launcher also read
+    /// FERROCCL_ALGO; this flag wins.
+    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree", "hier", "hierarchical"])]
     pub algo: Option<String>,
     /// With --algo auto: choose per size by a network model instead of the size rule:
     /// `measure` (timed on the links at start), `@FILE` (a `bench --law RATE --json
@@ -112,7 +114,10 @@ pub struct BenchArgs {
     /// Check the ring law on links of this rate (`1gbit`, `500mbit`, `2.5gbit`, `1.25GB`):
     /// per size the predicted time 2(n-1)α + 2(n-1)/n·S/RATE (α fitted) and
     /// measured/predicted, then the least-squares α-β fit. Ring collectives only
-    /// (all_reduce, reduce_scatter, all_gather); all_reduce is forced onto the ring.
+    /// (all_reduce, reduce_scatter, all_gather); all_reduce never takes recursive
+    /// doubling. An all_reduce that runs hierarchical (hosts of k >= 2 ranks) is held
+    /// to its own law instead: 2(k-1)+2(H-1) steps and 2(H-1)/H·S/RATE, the bytes each
+    /// host sends to other hosts over its link of RATE.
     #[arg(long = "law", value_parser = parse_law_rate)]
     pub law: Option<f64>,
     /// Record every rank's flight recorder into DIR/rank-<rank>.jsonl: at the end of
@@ -157,6 +162,10 @@ pub struct Row {
     pub wire_bytes: f64,
     /// Header bytes sent per rank per operation (max over ranks).
     pub header_bytes: f64,
+    /// On a job of several hosts of several ranks (all_reduce): payload bytes per
+    /// operation sent within a host (max over ranks) and to other hosts (max over
+    /// hosts of the sum over its ranks).
+    pub hosts: Option<(f64, f64)>,
 }
 
 pub fn main(a: BenchArgs) -> ExitCode {
@@ -578,12 +587,22 @@ fn count_wrong<T: Element>(
 /// (max over ranks); with `--stat median` each iteration timed after a barrier, the
 /// max over ranks per iteration, then the median. Barriers move headers but no
 /// payload, so the payload count is the operations' alone.
+/// The payload bytes are also given split `(within this rank's host, to other hosts)`
+/// when the communicator knows the hosts.
 fn timed(
     c: &Communicator,
     a: &BenchArgs,
     mut op: impl FnMut() -> ferroccl::Result<()>,
-) -> ferroccl::Result<(f64, ferroccl::WireStats)> {
-    let before = c.wire_stats();
+) -> ferroccl::Result<Timed> {
+    let before = (c.wire_stats(), c.wire_stats_by_host());
+    let sent = |c: &Communicator| {
+        let by_host = before
+            .1
+            .as_ref()
+            .zip(c.wire_stats_by_host())
+            .map(|(b, a)| (a.0.since(&b.0).payload_sent, a.1.since(&b.1).payload_sent));
+        (c.wire_stats().since(&before.0), by_host)
+    };
     if a.stat == "median" {
         let mut ts = Vec::with_capacity(a.iters);
         for _ in 0..a.iters {
@@ -592,19 +611,22 @@ fn timed(
             op()?;
             ts.push(t0.elapsed().as_secs_f64());
         }
-        let wire = c.wire_stats().since(&before);
+        let (wire, by_host) = sent(c);
         c.all_reduce(&mut ts, ReduceOp::Max)?;
         ts.sort_by(f64::total_cmp);
-        return Ok((ts[ts.len() / 2], wire));
+        return Ok((ts[ts.len() / 2], wire, by_host));
     }
     let t0 = Instant::now();
     for _ in 0..a.iters {
         op()?;
     }
     let secs = t0.elapsed().as_secs_f64() / a.iters as f64;
-    let wire = c.wire_stats().since(&before);
-    Ok((max_over_ranks(c, secs)?, wire))
+    let (wire, by_host) = sent(c);
+    Ok((max_over_ranks(c, secs)?, wire, by_host))
 }
+
+/// Seconds per operation, the payload bytes this rank sent, and those split by host.
+type Timed = (f64, ferroccl::WireStats, Option<(u64, u64)>);
 
 fn max_over_ranks(c: &Communicator, x: f64) -> ferroccl::Result<f64> {
     let mut v = [x];
@@ -750,6 +772,8 @@ fn bench_typed<T: Element>(
                 _ => "1",
             },
             match coll {
+                Coll::AllReduce if c.host_layout().and_then(|l| l.shape()).is_some_and(|(h, k)| h >= 2 && k >= 2) =>
+                    "the ring law 2(n-1)/n*S (hier: 2(k-1)/k*S + 2(H-1)/H*S/k, H hosts of k ranks)",
                 Coll::AllReduce => "the ring law 2(n-1)/n*S",
                 Coll::ReduceScatter | Coll::AllGather => "the ring law (n-1)/n*S",
                 _ => "the chain law S",
@@ -774,7 +798,7 @@ fn bench_typed<T: Element>(
                     if t.measure_cost_model { " (measured on these links)" } else { "" }
                 ),
                 (ferroccl::AllReduceAlgo::Auto, None) => println!(
-                    "# algo: ring, or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
+                    "# algo: ring (hier on hosts of 2 or more ranks each), or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
                     t.small_message_bytes
                 ),
                 (forced, _) => println!(
@@ -797,6 +821,12 @@ fn bench_typed<T: Element>(
         );
     }
     let factor = coll.bus_factor(n);
+    // On several hosts of several ranks, all_reduce's bytes are also counted per link
+    // class (within a host, between hosts).
+    let hosts_of: Option<Vec<Vec<usize>>> = c
+        .host_layout()
+        .filter(|l| coll == Coll::AllReduce && l.shape().is_some_and(|(h, k)| h >= 2 && k >= 2))
+        .map(|l| l.hosts().to_vec());
     let mut rows = Vec::new();
     let mut total_wrong = 0u64;
     for &bytes in &sizes {
@@ -806,7 +836,7 @@ fn bench_typed<T: Element>(
             bufs.out_of_place(c, coll, op, root, count)?;
         }
         c.barrier()?;
-        let (oop, wire) = timed(c, a, || bufs.out_of_place(c, coll, op, root, count))?;
+        let (oop, wire, by_host) = timed(c, a, || bufs.out_of_place(c, coll, op, root, count))?;
         let oop_wrong = if a.check != 0 {
             count_wrong(coll, &bufs.recv, op, n, rank, root, count)
         } else {
@@ -820,7 +850,7 @@ fn bench_typed<T: Element>(
             bufs.in_place(c, coll, op, root, count)?;
         }
         c.barrier()?;
-        let (ip, _) = timed(c, a, || bufs.in_place(c, coll, op, root, count))?;
+        let (ip, _, _) = timed(c, a, || bufs.in_place(c, coll, op, root, count))?;
         let ip_wrong = if a.check != 0 {
             bufs.reset_in_place(coll, n, rank, count);
             bufs.in_place(c, coll, op, root, count)?;
@@ -832,6 +862,21 @@ fn bench_typed<T: Element>(
 
         let wire_bytes = max_over_ranks(c, wire.payload_sent as f64 / a.iters as f64)?;
         let header_bytes = max_over_ranks(c, wire.header_sent as f64 / a.iters as f64)?;
+        // Every rank has the same layout, so every rank takes part or none does.
+        let hosts = match (&hosts_of, by_host) {
+            (Some(hosts), Some((within, between))) => {
+                let within = max_over_ranks(c, within as f64 / a.iters as f64)?;
+                let mut per = vec![0.0f64; n];
+                per[rank] = between as f64 / a.iters as f64;
+                c.all_reduce(&mut per, ReduceOp::Sum)?;
+                let busiest = hosts
+                    .iter()
+                    .map(|h| h.iter().map(|&r| per[r]).sum::<f64>())
+                    .fold(0.0, f64::max);
+                Some((within, busiest))
+            }
+            _ => None,
+        };
         let mut w = [oop_wrong as f64, ip_wrong as f64];
         c.all_reduce(&mut w, ReduceOp::Sum)?;
         let row = Row {
@@ -843,10 +888,18 @@ fn bench_typed<T: Element>(
             ip_wrong: w[1] as u64,
             wire_bytes,
             header_bytes,
+            hosts,
         };
         total_wrong += row.oop_wrong + row.ip_wrong;
         if printer {
-            let law = coll.wire_law(n, bytes);
+            let law = match (coll, hier_shape(c, bytes)) {
+                // Per rank: 2(k-1)/k·S within its host and 2(H-1)/H·S/k to the others.
+                (Coll::AllReduce, Some((h, k))) => {
+                    let (h, k) = (h as f64, k as f64);
+                    (2.0 * (k - 1.0) / k + 2.0 * (h - 1.0) / (h * k)) * bytes as f64
+                }
+                _ => coll.wire_law(n, bytes),
+            };
             let wire_col = if law > 0.0 {
                 format!("{:.3}", row.wire_bytes / law)
             } else {
@@ -857,6 +910,7 @@ fn bench_typed<T: Element>(
                     ferroccl::Algorithm::Ring => "ring",
                     ferroccl::Algorithm::Rabenseifner => "rab",
                     ferroccl::Algorithm::Tree => "tree",
+                    ferroccl::Algorithm::Hierarchical => "hier",
                     _ => "rd",
                 },
                 Coll::ReduceScatter | Coll::AllGather => "ring",
@@ -905,8 +959,16 @@ fn bench_typed<T: Element>(
         );
         println!("# Avg bus bandwidth    : {avg_busbw:.4} ");
         println!("#");
-        let law = match (a.law, coll.ring_law(n)) {
-            (Some(rate), Some(law)) => Some(print_law(&rows, law, rate, n)),
+        if let Some(hosts) = &hosts_of {
+            print_host_laws(&rows, hosts, |b| hier_shape(c, b).is_some());
+        }
+        // The hierarchical all-reduce is held to its own law, on each host's link.
+        let largest = rows.last().map_or(0, |r| r.bytes);
+        let law = match (a.law, coll.ring_law(n), hier_shape(c, largest)) {
+            (Some(rate), Some(_), Some((h, k))) if coll == Coll::AllReduce => {
+                Some(print_law(&rows, RingLaw::hierarchical(h, k), rate, n, true))
+            }
+            (Some(rate), Some(law), _) => Some(print_law(&rows, law, rate, n, false)),
             _ => None,
         };
         if let Some(path) = &a.json {
@@ -977,9 +1039,67 @@ impl LawReport {
     }
 }
 
+/// `(hosts, ranks per host)` when an all-reduce of `bytes` runs hierarchical.
+fn hier_shape(c: &Communicator, bytes: usize) -> Option<(usize, usize)> {
+    (c.all_reduce_algorithm(bytes) == ferroccl::Algorithm::Hierarchical)
+        .then(|| c.host_layout().and_then(|l| l.shape()))
+        .flatten()
+}
+
+/// Prints the bytes per link class (lines starting `hosts`): within a host per rank,
+/// between hosts per host, each against the law of the algorithm that ran
+/// (`hier(bytes)`: the hierarchical one, else the ring's).
+fn print_host_laws(rows: &[Row], hosts: &[Vec<usize>], hier: impl Fn(usize) -> bool) {
+    println!(
+        "# bytes per link class: within a host (busiest rank) and between hosts (busiest host, its ranks summed), per operation"
+    );
+    println!(
+        "#{:>5} {:>11} {:>5} {:>12} {:>12} {:>7} {:>12} {:>12} {:>7}",
+        "", "size", "algo", "within", "law", "wire", "between", "law", "wire"
+    );
+    println!(
+        "#{:>5} {:>11} {:>5} {:>12} {:>12} {:>7} {:>12} {:>12} {:>7}",
+        "", "(B)", "", "(B/rank)", "(B/rank)", "(x law)", "(B/host)", "(B/host)", "(x law)"
+    );
+    for r in rows {
+        let Some((within, between)) = r.hosts else {
+            continue;
+        };
+        let h = hier(r.bytes);
+        let Some(HostLaw {
+            within: lw,
+            between: lb,
+        }) = host_law(h, hosts)
+        else {
+            continue;
+        };
+        let s = r.bytes as f64;
+        let x = |got: f64, law: f64| {
+            if law > 0.0 {
+                format!("{:.3}", got / law)
+            } else {
+                "-".into()
+            }
+        };
+        println!(
+            "hosts {:>11} {:>5} {:>12.0} {:>12.0} {:>7} {:>12.0} {:>12.0} {:>7}",
+            r.bytes,
+            if h { "hier" } else { "ring" },
+            within,
+            lw * s,
+            x(within, lw * s),
+            between,
+            lb * s,
+            x(between, lb * s)
+        );
+    }
+    println!("#");
+}
+
 /// Prints the ring-law table (lines starting `law`) and the α-β fit, from the rows'
-/// in-place times.
-fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize) -> LawReport {
+/// in-place times. `per_host`: the law counts the bytes each host sends to the
+/// others (the hierarchical all-reduce), not each rank's.
+fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize, per_host: bool) -> LawReport {
     let points: Vec<(f64, f64)> = rows
         .iter()
         .map(|r| (r.bytes as f64, r.ip_us * 1e-6))
@@ -991,8 +1111,13 @@ fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize) -> LawReport {
         reduce: reduce_rate(),
     };
     let (steps, fac) = (law.steps, law.factor);
+    let (name, unit) = if per_host {
+        ("hierarchical law, per host's link", "(B/host)")
+    } else {
+        ("ring law", "(B/rank)")
+    };
     println!(
-        "# ring law, n = {n}: t = {steps}·α + {fac:.4}·S/R with R = {:.4} Gbit/s and α the fitted α below{}; meas = in-place time",
+        "# {name}, n = {n}: t = {steps}·α + {fac:.4}·S/R with R = {:.4} Gbit/s and α the fitted α below{}; meas = in-place time",
         rate * 8e-9,
         if rep.fit.is_none() { " (no fit: α = 0)" } else { "" }
     );
@@ -1002,18 +1127,22 @@ fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize) -> LawReport {
     );
     println!(
         "#{:>3} {:>11} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9}",
-        "", "(B)", "(B/rank)", "(B/rank)", "(x law)", "(us)", "(us)", ""
+        "", "(B)", unit, unit, "(x law)", "(us)", "(us)", ""
     );
     for r in rows {
         let lb = law.bytes_per_rank(r.bytes as f64);
         let pred_us = rep.predict_s(r.bytes) * 1e6;
+        let payload = match r.hosts {
+            Some((_, between)) if per_host => between,
+            _ => r.wire_bytes,
+        };
         println!(
             "law {:>11} {:>12.0} {:>12.0} {:>7} {:>12.2} {:>12.2} {:>9.3}",
             r.bytes,
-            r.wire_bytes,
+            payload,
             lb,
             if lb > 0.0 {
-                format!("{:.3}", r.wire_bytes / lb)
+                format!("{:.3}", payload / lb)
             } else {
                 "-".into()
             },

@@ -54,6 +54,17 @@ impl RingLaw {
         }
     }
 
+    /// The hierarchical all-reduce over `h` hosts of `k` ranks, as a host's link to the
+    /// others sees it: 2(k−1) local and 2(H−1) host-ring steps, and 2(H−1)/H × S
+    /// bytes from each host to the others.
+    pub fn hierarchical(h: usize, k: usize) -> Self {
+        let (hm, km) = (h.saturating_sub(1) as f64, k.saturating_sub(1) as f64);
+        RingLaw {
+            steps: 2.0 * (km + hm),
+            factor: if h == 0 { 0.0 } else { 2.0 * hm / h as f64 },
+        }
+    }
+
     /// Payload bytes each rank sends for a buffer of `bytes`.
     pub fn bytes_per_rank(&self, bytes: f64) -> f64 {
         self.factor * bytes
@@ -63,6 +74,47 @@ impl RingLaw {
     pub fn predict_s(&self, bytes: f64, alpha_s: f64, beta_s_per_byte: f64) -> f64 {
         self.steps * alpha_s + self.factor * bytes * beta_s_per_byte
     }
+}
+
+/// An all-reduce's bytes per link class on a job of several hosts, per byte of
+/// buffer: what the busiest rank sends within its host, and what the busiest host
+/// sends to other hosts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostLaw {
+    /// Within a host, per rank.
+    pub within: f64,
+    /// Between hosts, per host (the sum over its ranks).
+    pub between: f64,
+}
+
+/// The [`HostLaw`] of the ring (in rank order: a rank sends all its 2(n−1)/n × S to
+/// its right neighbour, on its host or not) or of the hierarchical all-reduce
+/// (2(k−1)/k × S within, 2(H−1)/H × S between) over `hosts` (each host's ranks);
+/// `None` for the others.
+pub fn host_law(hierarchical: bool, hosts: &[Vec<usize>]) -> Option<HostLaw> {
+    let n: usize = hosts.iter().map(Vec::len).sum();
+    if n < 2 {
+        return None;
+    }
+    if hierarchical {
+        let (h, k) = (hosts.len() as f64, hosts[0].len() as f64);
+        return Some(HostLaw {
+            within: 2.0 * (k - 1.0) / k,
+            between: 2.0 * (h - 1.0) / h,
+        });
+    }
+    let ring = 2.0 * (n as f64 - 1.0) / n as f64;
+    let local = |r: usize| {
+        hosts
+            .iter()
+            .any(|h| h.contains(&r) && h.contains(&((r + 1) % n)))
+    };
+    let within = if (0..n).any(local) { ring } else { 0.0 };
+    let between = hosts
+        .iter()
+        .map(|h| h.iter().filter(|&&r| !local(r)).count() as f64 * ring)
+        .fold(0.0, f64::max);
+    Some(HostLaw { within, between })
 }
 
 /// α and β fitted to measured times.
@@ -129,6 +181,22 @@ pub fn fit_line(points: impl Iterator<Item = (f64, f64)> + Clone) -> Option<(f64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_laws_of_the_ring_and_the_hierarchical_all_reduce() {
+        // 2 hosts of 2, host-major: one rank per host crosses, with 2·3/4 of S.
+        let hosts = vec![vec![0, 1], vec![2, 3]];
+        let ring = host_law(false, &hosts).unwrap();
+        assert_eq!((ring.within, ring.between), (1.5, 1.5));
+        let hier = host_law(true, &hosts).unwrap();
+        assert_eq!((hier.within, hier.between), (1.0, 1.0));
+        // Interleaved hosts: every ring step crosses, both ranks of a host send out.
+        let ring = host_law(false, &[vec![0, 2], vec![1, 3]]).unwrap();
+        assert_eq!((ring.within, ring.between), (0.0, 3.0));
+        let l = RingLaw::hierarchical(2, 2);
+        assert_eq!((l.steps, l.factor), (4.0, 1.0));
+        assert_eq!(host_law(true, &[vec![0]]), None);
+    }
 
     fn rel(got: f64, want: f64, tol: f64) {
         assert!(

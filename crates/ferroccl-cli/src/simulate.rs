@@ -1,10 +1,11 @@
 //! `ferroccl simulate`: the all-reduce algorithms' real plans played on a model
 //! network ([`ferroccl::sim`]), for worlds of up to thousands of ranks, in seconds.
 //!
-//! Per world size and message size it prints each algorithm's predicted time, the one
+//! Per world size and message size it prints each algorithm's predicted time (the
+//! hierarchical one where `--ranks-per-host` makes hosts of 2 ranks or more), the one
 //! with the least, how much faster than the ring that is, and what the closed-form cost
-//! model (`FERROCCL_COST_MODEL`, [`ferroccl::sim::choose_by_model`]) would choose on a
-//! flat network of the same α, β and γ, with its simulated time over the least.
+//! model (`FERROCCL_COST_MODEL`, [`ferroccl::sim::choose_by_model`]) would choose on the
+//! same network, with its simulated time over the least.
 
 use crate::bench::parse_size;
 use clap::Args;
@@ -36,7 +37,8 @@ pub struct SimulateArgs {
     /// Reduction speed of one rank (bytes combined per second).
     #[arg(long, default_value = "10GB/s")]
     pub reduce: String,
-    /// Ranks per host (consecutive ranks share one); 1: every rank its own host.
+    /// Ranks per host (consecutive ranks share one, and the host's port between hosts);
+    /// 1: every rank its own host. The hierarchical plan needs 2 or more.
     #[arg(long = "ranks-per-host", default_value_t = 1)]
     pub ranks_per_host: usize,
     /// Latency within a host, microseconds [default: --alpha-us].
@@ -100,6 +102,7 @@ fn short(algo: Algorithm) -> &'static str {
         Algorithm::RecursiveDoubling => "rd",
         Algorithm::Rabenseifner => "rab",
         Algorithm::Tree => "tree",
+        Algorithm::Hierarchical => "hier",
         _ => "?",
     }
 }
@@ -135,13 +138,14 @@ fn run(a: &SimulateArgs) -> Result<()> {
         "# the real plans of each algorithm in virtual time; times in microseconds; '-' cannot run"
     );
     println!(
-        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9} {:>6} {:>10}",
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9} {:>6} {:>10}",
         "ranks",
         "size(B)",
         "ring",
         "rd",
         "rab",
         "tree",
+        "hier",
         "chosen",
         "ring/best",
         "model",
@@ -159,16 +163,16 @@ fn run(a: &SimulateArgs) -> Result<()> {
                 (Some(r), Some(b)) if b > 0.0 => format!("{:.2}", r / b),
                 _ => "-".into(),
             };
-            let flat = Network::flat(net.alpha, net.beta, net.gamma);
-            let model = choose_by_model(n, count, 4, a.segment_bytes, &flat);
+            let model = choose_by_model(n, count, 4, a.segment_bytes, &net);
             println!(
-                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9} {:>6} {:>10}",
+                "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9} {:>6} {:>10}",
                 n,
                 count * 4,
                 col(ring),
                 col(of(Algorithm::RecursiveDoubling)),
                 col(of(Algorithm::Rabenseifner)),
                 col(of(Algorithm::Tree)),
+                col(of(Algorithm::Hierarchical)),
                 short(best),
                 over(ring),
                 short(model),

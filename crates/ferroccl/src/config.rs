@@ -63,7 +63,9 @@ pub struct Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AllReduceAlgo {
-    /// Recursive doubling up to [`Tuning::small_message_bytes`], the ring above.
+    /// Recursive doubling up to [`Tuning::small_message_bytes`], the ring above
+    /// (hierarchical above on jobs of two or more hosts with the same number `k >= 2`
+    /// of ranks each; with [`Tuning::cost_model`], the least predicted time).
     #[default]
     Auto,
     /// The ring: `2(n-1)` steps, `2(n-1)/n·S` bytes per rank.
@@ -78,12 +80,17 @@ pub enum AllReduceAlgo {
     /// buffer up and down each of two trees (host buffers streamed over links; a
     /// transport that reads peers' memory runs the ring).
     Tree,
+    /// Hierarchical: within each host a reduce-scatter, between hosts `k` rings on
+    /// `1/k` each, within each host an all-gather. Needs a transport that knows the
+    /// hosts (`auto`, `shm`) and the same number of ranks on every host; otherwise an
+    /// all-reduce fails with [`Error::Unavailable`].
+    Hierarchical,
 }
 
 impl std::str::FromStr for AllReduceAlgo {
     type Err = Error;
-    /// `auto`, `ring`, `rd` (or `recursive-doubling`), `rabenseifner`, `tree`;
-    /// anything else is an error naming them, never a fallback.
+    /// `auto`, `ring`, `rd` (or `recursive-doubling`), `rabenseifner`, `tree`, `hier`
+    /// (or `hierarchical`); anything else is an error naming them, never a fallback.
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Self::Auto,
@@ -91,10 +98,12 @@ impl std::str::FromStr for AllReduceAlgo {
             "rd" | "recursive-doubling" | "doubling" => Self::RecursiveDoubling,
             "rabenseifner" | "rab" => Self::Rabenseifner,
             "tree" => Self::Tree,
+            "hier" | "hierarchical" => Self::Hierarchical,
             other => {
                 return Err(Error::Config(format!(
-                "unknown all-reduce algorithm '{other}': use auto, ring, rd, rabenseifner or tree"
-            )))
+                    "unknown all-reduce algorithm '{other}': use auto, ring, rd, rabenseifner, \
+                     tree or hier"
+                )))
             }
         })
     }
@@ -112,6 +121,10 @@ pub struct CostModel {
     pub bandwidth: f64,
     /// Bytes per second a rank combines.
     pub reduce: f64,
+    /// `(alpha, bandwidth)` of links between ranks of one host, when they differ from
+    /// the links between hosts ([`CostModel::within_host`]); `None`: the same. What
+    /// the hierarchical all-reduce's prediction uses within hosts.
+    pub within_host: Option<(f64, f64)>,
 }
 
 impl CostModel {
@@ -134,7 +147,16 @@ impl CostModel {
             alpha,
             bandwidth,
             reduce,
+            within_host: None,
         })
+    }
+
+    /// This model with links of `alpha` seconds and `bandwidth` bytes/s between ranks
+    /// of one host (shared memory, say).
+    pub fn within_host(mut self, alpha: f64, bandwidth: f64) -> Result<Self> {
+        let m = Self::new(alpha, bandwidth, self.reduce)?;
+        self.within_host = Some((m.alpha, m.bandwidth));
+        Ok(self)
     }
 }
 
@@ -153,9 +175,11 @@ impl std::fmt::Display for CostModel {
 impl std::str::FromStr for CostModel {
     type Err = Error;
     /// `alpha_us=20,link_gbs=12.5,reduce_gbs=10`: α in microseconds, link and
-    /// reduction rates in GB/s (10⁹ bytes per second). Every key once, nothing else.
+    /// reduction rates in GB/s (10⁹ bytes per second); optionally the links within a
+    /// host, `host_alpha_us=1,host_link_gbs=5` (both). Every key once, nothing else.
     fn from_str(s: &str) -> Result<Self> {
         let (mut a, mut l, mut r) = (None, None, None);
+        let (mut ha, mut hl) = (None, None);
         let form = "alpha_us=20,link_gbs=12.5,reduce_gbs=10";
         for part in s.split(',') {
             let (k, v) = part.split_once('=').ok_or_else(|| {
@@ -170,6 +194,8 @@ impl std::str::FromStr for CostModel {
                 "alpha_us" => &mut a,
                 "link_gbs" => &mut l,
                 "reduce_gbs" => &mut r,
+                "host_alpha_us" => &mut ha,
+                "host_link_gbs" => &mut hl,
                 other => {
                     return Err(Error::Config(format!(
                         "cost model '{s}': unknown key '{other}' (e.g. {form})"
@@ -183,10 +209,19 @@ impl std::str::FromStr for CostModel {
                 )));
             }
         }
-        match (a, l, r) {
-            (Some(a), Some(l), Some(r)) => CostModel::new(a * 1e-6, l * 1e9, r * 1e9),
+        let m = match (a, l, r) {
+            (Some(a), Some(l), Some(r)) => CostModel::new(a * 1e-6, l * 1e9, r * 1e9)?,
+            _ => {
+                return Err(Error::Config(format!(
+                    "cost model '{s}': needs alpha_us, link_gbs and reduce_gbs (e.g. {form})"
+                )))
+            }
+        };
+        match (ha, hl) {
+            (None, None) => Ok(m),
+            (Some(a), Some(l)) => m.within_host(a * 1e-6, l * 1e9),
             _ => Err(Error::Config(format!(
-                "cost model '{s}': needs alpha_us, link_gbs and reduce_gbs (e.g. {form})"
+                "cost model '{s}': host_alpha_us and host_link_gbs go together"
             ))),
         }
     }
@@ -335,7 +370,7 @@ pub struct Tuning {
     /// 4 ranks.
     pub small_message_bytes: usize,
     /// Which all-reduce algorithm runs: chosen by size ([`AllReduceAlgo::Auto`], the
-    /// default) or forced (`FERROCCL_ALGO=ring|rd|rabenseifner|tree` in
+    /// default) or forced (`FERROCCL_ALGO=ring|rd|rabenseifner|tree|hier` in
     /// [`Config::from_env`], `ferroccl bench --algo`). Must be the same on every rank
     /// (a disagreement is a [`Error::Mismatch`]).
     pub all_reduce_algo: AllReduceAlgo,

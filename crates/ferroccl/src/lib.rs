@@ -168,7 +168,7 @@ pub mod trace;
 pub mod transport;
 pub(crate) mod wire;
 
-pub use algo::{sim, Algorithm};
+pub use algo::{sim, Algorithm, HostLayout};
 pub use comm::{AbortHandle, Communicator, Handle, Pending, Scope};
 pub use config::{
     AllReduceAlgo, Clock, Config, ConfigBuilder, CostModel, CostModelSpec, TcpCongestion,

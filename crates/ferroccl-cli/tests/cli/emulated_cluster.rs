@@ -1,6 +1,9 @@
 //! `tools/emulated-cluster`: its argument checks (always run, they touch nothing), and
 //! `ferroccl bench --law 1gbit` on 2 and 3 hosts of a cluster shaped to 1 Gbit/s (the
-//! counted bytes must be the ring law's; measured/predicted times are printed). That one needs root, `ip` and
+//! counted bytes must be the ring law's; measured/predicted times are printed), on 2
+//! hosts of 2 ranks (`run --ranks-per-host 2`: auto runs the hierarchical all-reduce,
+//! whose bytes per link class must be its law's), and 3 hosts of 2 ranks started by
+//! `ferroccl launch` with the hierarchical all-reduce forced. That one needs root, `ip` and
 //! `tc`, and a kernel with network namespaces, veth, bridge and tbf; where any is missing
 //! (the script exits 77) it says why on stderr and passes without asserting. It also
 //! stands aside when an emulated cluster is already up, which someone else may be using.
@@ -160,6 +163,16 @@ fn script_refuses_bad_arguments_with_usage() {
             &[("FCCL_RUN_TIMEOUT", "soon")],
             "FCCL_RUN_TIMEOUT",
         ),
+        (
+            &["run", "2", "--ranks-per-host", "0", "--", "true"],
+            &[],
+            "ranks per host must be a whole number in 1..64",
+        ),
+        (
+            &["run", "2", "--", "true"],
+            &[("FCCL_RANKS_PER_HOST", "many")],
+            "ranks per host must be",
+        ),
         (&["down", "now"], &[], "down takes no arguments"),
         (&["frobnicate"], &[], "unknown command"),
     ];
@@ -179,7 +192,11 @@ fn script_refuses_bad_arguments_with_usage() {
     }
     let help = script(&["help"], &[], d, false);
     assert_eq!(help.code(), Some(0), "{}", help.dump());
-    assert!(help.stdout.contains("run N -- CMD"), "{}", help.dump());
+    assert!(
+        help.stdout.contains("run N [--ranks-per-host K] -- CMD"),
+        "{}",
+        help.dump()
+    );
 }
 
 /// Takes the cluster down when dropped, also when the test panics.
@@ -323,16 +340,104 @@ fn bench_law_on_2_and_3_hosts_shaped_to_1gbit() {
     // n = 2: 1 MiB .. 8 MiB. n = 3: 768 KiB .. 6 MiB (divisible by 3 × 4).
     law_on_cluster(2, 1 << 20, 8 << 20);
     law_on_cluster(3, 768 << 10, 6 << 20);
+    hier_law_on_2_hosts_of_2(d);
     launch_per_host(d);
 }
 
+/// `run 2 --ranks-per-host 2 -- ferroccl bench --law 1gbit`: one job of 4 ranks, two
+/// per host (shared memory within, TCP between); auto runs the hierarchical
+/// all-reduce, and the bytes each link class carried are its law's to the byte: 2·1/2·S
+/// per rank within a host, 2·1/2·S per host between hosts.
+fn hier_law_on_2_hosts_of_2(d: Duration) {
+    let (lo, hi) = (1usize << 20, 8usize << 20);
+    let out = script(
+        &[
+            "run",
+            "2",
+            "--ranks-per-host",
+            "2",
+            "--",
+            EXE,
+            "bench",
+            "-b",
+            &lo.to_string(),
+            "-e",
+            &hi.to_string(),
+            "-f",
+            "2",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "--law",
+            "1gbit",
+        ],
+        &[("FCCL_RUN_TIMEOUT", "100")],
+        d,
+        true,
+    );
+    let ctx = out.dump();
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let rank0: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("[host 0 rank 0] "))
+        .collect();
+    assert!(rank0.contains(&"# Out of bounds values : 0 OK"), "{ctx}");
+    assert!(
+        rank0.iter().any(|l| l.starts_with("# links of rank 0:")
+            && l.contains("shm to 1")
+            && l.contains("tcp to 2")),
+        "{ctx}"
+    );
+    let rows = |prefix: &str| -> Vec<Vec<String>> {
+        rank0
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    // hosts size algo within law wire between law wire
+    let hosts = rows("hosts ");
+    assert_eq!(hosts.len(), 4, "1, 2, 4, 8 MiB: {ctx}");
+    for r in &hosts {
+        assert_eq!(r[2], "hier", "{r:?}\n{ctx}");
+        assert_eq!(
+            (r[5].as_str(), r[8].as_str()),
+            ("1.000", "1.000"),
+            "{r:?}\n{ctx}"
+        );
+        assert_eq!(
+            r[6], r[1],
+            "S per host between hosts: {r:?}
+{ctx}"
+        );
+    }
+    // law size payload law wire meas pred meas/pred: the per-host law.
+    let law = rows("law ");
+    assert_eq!(law.len(), 4, "{ctx}");
+    for r in &law {
+        assert_eq!(r[4], "1.000", "{r:?}\n{ctx}");
+        eprintln!(
+            "2 hosts x 2, hier, 1gbit size {}: meas {} us, pred {} us, meas/pred {}",
+            r[1], r[5], r[6], r[7]
+        );
+    }
+    assert!(
+        out.stderr
+            .contains("all 4 ranks on 2 hosts exited with status 0"),
+        "{ctx}"
+    );
+}
+
 /// `ferroccl launch --nnodes 3 --node-rank i` on each of 3 hosts, 2 ranks each: one job
-/// of 6 ranks across the namespaces, rank 0's table from host 0.
+/// of 6 ranks across the namespaces, rank 0's table from host 0, with the hierarchical
+/// all-reduce forced (`--algo hier`).
 fn launch_per_host(d: Duration) {
     let cmd = format!(
         "FERROCCL_TOKEN=one-job-three-hosts exec {EXE} launch --nnodes 3 --node-rank \"$RANK\" \
          --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" -n 2 -- \
-         {EXE} bench -b 64K -e 1M -f 16 -n 2 -w 1"
+         {EXE} bench -b 64K -e 1M -f 16 -n 2 -w 1 --algo hier"
     );
     let out = script(
         &["run", "3", "--", "sh", "-c", &cmd],
@@ -352,6 +457,18 @@ fn launch_per_host(d: Duration) {
             .contains("[host 0] [0] # Out of bounds values : 0 OK"),
         "{ctx}"
     );
+    // Every row ran the hierarchical all-reduce, and checked out (#wrong 0, 0).
+    let rows: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("[host 0] [0] "))
+        .filter(|l| !l.starts_with('#') && !l.starts_with("hosts ") && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "64 KiB and 1 MiB: {ctx}");
+    for r in &rows {
+        assert_eq!((r[8], r[12], r[14]), ("0", "0", "hier"), "{r:?}\n{ctx}");
+    }
     assert!(
         out.stderr.contains("all 3 hosts exited with status 0"),
         "{ctx}"

@@ -878,51 +878,94 @@ fn toml_config_takes_the_visible_communication_keys() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn simulate_prints_every_algorithm_and_the_least() {
-    let out = common::proc::ferroccl(
-        &[
-            "simulate",
-            "--ranks",
-            "4,64",
-            "-b",
-            "1K",
-            "-e",
-            "4M",
-            "-f",
-            "64",
-            "--alpha-us",
-            "20",
-            "--link",
-            "100Gbit",
-        ],
-        std::time::Duration::from_secs(60),
-    );
-    assert!(out.status.success(), "{}", out.stderr);
-    let rows: Vec<Vec<&str>> = out
-        .stdout
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim_start().starts_with("ranks"))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert_eq!(rows.len(), 6, "2 worlds x 3 sizes:\n{}", out.stdout);
-    for r in &rows {
-        let t: Vec<f64> = r[2..6].iter().map(|x| x.parse().unwrap()).collect();
+/// Every row of `ferroccl simulate` chooses the least of its times ('-': cannot run),
+/// and the cost model's pick is within 5 % of it.
+fn check_least(rows: &[Vec<String>]) {
+    for r in rows {
+        let t: Vec<f64> = r[2..7]
+            .iter()
+            .map(|x| x.parse().unwrap_or(f64::INFINITY))
+            .collect();
         let best = t.iter().cloned().fold(f64::INFINITY, f64::min);
-        let chosen = match r[6] {
+        let chosen = match r[7].as_str() {
             "ring" => t[0],
             "rd" => t[1],
             "rab" => t[2],
             "tree" => t[3],
+            "hier" => t[4],
             other => panic!("chosen {other}"),
         };
         assert_eq!(chosen, best, "{r:?}");
         // The cost model's pick, within 5 % of the least simulated time.
-        let model: f64 = r[9].parse().unwrap();
+        let model: f64 = r[10].parse().unwrap();
         assert!((1.0..=1.05).contains(&model), "{r:?}");
     }
+}
+
+/// `ferroccl simulate ARGS`: its rows (the lines that are not comments or the header),
+/// split into columns, and its output for messages.
+fn simulate_rows(args: &[&str]) -> (Vec<Vec<String>>, String) {
+    let mut all = vec!["simulate"];
+    all.extend_from_slice(args);
+    let out = common::proc::ferroccl(&all, std::time::Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+    let rows = out
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim_start().starts_with("ranks"))
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    (rows, out.stdout)
+}
+
+#[test]
+fn simulate_prints_every_algorithm_and_the_least() {
+    let (rows, stdout) = simulate_rows(&[
+        "--ranks",
+        "4,64",
+        "-b",
+        "1K",
+        "-e",
+        "4M",
+        "-f",
+        "64",
+        "--alpha-us",
+        "20",
+        "--link",
+        "100Gbit",
+    ]);
+    assert_eq!(rows.len(), 6, "2 worlds x 3 sizes:\n{stdout}");
+    check_least(&rows);
     // 64 ranks, 1 KiB: latency-bound, the ring's 126 steps lose.
-    assert_ne!(rows[3][6], "ring", "{:?}", rows[3]);
+    assert_ne!(rows[3][7], "ring", "{:?}", rows[3]);
+    // One rank per host: no hierarchical column.
+    assert!(rows.iter().all(|r| r[6] == "-"), "{stdout}");
+    // Hosts of 2 ranks behind a 1 Gbit/s port, 10 Gbit/s within: the hierarchical
+    // plan carries 2(H-1)/H·S across a host's port instead of 2(N-1)/N·S.
+    let (rows, stdout) = simulate_rows(&[
+        "--ranks",
+        "4,8",
+        "-b",
+        "16M",
+        "-e",
+        "16M",
+        "--link",
+        "1Gbit",
+        "--ranks-per-host",
+        "2",
+        "--intra-link",
+        "10Gbit",
+    ]);
+    assert_eq!(rows.len(), 2, "{stdout}");
+    check_least(&rows);
+    // Across a host's port the ring sends 2(n-1)/n·S, the hierarchical plan
+    // 2(H-1)/H·S: 1.5x less at 2 hosts of 2, 1.17x at 4 hosts of 2 (the local steps
+    // take some of it back).
+    for (r, least) in rows.iter().zip([1.3, 1.0]) {
+        assert_eq!(r[7], "hier", "{r:?}");
+        let ratio: f64 = r[8].parse().unwrap();
+        assert!(ratio > least, "{r:?}");
+    }
     let bad = common::proc::ferroccl(
         &["simulate", "--ranks", "0"],
         std::time::Duration::from_secs(20),

@@ -13,6 +13,8 @@
 //!   ring's bytes in `2·log2(n)` steps.
 //! - [`tree`]: the pipelined double binary tree all-reduce: two trees, half the
 //!   buffer each, about `2·log2(n)` steps for any `n`.
+//! - [`hier`]: hierarchical all-reduce over hosts of `k` ranks (local ring
+//!   reduce-scatter, `k` rings between hosts, local all-gather) on a [`HostLayout`].
 //! - [`chain`]: broadcast and reduce as pipelined chains from a root.
 //!
 //! # The plan contract
@@ -27,11 +29,13 @@
 pub(crate) mod chain;
 pub(crate) mod doubling;
 pub(crate) mod halving;
+pub(crate) mod hier;
 pub(crate) mod ring;
 pub(crate) mod schedule;
 pub mod sim;
 pub(crate) mod tree;
 
+pub use hier::HostLayout;
 use std::ops::Range;
 
 /// How a collective moves its data. Chosen identically on every rank from the call's
@@ -56,6 +60,10 @@ pub enum Algorithm {
     /// of the buffer up to its root and broadcasting it back down in segments;
     /// `O(log n)` latency for any `n`, `2(n-1)·S` bytes in all as the ring.
     Tree,
+    /// Hierarchical (hosts of `k` ranks each): ring reduce-scatter within each host, `k`
+    /// rings between hosts each on its `1/k` share, ring all-gather within each host;
+    /// `2(H-1)/H·S` bytes per host between hosts.
+    Hierarchical,
 }
 
 impl Algorithm {
@@ -68,6 +76,7 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::Rabenseifner => "rabenseifner",
             Algorithm::Tree => "tree",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
@@ -79,6 +88,7 @@ impl Algorithm {
             Algorithm::Direct => 3,
             Algorithm::Rabenseifner => 4,
             Algorithm::Tree => 5,
+            Algorithm::Hierarchical => 6,
         }
     }
 
@@ -90,6 +100,7 @@ impl Algorithm {
             3 => Some(Algorithm::Direct),
             4 => Some(Algorithm::Rabenseifner),
             5 => Some(Algorithm::Tree),
+            6 => Some(Algorithm::Hierarchical),
             _ => None,
         }
     }
@@ -219,7 +230,8 @@ impl Plan {
 }
 
 /// The all-reduce plan of `rank` by `algo`: the one dispatch host and device buffers
-/// (and the simulator) share. `segment_bytes` is the pipelining segment.
+/// (and the simulator) share. `segment_bytes` is the pipelining segment; `layout` says
+/// which ranks share a host (the hierarchical plan needs an even [`HostLayout::shape`]).
 pub(crate) fn all_reduce_plan(
     algo: Algorithm,
     rank: usize,
@@ -227,8 +239,13 @@ pub(crate) fn all_reduce_plan(
     count: usize,
     esize: usize,
     segment_bytes: usize,
+    layout: &HostLayout,
 ) -> Plan {
     match algo {
+        Algorithm::Hierarchical => {
+            debug_assert_eq!(layout.world_size(), n);
+            hier::plan(rank, layout, count, esize, segment_bytes)
+        }
         Algorithm::RecursiveDoubling => doubling::plan(rank, n, count * esize),
         Algorithm::Rabenseifner => {
             let seg = self::segment_bytes(segment_bytes, esize) / esize;
@@ -444,6 +461,7 @@ pub(crate) mod tests {
             Algorithm::Direct,
             Algorithm::Rabenseifner,
             Algorithm::Tree,
+            Algorithm::Hierarchical,
         ] {
             assert_eq!(Algorithm::from_code(a.code()), Some(a));
         }

@@ -6,27 +6,40 @@
 //! left; a receive is applied when its frame has arrived, the receive before it has
 //! been applied and the send it waits for has left, and a combining receive then takes
 //! `γ·L`. Ports are full duplex (a rank sends and receives at once) and one per rank;
-//! links between ranks of one host (`ranks_per_host > 1`) have their own `α` and `β`.
-//! Incast (several senders into one receiver) is not modelled: receivers never limit.
+//! links between ranks of one host (`ranks_per_host > 1`) have their own `α` and `β`,
+//! and the ranks of a host share one port between hosts (the host's NIC: a frame to
+//! another host occupies the rank's port and the first free slot of its host's, so `k`
+//! ranks sending between hosts at once get `β/k` each). Incast (several senders into
+//! one receiver) is not modelled: receivers never limit.
 //!
 //! Frames are compacted as plans are built (24 bytes each), so a ring over 4096 ranks
 //! (8190 frames per rank) fits in under a gigabyte and runs in about a second.
 
-use super::{all_reduce_plan, Algorithm, Land, Plan};
+use super::{all_reduce_plan, Algorithm, HostLayout, Land, Plan};
 use std::collections::{HashMap, VecDeque};
 
 /// The all-reduce algorithms the simulator compares, in the order it lists them.
-pub const ALL_REDUCE: [Algorithm; 4] = [
+pub const ALL_REDUCE: [Algorithm; 5] = [
     Algorithm::Ring,
     Algorithm::RecursiveDoubling,
     Algorithm::Rabenseifner,
     Algorithm::Tree,
+    Algorithm::Hierarchical,
 ];
+
+/// The hosts of `n` ranks on `net` (consecutive ranks share a host), when the
+/// hierarchical plan applies: at least two hosts of at least two ranks, all alike
+/// (with one rank per host, or one host, it is the ring).
+pub fn hierarchical_layout(n: usize, net: &Network) -> Option<HostLayout> {
+    let k = net.ranks_per_host.max(1);
+    (k >= 2 && n >= 2 * k && n.is_multiple_of(k)).then(|| HostLayout::blocks(n / k, k))
+}
 
 /// Predicted seconds of an all-reduce of `count` elements of `esize` bytes over `n`
 /// ranks by `algo` (its real plans, cut into frames of `segment_bytes` as the engine
 /// cuts them), on `net`; `None` where the algorithm cannot run the call (recursive
-/// doubling sends the whole buffer as one frame, at most 4 GiB).
+/// doubling sends the whole buffer as one frame, at most 4 GiB; the hierarchical plan
+/// needs [`hierarchical_layout`]).
 pub fn all_reduce_time(
     algo: Algorithm,
     n: usize,
@@ -41,9 +54,13 @@ pub fn all_reduce_time(
     if !ALL_REDUCE.contains(&algo) {
         return None;
     }
+    let layout = match algo {
+        Algorithm::Hierarchical => hierarchical_layout(n, net)?,
+        _ => HostLayout::flat(n),
+    };
     let t = simulate(
         n,
-        |r| all_reduce_plan(algo, r, n, count, esize, segment_bytes),
+        |r| all_reduce_plan(algo, r, n, count, esize, segment_bytes, &layout),
         net,
     );
     Some(t.into_iter().fold(0.0, f64::max))
@@ -101,14 +118,27 @@ pub fn predict_all_reduce(
     } else {
         (0.0, 0.0)
     };
+    // `steps` ring steps over chunks of `chunk` elements, `reducing` of them combining,
+    // on links of `alpha` and `beta`: the larger of the port time and the first
+    // segment's latency plus the rest.
+    let ring = |chunk: usize, steps: f64, reducing: f64, alpha: f64, beta: f64| {
+        let seg = super::schedule::pipeline_segment(chunk, esize, segment_bytes).min(chunk.max(1));
+        let (c, g) = ((chunk * esize) as f64, (seg * esize) as f64);
+        let k = (chunk.max(1)).div_ceil(seg) as f64;
+        let red = if reducing > 0.0 { gamma * g } else { 0.0 };
+        let port = steps * c / beta + alpha + red;
+        let latency =
+            steps * (alpha + g / beta) + reducing * gamma * g + (k - 1.0) * (g / beta).max(red);
+        port.max(latency)
+    };
     Some(match algo {
         Algorithm::Ring => {
+            let steps = 2.0 * (n as f64 - 1.0);
             let chunk = count.div_ceil(n);
             let seg =
                 super::schedule::pipeline_segment(chunk, esize, segment_bytes).min(chunk.max(1));
             let (c, g) = ((chunk * esize) as f64, (seg * esize) as f64);
             let k = (chunk.max(1)).div_ceil(seg) as f64;
-            let steps = 2.0 * (n as f64 - 1.0);
             // The port idles where the all-gather starts only while the first finished
             // segment is still on its way (it left a chunk's port time earlier).
             let turn = (alpha + g / beta + gamma * g - c / beta).max(0.0);
@@ -122,6 +152,19 @@ pub fn predict_all_reduce(
             let rs_step = (alpha + g / beta + gamma * g).max(gamma * c);
             let mixed = (n as f64 - 1.0) * (rs_step + c / beta);
             port.max(latency).max(mixed)
+        }
+        Algorithm::Hierarchical => {
+            // Within hosts, a reduce-scatter and an all-gather of k-1 steps each over
+            // chunks of S/k; between hosts, k rings of H at once, sharing the host's
+            // port (β/k each), over sub-chunks of S/(kH).
+            let layout = hierarchical_layout(n, net)?;
+            let (h, k) = layout.shape()?;
+            let local = count.div_ceil(k);
+            let (kf, hf) = (k as f64 - 1.0, h as f64 - 1.0);
+            let (ia, ib) = (net.intra_alpha, net.intra_beta);
+            ring(local, kf, kf, ia, ib)
+                + ring(local.div_ceil(h), 2.0 * hf, hf, alpha, beta / k as f64)
+                + ring(local, kf, 0.0, ia, ib)
         }
         Algorithm::RecursiveDoubling if bytes <= u32::MAX as usize => {
             // Two paths after the fold: through the partners, a full message per
@@ -209,6 +252,13 @@ impl Network {
         }
     }
 
+    /// The host whose shared port a frame from `a` to `b` crosses: `a`'s, when the two
+    /// are on different hosts of more than one rank.
+    fn host_port(&self, a: usize, b: usize) -> Option<usize> {
+        let k = self.ranks_per_host.max(1);
+        (k > 1 && a / k != b / k).then_some(a / k)
+    }
+
     fn link(&self, a: usize, b: usize) -> (f64, f64) {
         let k = self.ranks_per_host.max(1);
         if a / k == b / k {
@@ -255,6 +305,29 @@ fn compact(p: &Plan) -> (Vec<Frame>, Vec<Frame>) {
     (outs, ins)
 }
 
+/// The earliest start at or after `at` of a slot of `busy` seconds on a port whose
+/// busy intervals are `slots` (sorted, disjoint); records the slot (merged with the
+/// intervals it touches, so that a saturated port is one interval).
+fn claim(slots: &mut Vec<(f64, f64)>, at: f64, busy: f64) -> f64 {
+    let mut i = slots.partition_point(|s| s.1 <= at);
+    let mut start = at;
+    while i < slots.len() && slots[i].0 < start + busy {
+        start = start.max(slots[i].1);
+        i += 1;
+    }
+    let end = start + busy;
+    slots.insert(i, (start, end));
+    if i + 1 < slots.len() && slots[i + 1].0 <= end {
+        slots[i].1 = slots[i + 1].1;
+        slots.remove(i + 1);
+    }
+    if i > 0 && slots[i - 1].1 >= start {
+        slots[i - 1].1 = slots[i].1;
+        slots.remove(i);
+    }
+    start
+}
+
 /// Simulates the plans of all `n` ranks of one call (`plan_of(rank)`), returning when
 /// each rank finished, in seconds from a common start. Panics if the plans deadlock
 /// (they never do when they fit each other; see the plan tests).
@@ -274,6 +347,8 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
         .collect();
     // Arrival times of frames in flight, per (from, to).
     let mut wires: HashMap<(u32, u32), VecDeque<f64>> = HashMap::new();
+    // Per host: when its port between hosts is busy (sorted, disjoint intervals).
+    let mut nics: Vec<Vec<(f64, f64)>> = vec![Vec::new(); n.div_ceil(net.ranks_per_host.max(1))];
     let mut done = vec![false; n];
     let mut remaining = n;
     while remaining > 0 {
@@ -290,8 +365,11 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
                     if o.dep == NONE || dep < applied[r].len() {
                         let ready = if o.dep == NONE { 0.0 } else { applied[r][dep] };
                         let (a, b) = net.link(r, o.peer as usize);
-                        let start = ready.max(port[r]);
                         let busy = o.len as f64 / b;
+                        let start = match net.host_port(r, o.peer as usize) {
+                            Some(h) => claim(&mut nics[h], ready.max(port[r]), busy),
+                            None => ready.max(port[r]),
+                        };
                         port[r] = start + busy;
                         left[r].push(start + busy);
                         wires
@@ -439,9 +517,14 @@ mod tests {
             let count = 240 * n * p;
             let bytes = count * 4;
             for algo in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner] {
-                let sim = simulate(n, |r| all_reduce_plan(algo, r, n, count, 4, bytes), &net)
-                    .into_iter()
-                    .fold(0.0, f64::max);
+                let flat = HostLayout::flat(n);
+                let sim = simulate(
+                    n,
+                    |r| all_reduce_plan(algo, r, n, count, 4, bytes, &flat),
+                    &net,
+                )
+                .into_iter()
+                .fold(0.0, f64::max);
                 let f = predict_all_reduce(algo, n, count, 4, bytes, &net).unwrap();
                 if n.is_power_of_two() {
                     assert!(
@@ -519,6 +602,85 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ranks_of_a_host_share_its_port_between_hosts() {
+        // Two hosts of two ranks, both ranks of host 0 sending 1 MB to host 1 at
+        // once: the host's port carries 2 MB, so the second finishes at 2 MB / β.
+        let mut net = Network::flat(0.0, 1e9, 0.0);
+        net.ranks_per_host = 2;
+        let plan_of = |r: usize| {
+            let mut p = Plan::default();
+            let mb = 1_000_000;
+            if r < 2 {
+                p.outs.push(super::super::Out {
+                    peer: r + 2,
+                    step: 0,
+                    seg: 0,
+                    off: 0,
+                    len: mb,
+                    after_recv: None,
+                });
+            } else {
+                p.ins.push(super::super::In {
+                    peer: r - 2,
+                    step: 0,
+                    seg: 0,
+                    off: 0,
+                    len: mb,
+                    land: Land::Copy,
+                    after_send: None,
+                });
+            }
+            p
+        };
+        let t = simulate(4, plan_of, &net);
+        let last = t.iter().fold(0.0, |a: f64, &b| a.max(b));
+        assert!(close(last, 2e-3), "{t:?}");
+        // One rank per host: each has its own port.
+        net.ranks_per_host = 1;
+        let t = simulate(4, plan_of, &net);
+        assert!(t.iter().all(|&x| x <= 1e-3 + 1e-12), "{t:?}");
+    }
+
+    #[test]
+    fn hierarchical_beats_the_ring_across_hosts_and_its_formula_holds() {
+        // Hosts of k ranks behind one 1 Gbit/s port, shared memory 10x faster within:
+        // the ring (host-major) carries 2(N-1)/N·S across a host's port, the
+        // hierarchical plan 2(H-1)/H·S.
+        for (h, k) in [(2usize, 2usize), (3, 2), (2, 4), (4, 4)] {
+            let n = h * k;
+            let mut net = Network::flat(20e-6, 125e6, 0.1e-9);
+            net.ranks_per_host = k;
+            net.intra_alpha = 2e-6;
+            net.intra_beta = 1.25e9;
+            let count = 4 << 20; // 16 MiB of f32
+            let (best, times) = choose_all_reduce(n, count, 4, 512 << 10, &net);
+            let of = |a: Algorithm| times.iter().find(|x| x.0 == a).and_then(|x| x.1).unwrap();
+            let (ring, hier) = (of(Algorithm::Ring), of(Algorithm::Hierarchical));
+            assert_eq!(best, Algorithm::Hierarchical, "{h}x{k}: {times:?}");
+            // Bytes across a host's port: 2(N-1)/N against 2(H-1)/H (of S), within
+            // what the local phases add.
+            let law = (2.0 * (n - 1) as f64 / n as f64) / (2.0 * (h - 1) as f64 / h as f64);
+            assert!(ring / hier > 0.8 * law, "{h}x{k}: ring {ring} hier {hier}");
+            let f =
+                predict_all_reduce(Algorithm::Hierarchical, n, count, 4, 512 << 10, &net).unwrap();
+            assert!(
+                (f - hier).abs() <= 0.05 * hier,
+                "{h}x{k}: formula {f} simulated {hier}"
+            );
+            assert_eq!(
+                choose_by_model(n, count, 4, 512 << 10, &net),
+                Algorithm::Hierarchical
+            );
+        }
+        // It needs hosts of two ranks or more, all alike.
+        let net = Network::flat(20e-6, 125e6, 0.0);
+        assert_eq!(
+            all_reduce_time(Algorithm::Hierarchical, 4, 1000, 4, 4096, &net),
+            None
+        );
     }
 
     #[test]

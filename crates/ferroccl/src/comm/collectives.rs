@@ -99,7 +99,7 @@ impl Communicator {
 
     pub(super) fn job_all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<JobFn> {
         self.check_op::<T>(op)?;
-        let algo = self.all_reduce_algorithm(std::mem::size_of_val(buf));
+        let (algo, layout) = self.all_reduce_choice(std::mem::size_of_val(buf))?;
         let fp = self.fingerprint(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None, algo);
         let (n, seg, pull) = (
             self.world_size,
@@ -112,7 +112,7 @@ impl Communicator {
                 if pulled {
                     ring::all_reduce(q, n, count, es, count.max(1))
                 } else {
-                    all_reduce_plan(algo, q, n, count, es, seg)
+                    all_reduce_plan(algo, q, n, count, es, seg, &layout)
                 }
             };
             execute(e, &fp, pull, &plan_of, b, T::DTYPE, Some(op))

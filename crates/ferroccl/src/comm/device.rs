@@ -142,11 +142,11 @@ impl Communicator {
                 ring::all_reduce(q, n, count, es, count.max(1))
             });
         }
-        let algo = self.all_reduce_algorithm(bytes);
+        let (algo, layout) = self.all_reduce_choice(bytes)?;
         let fp = self.fingerprint(OpKind::AllReduce, T::DTYPE, Some(op), count, None, algo);
         let seg = self.cfg.tuning.segment_bytes;
         self.staged_reduce(buf, op, &fp, |e| {
-            all_reduce_plan(algo, e.rank, n, count, es, seg)
+            all_reduce_plan(algo, e.rank, n, count, es, seg, &layout)
         })
     }
 

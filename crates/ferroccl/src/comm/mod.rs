@@ -23,7 +23,7 @@ mod scope;
 
 pub use scope::{AbortHandle, Handle, Pending, Scope};
 
-use crate::algo::{doubling, schedule, Algorithm};
+use crate::algo::{doubling, schedule, Algorithm, HostLayout};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -76,6 +76,9 @@ pub struct Communicator {
     /// Whether host-memory collectives run on the transport's memory peers (a
     /// transport whose peers read each other's host memory) instead of its links.
     host_pull: bool,
+    /// Which ranks share a host, when the transport says (`auto`, `shm`); the same on
+    /// every rank.
+    layout: Option<HostLayout>,
     /// Whether device-memory collectives run on the transport's memory peers (CUDA IPC).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     device_pull: bool,
@@ -116,18 +119,28 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// The ranks a rank links to when it starts: its ring neighbours and its
-/// recursive-doubling partners (at most `2 + log2 n`). Other peers are linked on first
+/// The ranks a rank links to when it starts: its ring neighbours, its
+/// recursive-doubling partners (at most `2 + log2 n`) and, on hosts of several ranks
+/// each, its hierarchical neighbours (at most 4 more). Other peers are linked on first
 /// point-to-point use.
-fn link_peers(rank: usize, n: usize) -> Vec<usize> {
+fn link_peers(rank: usize, n: usize, layout: Option<&HostLayout>) -> Vec<usize> {
     if n == 1 {
         return vec![];
     }
     let mut v = vec![schedule::left(rank, n), schedule::right(rank, n)];
     v.extend(doubling::peers(rank, n));
+    if let Some(l) = layout.filter(|l| hierarchical_shape(l).is_some()) {
+        v.extend(l.peers(rank));
+    }
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// `(hosts, ranks per host)` of a layout the hierarchical all-reduce improves on: two
+/// hosts or more, of the same number `k >= 2` of ranks.
+fn hierarchical_shape(l: &HostLayout) -> Option<(usize, usize)> {
+    l.shape().filter(|&(h, k)| h >= 2 && k >= 2)
 }
 
 impl Communicator {
@@ -235,10 +248,15 @@ impl Communicator {
         let (rank, n) = (cfg.job.rank, cfg.job.world_size);
         let host_pull = links.mem.as_ref().is_some_and(|m| m.host_memory());
         let device_pull = links.mem.as_ref().is_some_and(|m| !m.host_memory());
+        let layout = links
+            .hosts
+            .as_ref()
+            .filter(|h| h.len() == n)
+            .map(|h| HostLayout::from_hosts(h));
         let mut engine = Engine::new(rank, n, cfg.tuning.clone(), links, transport);
         // Connect higher ranks first: they are the ones accepting (see transport::tcp).
         let deadline = Instant::now() + cfg.tuning.connect_timeout;
-        let mut peers = link_peers(rank, n);
+        let mut peers = link_peers(rank, n, layout.as_ref());
         peers.sort_by_key(|&p| (p < rank, p));
         for p in peers {
             engine.connect(Channel::Collective, p, deadline)?;
@@ -258,6 +276,7 @@ impl Communicator {
             }),
             worker: RefCell::new(None),
             host_pull,
+            layout,
             device_pull,
             _store_server: server,
             cfg,
@@ -296,6 +315,20 @@ impl Communicator {
         lock(&self.shared.engine).wire_stats()
     }
 
+    /// [`Self::wire_stats`] split by where the peer is: `(within this host, between
+    /// hosts)`, by [`Self::host_layout`]; `None` when the transport does not say which
+    /// ranks share a host.
+    pub fn wire_stats_by_host(&self) -> Option<(WireStats, WireStats)> {
+        let l = self.layout.as_ref()?;
+        self.wait_idle();
+        let e = lock(&self.shared.engine);
+        let me = self.rank;
+        Some((
+            e.wire_stats_to(|p| l.same_host(me, p)),
+            e.wire_stats_to(|p| !l.same_host(me, p)),
+        ))
+    }
+
     /// Bytes the links themselves report writing and reading (for cross-checking
     /// [`Self::wire_stats`]: the two must agree).
     pub fn raw_byte_counts(&self) -> (u64, u64) {
@@ -331,32 +364,56 @@ impl Communicator {
         lock(&self.shared.engine).poisoned.clone()
     }
 
+    /// Which ranks share a host, as every rank of this communicator sees it; `None`
+    /// when the transport does not say (only `auto` and `shm` do).
+    pub fn host_layout(&self) -> Option<&HostLayout> {
+        self.layout.as_ref()
+    }
+
     /// The algorithm an all-reduce of `bytes` bytes of host memory uses on this
-    /// communicator.
+    /// communicator. Forced [`AllReduceAlgo::Hierarchical`](crate::config::AllReduceAlgo)
+    /// is reported as such even where it cannot run (the call then fails).
     pub fn all_reduce_algorithm(&self, bytes: usize) -> Algorithm {
         use crate::config::AllReduceAlgo;
         // Recursive doubling sends the whole buffer as one frame.
         let rd_fits = self.world_size > 1 && !self.host_pull && bytes <= u32::MAX as usize;
+        // Hosts of k >= 2 ranks, at least two of them, all alike.
+        let hier = self
+            .layout
+            .as_ref()
+            .filter(|_| !self.host_pull)
+            .and_then(hierarchical_shape);
         match self.cfg.tuning.all_reduce_algo {
             AllReduceAlgo::RecursiveDoubling if rd_fits => Algorithm::RecursiveDoubling,
             AllReduceAlgo::Rabenseifner if self.world_size > 1 && !self.host_pull => {
                 Algorithm::Rabenseifner
             }
             AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
+            AllReduceAlgo::Hierarchical => Algorithm::Hierarchical,
             AllReduceAlgo::Auto if self.world_size > 1 && !self.host_pull => {
                 match self.cfg.tuning.cost_model {
                     // The least predicted time on the configured network.
-                    Some(m) => crate::algo::sim::choose_by_model(
-                        self.world_size,
-                        // Bytes as one-byte elements: the model needs no alignment.
-                        bytes,
-                        1,
-                        self.cfg.tuning.segment_bytes,
-                        &crate::algo::sim::Network::flat(m.alpha, m.bandwidth, 1.0 / m.reduce),
-                    ),
+                    Some(m) => {
+                        use crate::algo::sim::{choose_by_model, Network};
+                        let mut net = Network::flat(m.alpha, m.bandwidth, 1.0 / m.reduce);
+                        if let Some((_, k)) = hier {
+                            net.ranks_per_host = k;
+                            (net.intra_alpha, net.intra_beta) =
+                                m.within_host.unwrap_or((m.alpha, m.bandwidth));
+                        }
+                        choose_by_model(
+                            self.world_size,
+                            // Bytes as one-byte elements: the model needs no alignment.
+                            bytes,
+                            1,
+                            self.cfg.tuning.segment_bytes,
+                            &net,
+                        )
+                    }
                     None if bytes <= self.cfg.tuning.small_message_bytes && rd_fits => {
                         Algorithm::RecursiveDoubling
                     }
+                    None if hier.is_some() => Algorithm::Hierarchical,
                     None => Algorithm::Ring,
                 }
             }
@@ -375,6 +432,35 @@ impl Communicator {
             AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
             _ => Algorithm::Chain,
         }
+    }
+
+    /// [`Self::all_reduce_algorithm`], refusing the call (and poisoning, as every rank
+    /// does alike: the layout is the same everywhere) when it is the hierarchical one
+    /// and the hosts cannot run it.
+    fn all_reduce_choice(&self, bytes: usize) -> Result<(Algorithm, HostLayout)> {
+        let algo = self.all_reduce_algorithm(bytes);
+        if algo != Algorithm::Hierarchical {
+            return Ok((algo, HostLayout::flat(self.world_size)));
+        }
+        let why = match (&self.layout, self.host_pull) {
+            (_, true) => "this transport reads peers' memory (it runs the ring)".to_string(),
+            (None, _) => "the transport does not say which ranks share a host (use \
+                          FERROCCL_TRANSPORT=auto)"
+                .to_string(),
+            (Some(l), _) if l.shape().is_none() => format!(
+                "the hosts have different numbers of ranks ({})",
+                l.hosts()
+                    .iter()
+                    .map(|h| h.len().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            (Some(l), _) => return Ok((algo, l.clone())),
+        };
+        Err(self.refuse(Error::Unavailable {
+            what: "hierarchical all-reduce".into(),
+            why,
+        }))
     }
 
     // ---- execution ----

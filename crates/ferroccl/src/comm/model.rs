@@ -136,6 +136,7 @@ pub(crate) fn fit_ring(
         alpha,
         bandwidth: 1.0 / inv_b.max(1e-18),
         reduce,
+        within_host: None,
     }
 }
 

@@ -278,9 +278,18 @@ impl Engine {
 
     /// Byte counts over all links and channels.
     pub fn wire_stats(&self) -> WireStats {
+        self.wire_stats_to(|_| true)
+    }
+
+    /// Byte counts over the links (all channels) to the peers `to` admits.
+    pub fn wire_stats_to(&self, to: impl Fn(usize) -> bool) -> WireStats {
         let mut s = WireStats::default();
-        for p in self.links.iter().flatten().flatten() {
-            s.add(&p.stats);
+        for ch in &self.links {
+            for (peer, p) in ch.iter().enumerate() {
+                if let Some(p) = p.as_ref().filter(|_| to(peer)) {
+                    s.add(&p.stats);
+                }
+            }
         }
         s
     }

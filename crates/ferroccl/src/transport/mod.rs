@@ -224,6 +224,10 @@ pub struct Links {
     pub beacon: Arc<Beacon>,
     /// Peers whose memory this rank reads, if the transport has them.
     pub mem: Option<Box<dyn MemPeers>>,
+    /// Which host each rank is on (one label per rank, equal labels: one host), the
+    /// same list on every rank, if the transport knows (`shm`, `auto`): what the
+    /// hierarchical all-reduce is laid out by.
+    pub hosts: Option<Vec<String>>,
 }
 
 impl Links {
@@ -239,7 +243,14 @@ impl Links {
             waiter,
             beacon,
             mem: None,
+            hosts: None,
         }
+    }
+
+    /// These links with the job's host of each rank (see [`Links::hosts`]).
+    pub fn with_hosts(mut self, hosts: Vec<String>) -> Self {
+        self.hosts = Some(hosts);
+        self
     }
 
     /// These links with memory peers too.

@@ -58,6 +58,7 @@
 use super::tcp::{self, ConnectCtx, TcpConnector};
 use super::{Channel, Connector, Joined, Link, LinkError, Links, Transport, Waiter};
 use crate::error::{Error, Result};
+use crate::rendezvous::StoreClient;
 use crate::sync::lock;
 use crate::sys::shm::{self, ShmSegment};
 use mio::{Events, Poll};
@@ -92,7 +93,8 @@ impl Transport for Shm {
         }
         let rank = job.rank();
         let ring_bytes = job.config.transport.shm.ring_bytes;
-        reclaim_stale(job.config.tuning.connect_timeout);
+        let wait = job.config.tuning.connect_timeout;
+        reclaim_stale(wait);
         if let Err(e) = probe(ring_bytes) {
             if self.strict {
                 return Err(Error::Unavailable {
@@ -110,7 +112,10 @@ impl Transport for Shm {
         }
         job.store.set(&format!("host/{rank}"), me.as_bytes())?;
         let (rank, world_size, comm_id) = (job.rank(), job.world_size(), job.comm_id);
-        let (tcp, poll, beacon) = tcp::endpoint_parts(ConnectCtx::of(job))?;
+        let (mut tcp, poll, beacon) = tcp::endpoint_parts(ConnectCtx::of(job))?;
+        // After this rank's address is out: a peer may wait for it before its own
+        // host identity is published (it connects first, as over TCP).
+        let hosts = job_hosts(tcp.store(), rank, world_size, wait)?;
         let pairs = Arc::new(Mutex::new(Vec::new()));
         Ok(Links::new(
             Box::new(ShmConnector {
@@ -131,8 +136,64 @@ impl Transport for Shm {
                 seen: Vec::new(),
             }),
             beacon,
-        ))
+        )
+        .with_hosts(hosts))
     }
+}
+
+/// Every rank's host identity, in rank order, the same list on every rank: rank 0
+/// reads each `host/<rank>` (within `wait` in all) and publishes the list as `hosts`
+/// (one store read per rank for the others). A rank that never says is named: rank 0
+/// publishes why it has no list (`!` and the reason), so every rank reports it.
+fn job_hosts(
+    store: &mut StoreClient,
+    rank: usize,
+    n: usize,
+    wait: Duration,
+) -> Result<Vec<String>> {
+    const FAILED: u8 = b'!';
+    if rank == 0 {
+        let deadline = Instant::now() + wait;
+        let mut all = Vec::with_capacity(n);
+        for r in 0..n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match store.get(&format!("host/{r}"), left) {
+                Ok(id) => all.push(String::from_utf8_lossy(&id).into_owned()),
+                Err(e) => {
+                    let why = format!(
+                        "rank {r} did not publish which host it is on within {wait:?}: has it \
+                         started, with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE?"
+                    );
+                    let mut note = vec![FAILED];
+                    note.extend_from_slice(why.as_bytes());
+                    // Best effort: the others time out on their own otherwise.
+                    let _ = store.set("hosts", &note);
+                    return Err(Error::Rendezvous(format!("rank 0: {why} ({e})")));
+                }
+            }
+        }
+        let list = serde_json::to_vec(&all).map_err(|e| Error::Rendezvous(e.to_string()))?;
+        store.set("hosts", &list)?;
+        return Ok(all);
+    }
+    // Rank 0 waits up to `wait` for the last rank; give it that and as long again.
+    let list = store.get("hosts", 2 * wait).map_err(|e| {
+        Error::Rendezvous(format!(
+            "rank {rank}: rank 0 did not publish the job's host list within {:?}: has it \
+             started, with the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE? ({e})",
+            2 * wait
+        ))
+    })?;
+    if let Some(why) = list.strip_prefix(&[FAILED]) {
+        return Err(Error::Rendezvous(format!(
+            "rank {rank}: {} (rank 0 found)",
+            String::from_utf8_lossy(why)
+        )));
+    }
+    serde_json::from_slice::<Vec<String>>(&list)
+        .ok()
+        .filter(|v| v.len() == n)
+        .ok_or_else(|| Error::Rendezvous(format!("rank {rank}: the job's host list is malformed")))
 }
 
 /// What makes two processes "one host" here (see the module docs).

@@ -333,6 +333,8 @@ fn an_algorithm_named_in_the_environment_is_parsed_or_refused() {
         ("Rabenseifner", AllReduceAlgo::Rabenseifner),
         ("tree", AllReduceAlgo::Tree),
         ("auto", AllReduceAlgo::Auto),
+        ("hier", AllReduceAlgo::Hierarchical),
+        ("Hierarchical", AllReduceAlgo::Hierarchical),
     ] {
         assert_eq!(name.parse::<AllReduceAlgo>().ok(), Some(want), "{name}");
     }
@@ -801,7 +803,37 @@ fn a_cost_model_chooses_per_call_and_every_rank_chooses_alike() {
         "alpha_us=-1,link_gbs=1,reduce_gbs=1",
         "x=1",
         "alpha_us=1,alpha_us=2,link_gbs=1,reduce_gbs=1",
+        "alpha_us=1,link_gbs=1,reduce_gbs=1,host_link_gbs=5",
     ] {
         assert!(bad.parse::<ferroccl::CostModel>().is_err(), "{bad}");
+    }
+}
+
+/// With a model whose links within a host are faster than between hosts, `auto` on
+/// hosts of 2 ranks predicts the hierarchical all-reduce for large messages, every rank
+/// alike; without that difference, the hierarchical plan's extra local steps do not
+/// pay, and it keeps a flat algorithm.
+#[test]
+fn a_cost_model_with_fast_hosts_chooses_hierarchical_across_hosts() {
+    for (model, want) in [
+        (
+            "alpha_us=20,link_gbs=0.125,reduce_gbs=10,host_alpha_us=1,host_link_gbs=5",
+            true,
+        ),
+        ("alpha_us=20,link_gbs=0.125,reduce_gbs=10", false),
+    ] {
+        let mut cfg = test_config();
+        cfg.tuning.cost_model = Some(model.parse().unwrap());
+        let res = run(4, Net::Hosts(2), &cfg, DEADLINE, move |c| {
+            Ok(c.all_reduce_algorithm(16 << 20))
+        })
+        .unwrap();
+        for (r, large) in res.iter().enumerate() {
+            assert_eq!(
+                *large == ferroccl::Algorithm::Hierarchical,
+                want,
+                "{model} rank {r}: {large:?}"
+            );
+        }
     }
 }

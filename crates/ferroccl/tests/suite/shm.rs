@@ -1,15 +1,17 @@
 //! Every collective over shared memory (`shm`, world 1..=8) and over jobs mixing
 //! shared memory and TCP (`auto` with emulated hosts of 2 ranks), against the same f64
-//! references and bitwise agreement as over TCP; the choice `auto` makes; and what
-//! shared-memory links leave behind.
+//! references and bitwise agreement as over TCP; the hierarchical all-reduce over
+//! emulated hosts of 1..4 ranks; the choice `auto` makes; and what shared-memory links
+//! leave behind.
 
 use crate::common;
 
 use common::checks::{
-    check_all_gather, check_all_reduce, check_broadcast, check_reduce, check_reduce_scatter,
+    cfg, check_all_gather, check_all_reduce, check_all_reduce_with, check_broadcast, check_reduce,
+    check_reduce_scatter,
 };
 use common::{run, test_config, Net};
-use ferroccl::{DataType, Error, ReduceOp, TransportKind};
+use ferroccl::{Algorithm, AllReduceAlgo, DataType, Error, ReduceOp, TransportKind};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -61,6 +63,118 @@ proptest! {
                        op in any_op(), root in 0usize..8, seg in 1usize..=8192, seed in any::<u64>()) {
         let r = for_dtype!(dt, check_reduce(net, n, count, op, root % n, seg, seed, false));
         prop_assert!(r.is_ok(), "{net:?}: {}", r.unwrap_err());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Hierarchical all-reduce forced on `h` emulated hosts of `k` ranks (shared memory
+    /// within a host, TCP between): the reference, and the same bits on every rank.
+    #[test]
+    fn hierarchical_all_reduce_over_mixed_hosts(h in 1usize..=4, k in 1usize..=3, count in 0usize..=20_000,
+                                                dt in any_dtype(), op in any_op(), seg in 1usize..=8192,
+                                                seed in any::<u64>()) {
+        let mut c = cfg(seg, dt.size());
+        c.tuning.all_reduce_algo = AllReduceAlgo::Hierarchical;
+        let r = for_dtype!(dt, check_all_reduce_with(Net::Hosts(k), h * k, count, op, &c, seed));
+        prop_assert!(r.is_ok(), "{h} hosts x {k}: {}", r.unwrap_err());
+    }
+}
+
+/// Every rank reads the same host layout; `auto` picks the hierarchical all-reduce
+/// for large messages on hosts of 2 ranks (recursive doubling for small ones), and the
+/// ring when each host has one rank; the counted bytes follow the hierarchical law:
+/// 2(k-1)/k·S per rank within a host, 2(H-1)/H·S per host between hosts.
+#[test]
+fn auto_chooses_hierarchical_on_hosts_of_two_and_its_bytes_follow_the_law() {
+    let count = 3 * 4 * 1000; // f32, divisible by h·k
+    let s = (count * 4) as u64;
+    let mut cfg = test_config();
+    cfg.tuning.small_message_bytes = 1024;
+    for (h, k) in [(2usize, 2usize), (3, 2), (2, 3)] {
+        let n = h * k;
+        let out = run(n, Net::Hosts(k), &cfg, Duration::from_secs(60), move |c| {
+            let hosts = c.host_layout().map(|l| l.hosts().to_vec());
+            let algos = (
+                c.all_reduce_algorithm(64),
+                c.all_reduce_algorithm(count * 4),
+            );
+            let before = c.wire_stats_by_host().expect("auto knows the hosts");
+            let mut v: Vec<f32> = (0..count)
+                .map(|i| (i % 7) as f32 + c.rank() as f32)
+                .collect();
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            let after = c.wire_stats_by_host().expect("auto knows the hosts");
+            let within = after.0.since(&before.0).payload_sent;
+            let between = after.1.since(&before.1).payload_sent;
+            Ok((hosts, algos, v, within, between))
+        })
+        .unwrap();
+        let want: Vec<Vec<usize>> = (0..h).map(|x| (x * k..(x + 1) * k).collect()).collect();
+        for (r, (hosts, algos, v, within, _)) in out.iter().enumerate() {
+            assert_eq!(hosts.as_ref(), Some(&want), "{h}x{k} rank {r}");
+            assert_eq!(
+                *algos,
+                (Algorithm::RecursiveDoubling, Algorithm::Hierarchical)
+            );
+            assert_eq!(
+                bytemuck::cast_slice::<f32, u8>(v),
+                bytemuck::cast_slice::<f32, u8>(&out[0].2),
+                "{h}x{k}: rank {r} differs bitwise from rank 0"
+            );
+            let ranks = n as f32;
+            let sum0 = (0..n).map(|q| q as f32).sum::<f32>();
+            assert!(v
+                .iter()
+                .enumerate()
+                .all(|(i, x)| *x == (i % 7) as f32 * ranks + sum0));
+            assert_eq!(
+                *within,
+                2 * (k as u64 - 1) * s / k as u64,
+                "{h}x{k} rank {r}"
+            );
+        }
+        for host in &want {
+            let between: u64 = host.iter().map(|&r| out[r].4).sum();
+            assert_eq!(
+                between,
+                2 * (h as u64 - 1) * s / h as u64,
+                "{h}x{k} {host:?}"
+            );
+        }
+    }
+    // Hosts of one rank: nothing to gain, the ring.
+    let out = run(4, Net::Hosts(1), &cfg, Duration::from_secs(60), |c| {
+        Ok(c.all_reduce_algorithm(1 << 20))
+    })
+    .unwrap();
+    assert!(out.iter().all(|a| *a == Algorithm::Ring), "{out:?}");
+}
+
+/// Forcing the hierarchical all-reduce where it cannot run is an error on every rank,
+/// never a quiet fallback: hosts of different sizes, or a transport that does not say
+/// which ranks share a host.
+#[test]
+fn forced_hierarchical_on_a_layout_it_cannot_serve_is_unavailable() {
+    let mut c = test_config();
+    c.tuning.all_reduce_algo = AllReduceAlgo::Hierarchical;
+    for (net, n, why) in [
+        (Net::Hosts(2), 3, "different numbers of ranks (2, 1)"),
+        (Net::Tcp, 2, "does not say which ranks share a host"),
+    ] {
+        let out = common::run_all(n, net, &c, Duration::from_secs(30), |c| {
+            let mut v = vec![1.0f32; 1000];
+            c.all_reduce(&mut v, ReduceOp::Sum)
+        });
+        for (r, o) in out.into_iter().enumerate() {
+            let e = o.expect("finished").unwrap_err();
+            assert!(
+                matches!(e, Error::Unavailable { .. }),
+                "{net:?} rank {r}: {e}"
+            );
+            assert!(e.to_string().contains(why), "{net:?} rank {r}: {e}");
+        }
     }
 }
 

@@ -225,7 +225,22 @@ pub fn check_all_reduce<T: Element>(
     }
     let mut c = cfg(seg, size_of::<T>());
     c.tuning.small_message_bytes = if small { u32::MAX as usize } else { 0 };
-    let res = run(n, net, &c, DEADLINE, move |c| {
+    check_all_reduce_with::<T>(net, n, count, op, &c, seed)
+}
+
+/// [`check_all_reduce`] with the configuration `c` (an algorithm forced, say).
+pub fn check_all_reduce_with<T: Element>(
+    net: Net,
+    n: usize,
+    count: usize,
+    op: ReduceOp,
+    c: &Config,
+    seed: u64,
+) -> Result<(), String> {
+    if op == ReduceOp::Avg && !T::DTYPE.is_float() {
+        return Ok(());
+    }
+    let res = run(n, net, c, DEADLINE, move |c| {
         let mut v = input::<T>(seed, c.rank(), count, op);
         c.all_reduce(&mut v, op)?;
         Ok(v)

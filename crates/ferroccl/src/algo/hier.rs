@@ -1,0 +1,343 @@
+//! Hierarchical all-reduce for a job of `H` hosts with `k` ranks each: the ring's
+//! pieces composed so that the slow links between hosts carry `2(H-1)/H·S` per host
+//! instead of the flat ring's `2(N-1)/N·S` (host-major order).
+//!
+//! 1. Within each host, a ring reduce-scatter over the `k` local ranks: local rank `i`
+//!    ends with chunk `i` (of `k` balanced chunks) reduced over its host.
+//! 2. `k` rings between hosts, one per local index: ring `i` joins local rank `i` of
+//!    every host (in host order) and all-reduces chunk `i` (cut into `H` sub-chunks),
+//!    so each host sends `k · 2(H-1)/H · S/k` between hosts.
+//! 3. Within each host, a ring all-gather of the `k` finished chunks.
+//!
+//! Every element is combined in one fixed order (the local ring's, then the host
+//! ring's) at one rank, and every other rank receives those bytes as they are, so the
+//! result is bitwise identical on every rank. Only the host ring's reduce-scatter
+//! finishes the bytes (Avg divides there); with one host, the local reduce-scatter
+//! does. Steps are numbered consecutively across the three phases (local ring steps
+//! `0..k-1`, then the host ring's `2(H-1)`, then the local all-gather's `k-1`).
+//!
+//! The phases are joined frame by frame: a host-ring send waits for the last local
+//! reduction of its bytes, a local all-gather send for the host-ring receive that made
+//! its bytes final, and an all-gather receive (which overwrites a chunk the local
+//! reduce-scatter sent) for the last send of those bytes. So the host ring starts on
+//! the first segment the local reduce-scatter finishes, and the local all-gather on
+//! the first final one.
+
+use super::schedule::{self, balanced_chunks};
+use super::{ring, Land, Plan};
+use std::ops::Range;
+
+/// Which ranks share a host: hosts in the order of their lowest rank, each host's
+/// ranks ascending. The same on every rank when built from the same list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostLayout {
+    hosts: Vec<Vec<usize>>,
+}
+
+impl HostLayout {
+    /// The layout of ranks `0..host_of.len()` where rank `r` is on host `host_of[r]`
+    /// (any labels: equal labels, one host).
+    pub fn from_hosts<T: PartialEq>(host_of: &[T]) -> Self {
+        let mut hosts: Vec<Vec<usize>> = Vec::new();
+        let mut labels: Vec<&T> = Vec::new();
+        for (r, h) in host_of.iter().enumerate() {
+            match labels.iter().position(|l| *l == h) {
+                Some(i) => hosts[i].push(r),
+                None => {
+                    labels.push(h);
+                    hosts.push(vec![r]);
+                }
+            }
+        }
+        HostLayout { hosts }
+    }
+
+    /// Every rank on its own host (what a job without host identities is taken to be).
+    pub fn flat(n: usize) -> Self {
+        HostLayout {
+            hosts: (0..n).map(|r| vec![r]).collect(),
+        }
+    }
+
+    /// `hosts` hosts of `k` consecutive ranks each.
+    pub fn blocks(hosts: usize, k: usize) -> Self {
+        HostLayout {
+            hosts: (0..hosts).map(|h| (h * k..(h + 1) * k).collect()).collect(),
+        }
+    }
+
+    /// Ranks in the job.
+    pub fn world_size(&self) -> usize {
+        self.hosts.iter().map(Vec::len).sum()
+    }
+
+    /// The hosts' ranks, in host order.
+    pub fn hosts(&self) -> &[Vec<usize>] {
+        &self.hosts
+    }
+
+    /// `(hosts, ranks per host)` when every host has the same number of ranks (what
+    /// the hierarchical plan needs); `None` otherwise.
+    pub fn shape(&self) -> Option<(usize, usize)> {
+        let k = self.hosts.first()?.len();
+        self.hosts
+            .iter()
+            .all(|h| h.len() == k)
+            .then_some((self.hosts.len(), k))
+    }
+
+    /// `(host, index among the host's ranks)` of `rank`.
+    pub fn place(&self, rank: usize) -> Option<(usize, usize)> {
+        self.hosts
+            .iter()
+            .enumerate()
+            .find_map(|(h, rs)| rs.iter().position(|&r| r == rank).map(|i| (h, i)))
+    }
+
+    /// Whether `a` and `b` are on one host.
+    pub fn same_host(&self, a: usize, b: usize) -> bool {
+        matches!((self.place(a), self.place(b)), (Some((x, _)), Some((y, _))) if x == y)
+    }
+
+    /// The peers `rank` exchanges frames with in the hierarchical plan: its local
+    /// ring's neighbours and its host ring's (empty when the shape is uneven).
+    pub fn peers(&self, rank: usize) -> Vec<usize> {
+        let (Some((h, k)), Some((host, i))) = (self.shape(), self.place(rank)) else {
+            return Vec::new();
+        };
+        let mut v = vec![
+            self.hosts[host][schedule::left(i, k)],
+            self.hosts[host][schedule::right(i, k)],
+            self.hosts[schedule::left(host, h)][i],
+            self.hosts[schedule::right(host, h)][i],
+        ];
+        v.retain(|&p| p != rank);
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+/// The index of the last of `frames` (`(offset, length)` in bytes) that overlaps
+/// `bytes`, if any.
+fn last_overlap(
+    frames: impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator,
+    bytes: Range<usize>,
+) -> Option<usize> {
+    frames
+        .enumerate()
+        .rfind(|(_, (off, len))| *off < bytes.end && bytes.start < off + len)
+        .map(|(i, _)| i)
+}
+
+/// Appends `part` (a plan over ring positions) to `plan`: its peers mapped through
+/// `members`, its steps moved by `step_base`. A send of `part` that depends on nothing
+/// in `part` waits for the last receive of `plan` that changed its bytes (receives are
+/// applied in order, so then all have); a receive that depends on nothing waits for
+/// the last send of `plan` that read the bytes it changes. With `finish == false` its
+/// reductions do not finish the bytes.
+fn append(plan: &mut Plan, part: Plan, members: &[usize], step_base: usize, finish: bool) {
+    let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
+    let step = |s: u32| s + step_base as u32;
+    for mut o in part.outs {
+        o.peer = members[o.peer];
+        o.step = step(o.step);
+        o.after_recv = match o.after_recv {
+            Some(d) => Some(d + ins0),
+            None => last_overlap(
+                plan.ins[..ins0].iter().map(|i| (i.off, i.len)),
+                o.off..o.off + o.len,
+            ),
+        };
+        plan.outs.push(o);
+    }
+    for mut i in part.ins {
+        i.peer = members[i.peer];
+        i.step = step(i.step);
+        i.after_send = match i.after_send {
+            Some(d) => Some(d + outs0),
+            None => last_overlap(plan.outs[..outs0].iter().map(|o| (o.off, o.len)), i.range()),
+        };
+        if let Land::Reduce { finish: f, .. } = &mut i.land {
+            *f &= finish;
+        }
+        plan.ins.push(i);
+    }
+}
+
+/// The hierarchical all-reduce plan of `rank` over `layout` (which must have a
+/// [`HostLayout::shape`]) for `count` elements of `esize` bytes, in frames of at most
+/// `segment_bytes` (cut as the ring cuts them).
+pub(crate) fn plan(
+    rank: usize,
+    layout: &HostLayout,
+    count: usize,
+    esize: usize,
+    segment_bytes: usize,
+) -> Plan {
+    let (h, k) = layout
+        .shape()
+        .expect("hierarchical plan: every host must have the same number of ranks");
+    let (host, i) = layout
+        .place(rank)
+        .expect("hierarchical plan: the rank is in the layout");
+    let local = &layout.hosts[host];
+    let across: Vec<usize> = layout.hosts.iter().map(|rs| rs[i]).collect();
+    let chunks = balanced_chunks(count, k);
+    let seg_local = ring::seg_elems(&chunks, esize, segment_bytes);
+    let mine: Range<usize> = chunks[i].clone();
+    let sub: Vec<Range<usize>> = balanced_chunks(mine.len(), h)
+        .into_iter()
+        .map(|c| c.start + mine.start..c.end + mine.start)
+        .collect();
+    let seg_across = ring::seg_elems(&sub, esize, segment_bytes);
+
+    let mut p = Plan::default();
+    // 1. Local reduce-scatter: chunk i reduced over this host (final only if h == 1).
+    let rs = ring::reduce_scatter(i, k, &chunks, esize, seg_local);
+    append(&mut p, rs, local, 0, h == 1);
+    // 2. The host ring of local index i all-reduces chunk i, each frame once its bytes
+    //    are reduced here.
+    let ar = ring::plan(
+        host,
+        h,
+        &sub,
+        esize,
+        0..schedule::allreduce_steps(h),
+        seg_across,
+    );
+    append(&mut p, ar, &across, k - 1, true);
+    // 3. Local all-gather of the finished chunks, each frame of chunk i once its bytes
+    //    are final here; its receives overwrite chunks the reduce-scatter sent.
+    let ag = ring::all_gather(i, k, &chunks, esize, seg_local);
+    append(&mut p, ag, local, schedule::allreduce_steps(h), true);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::check_all_reduce;
+    use super::*;
+
+    fn plans(layout: &HostLayout, count: usize, seg: usize) -> Vec<Plan> {
+        (0..layout.world_size())
+            .map(|r| plan(r, layout, count, 8, seg))
+            .collect()
+    }
+
+    /// Layouts of `h` hosts of `k` ranks: consecutive, and interleaved (rank r on host
+    /// r % h), so that host order and rank order differ.
+    fn layouts(h: usize, k: usize) -> Vec<HostLayout> {
+        let n = h * k;
+        let inter: Vec<usize> = (0..n).map(|r| r % h).collect();
+        vec![HostLayout::blocks(h, k), HostLayout::from_hosts(&inter)]
+    }
+
+    #[test]
+    fn plans_fit_and_sum_for_every_layout_and_uneven_counts() {
+        for h in 1..=4 {
+            for k in 1..=4 {
+                let n = h * k;
+                for layout in layouts(h, k) {
+                    for count in [0, 1, 3, n, 2 * n + 1, 37, 64] {
+                        for seg in [8, 16, 8000] {
+                            let ps = plans(&layout, count, seg);
+                            let what = format!("{h}x{k} {layout:?} count={count} seg={seg}");
+                            check_all_reduce(&ps, count, &what);
+                            // Every element is made final exactly once on every rank
+                            // (Avg divides there once; the pull executor writes then).
+                            for (r, p) in ps.iter().enumerate() {
+                                let mut fin = vec![0u32; count];
+                                for i in p.ins.iter().filter(|i| i.is_final()) {
+                                    for c in &mut fin[i.off / 8..(i.off + i.len) / 8] {
+                                        *c += 1;
+                                    }
+                                }
+                                let once = if n > 1 { 1 } else { 0 };
+                                assert!(
+                                    fin.iter().all(|&c| c == once),
+                                    "{h}x{k} count={count} rank {r}: {fin:?}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_element_is_combined_in_one_order() {
+        // Over all ranks, every element is combined n-1 times: each contribution is
+        // folded in once (h·(k-1) times within hosts, h-1 between), and every other
+        // receive of it is a copy of the finished bytes.
+        for (h, k) in [(2, 2), (3, 2), (2, 3), (4, 4)] {
+            let layout = HostLayout::blocks(h, k);
+            let count = 50;
+            let ps = plans(&layout, count, 16);
+            let mut reduced = vec![0usize; count];
+            for p in &ps {
+                for i in p
+                    .ins
+                    .iter()
+                    .filter(|i| matches!(i.land, Land::Reduce { .. }))
+                {
+                    for c in &mut reduced[i.off / 8..(i.off + i.len) / 8] {
+                        *c += 1;
+                    }
+                }
+            }
+            // A combining receive folds one more contribution in: n-1 per element.
+            assert!(
+                reduced.iter().all(|&c| c == h * k - 1),
+                "{h}x{k}: {reduced:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn hosts_send_the_hierarchical_law_between_hosts() {
+        // Between hosts, per host: 2(H-1)/H·S; within a host, per rank: 2(k-1)/k·S
+        // (counts divisible by h·k, so every chunk is equal).
+        for h in 1..=4 {
+            for k in 1..=4 {
+                let layout = HostLayout::blocks(h, k);
+                let count = 12 * h * k;
+                let s = count * 8;
+                let ps = plans(&layout, count, 24);
+                for (host, ranks) in layout.hosts().iter().enumerate() {
+                    let mut between = 0;
+                    for &r in ranks {
+                        let within: usize = ps[r]
+                            .outs
+                            .iter()
+                            .filter(|o| layout.same_host(r, o.peer))
+                            .map(|o| o.len)
+                            .sum();
+                        assert_eq!(within, 2 * (k - 1) * s / k, "{h}x{k} rank {r}");
+                        between += ps[r]
+                            .outs
+                            .iter()
+                            .filter(|o| !layout.same_host(r, o.peer))
+                            .map(|o| o.len)
+                            .sum::<usize>();
+                    }
+                    assert_eq!(between, 2 * (h - 1) * s / h, "{h}x{k} host {host}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layouts_group_ranks_by_host_label() {
+        let l = HostLayout::from_hosts(&["b", "a", "b", "a"]);
+        assert_eq!(l.hosts(), &[vec![0, 2], vec![1, 3]]);
+        assert_eq!(l.shape(), Some((2, 2)));
+        assert_eq!(l.place(3), Some((1, 1)));
+        assert!(l.same_host(0, 2) && !l.same_host(0, 1));
+        assert_eq!(l.peers(0), vec![1, 2]);
+        assert_eq!(HostLayout::from_hosts(&[0, 0, 1]).shape(), None);
+        assert_eq!(HostLayout::flat(3).shape(), Some((3, 1)));
+        assert_eq!(HostLayout::blocks(2, 3).peers(4), vec![1, 3, 5]);
+    }
+}
