@@ -784,10 +784,12 @@ fn bench_typed<T: Element>(
                 "# law: ring on links of {:.4} Gbit/s ({} B/s){}",
                 rate * 8e-9,
                 rate,
-                if coll == Coll::AllReduce {
-                    "; all_reduce forced onto the ring for every size (small_message_bytes = 0)"
-                } else {
-                    ""
+                match (coll, c.config().tuning.all_reduce_algo) {
+                    (Coll::AllReduce, ferroccl::AllReduceAlgo::Auto) => {
+                        "; all_reduce forced onto the ring for every size (small_message_bytes = 0; hierarchical on hosts of 2 or more ranks)"
+                    }
+                    (Coll::AllReduce, _) => "; all_reduce runs what --algo names",
+                    _ => "",
                 }
             );
         } else if coll == Coll::AllReduce {

@@ -196,9 +196,11 @@ pub trait Connector: Send {
 /// Refuses a `peer` that is not another rank of a job of `world_size`, for
 /// [`Connector`]s to check what they are asked to link to or ask.
 /// The TCP congestion control that links made with `want` run here, and the system's
-/// default (e.g. `("cubic", "bbr")` for [`crate::TcpCongestion::Auto`] on a host whose
+/// default (e.g. `("cubic", "bbr")` for [`crate::config::TcpCongestion::Auto`] on a host whose
 /// default is BBR): what a tool prints next to its TCP links.
-pub fn tcp_congestion_in_effect(want: &crate::TcpCongestion) -> crate::Result<(String, String)> {
+pub fn tcp_congestion_in_effect(
+    want: &crate::config::TcpCongestion,
+) -> crate::Result<(String, String)> {
     tcp::congestion_in_effect(want)
 }
 
