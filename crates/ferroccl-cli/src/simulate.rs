@@ -107,6 +107,13 @@ fn short(algo: Algorithm) -> &'static str {
     }
 }
 
+/// Seconds as microseconds to the nanosecond, without trailing zeros: `20` for the
+/// flag's 20, `120` where `--alpha-us 120` came back as 119.99999999999999.
+fn us(seconds: f64) -> String {
+    let s = format!("{:.3}", seconds * 1e6);
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 fn run(a: &SimulateArgs) -> Result<()> {
     let net = network(a)?;
     if a.ranks.is_empty() || a.ranks.contains(&0) {
@@ -126,11 +133,11 @@ fn run(a: &SimulateArgs) -> Result<()> {
     }
     println!(
         "# ferroccl simulate: all_reduce of float32, alpha {} us, link {:.3} GB/s, reduce {:.3} GB/s, {} rank(s) per host (within: alpha {} us, {:.3} GB/s), segment {} B",
-        net.alpha * 1e6,
+        us(net.alpha),
         net.beta / 1e9,
         1.0 / net.gamma / 1e9,
         net.ranks_per_host,
-        net.intra_alpha * 1e6,
+        us(net.intra_alpha),
         net.intra_beta / 1e9,
         a.segment_bytes
     );
@@ -182,4 +189,18 @@ fn run(a: &SimulateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::us;
+
+    #[test]
+    fn microseconds_print_without_float_noise() {
+        assert_eq!(us(20e-6), "20");
+        assert_eq!(us(119.99999999999999e-6), "120");
+        assert_eq!(us(0.5e-6), "0.5");
+        assert_eq!(us(100e-6), "100");
+        assert_eq!(us(0.0), "0");
+    }
 }
