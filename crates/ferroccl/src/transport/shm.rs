@@ -96,19 +96,21 @@ impl Transport for Shm {
         let wait = job.config.tuning.connect_timeout;
         reclaim_stale(wait);
         if let Err(e) = probe(ring_bytes) {
+            // An identity no other rank has: every peer sees another host and links
+            // over TCP, and both sides of each link agree without a word; under `shm`
+            // the peers refuse it by name at once instead of waiting for it.
+            me = format!("{me} shm-unusable-rank={rank} ({e})");
             if self.strict {
+                let _ = job.store.set(&format!("host/{rank}"), me.as_bytes());
                 return Err(Error::Unavailable {
                     what: "transport shm".into(),
                     why: format!("shared memory is unusable on this host: {e}"),
                 });
             }
-            // An identity no other rank has: every peer sees another host and links
-            // over TCP, and both sides of each link agree without a word.
             tracing::warn!(
                 "rank {rank}: shared memory is unusable here ({e}); this rank's links \
                  within the host use TCP"
             );
-            me = format!("{me} shm-unusable-rank={rank}");
         }
         job.store.set(&format!("host/{rank}"), me.as_bytes())?;
         let (rank, world_size, comm_id) = (job.rank(), job.world_size(), job.comm_id);
@@ -262,13 +264,24 @@ pub(crate) fn reclaim_stale(min_age: Duration) {
 /// its pages reserved and removed again. What fails (no `/dev/shm`, no permission, no
 /// space) is the error.
 fn probe(ring_bytes: usize) -> Result<()> {
+    use std::sync::atomic::AtomicU64;
     // Shaped like a ring's name (so a leftover is reclaimed like one), with an id no
-    // communicator has drawn yet in this process.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let name = format!("/{PREFIX}{nanos:016x}-{}-0-0-0", std::process::id());
-    ShmSegment::create_new(&name, ring_bytes + layout::DATA).map(drop)
+    // probe of this process has used (ranks may be threads of one process, probing at
+    // once); a name left by a dead process of the same pid moves on to the next id.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut tries = 0;
+    loop {
+        let id = u64::MAX - NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("/{PREFIX}{id:016x}-{}-0-0-0", std::process::id());
+        match ShmSegment::create_new(&name, ring_bytes + layout::DATA) {
+            Err(Error::Io { source, .. })
+                if source.kind() == io::ErrorKind::AlreadyExists && tries < 8 =>
+            {
+                tries += 1;
+            }
+            r => return r.map(drop),
+        }
+    }
 }
 
 /// The creator's pid in a ring segment's name, or `None` for a name that is not one.
@@ -799,6 +812,21 @@ mod tests {
         }
         let name = ring_name(0xdead_beef, 1234, 0, 1, Channel::P2p);
         assert_eq!(stale_pid(&name[1..]), Some(1234));
+    }
+
+    #[test]
+    fn probes_of_ranks_that_are_threads_of_one_process_do_not_collide() {
+        // Ranks in one process probe at once: each needs a name of its own (the first
+        // version named them by the clock, and two threads drew the same one).
+        let ok = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..16).map(|_| s.spawn(|| probe(4096))).collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("probe thread"))
+                .collect::<Vec<_>>()
+        });
+        for r in &ok {
+            assert!(r.is_ok(), "{r:?}");
+        }
     }
 
     #[test]
