@@ -1001,23 +1001,6 @@ struct JsonMeta<'a> {
     law: Option<LawReport>,
 }
 
-/// Bytes per second the CPU kernel combines (f32 sum over 4 MiB, median of 5).
-fn reduce_rate() -> f64 {
-    let n = 1 << 20;
-    let src = vec![1.0f32; n];
-    let mut dst = vec![2.0f32; n];
-    let mut ts: Vec<f64> = (0..6)
-        .map(|_| {
-            let t0 = Instant::now();
-            ferroccl::reduce::reduce_into(&mut dst, &src, ReduceOp::Sum);
-            t0.elapsed().as_secs_f64()
-        })
-        .skip(1)
-        .collect();
-    ts.sort_by(f64::total_cmp);
-    (4 * n) as f64 / ts[ts.len() / 2].max(1e-9)
-}
-
 /// What `--law` found: the law, the link rate it was given, and the fit (if any).
 struct LawReport {
     law: RingLaw,
@@ -1110,7 +1093,7 @@ fn print_law(rows: &[Row], law: RingLaw, rate: f64, n: usize, per_host: bool) ->
         law,
         rate,
         fit: crate::law::fit(&law, &points),
-        reduce: reduce_rate(),
+        reduce: ferroccl::reduce::measured_rate(4 << 20),
     };
     let (steps, fac) = (law.steps, law.factor);
     let (name, unit) = if per_host {

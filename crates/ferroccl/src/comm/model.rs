@@ -11,7 +11,7 @@
 use super::Communicator;
 use crate::config::{AllReduceAlgo, CostModel};
 use crate::error::Result;
-use crate::reduce::{reduce_into, ReduceOp};
+use crate::reduce::{measured_rate, ReduceOp};
 use std::time::Instant;
 
 /// The large ring all-reduce's size: big enough that the bandwidth term dominates
@@ -19,7 +19,7 @@ use std::time::Instant;
 const LARGE_BYTES: usize = 4 << 20;
 /// Elements per rank of the small ring all-reduce (one 64-byte frame per step).
 const SMALL_PER_RANK: usize = 16;
-/// Timed repetitions: the small all-reduce, the large one and the reduction.
+/// Timed repetitions of the small all-reduce and of the large one.
 const SMALL_REPS: usize = 21;
 const LARGE_REPS: usize = 5;
 
@@ -48,14 +48,13 @@ impl Communicator {
         self.cfg.tuning.all_reduce_algo = algo;
         let (t_small, t_large) = timed?;
         let large = LARGE_BYTES;
-        let t_reduce = time_reduction(large);
         let m = fit_ring(
             n,
             (n * SMALL_PER_RANK * 4) as f64,
             t_small,
             large as f64,
             t_large,
-            large as f64 / t_reduce,
+            measured_rate(large),
         );
         // The slowest rank's values, identical on every rank.
         let mut v = [m.alpha, 1.0 / m.bandwidth, 1.0 / m.reduce];
@@ -85,22 +84,6 @@ impl Communicator {
         };
         Ok((time(&mut small, SMALL_REPS)?, time(&mut large, LARGE_REPS)?))
     }
-}
-
-/// Median seconds of the CPU reduction (f32 sum) of `bytes` bytes.
-fn time_reduction(bytes: usize) -> f64 {
-    let src = vec![1.0f32; bytes / 4];
-    let mut dst = vec![2.0f32; bytes / 4];
-    reduce_into(&mut dst, &src, ReduceOp::Sum);
-    let ts = (0..LARGE_REPS)
-        .map(|_| {
-            let t0 = Instant::now();
-            reduce_into(&mut dst, &src, ReduceOp::Sum);
-            t0.elapsed().as_secs_f64()
-        })
-        .collect();
-    // A reduction too fast for the clock still gets a finite rate.
-    median(ts).max(1e-9)
 }
 
 fn median(mut ts: Vec<f64>) -> f64 {

@@ -276,6 +276,26 @@ pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
     kernels::reduce_bytes(T::DTYPE, op, d, s);
 }
 
+/// Bytes per second this CPU combines: the median of 5 timed f32 sums of `bytes`
+/// bytes, after one to warm the pages (the reduction rate of the cost model that
+/// `FERROCCL_COST_MODEL=measure` and `ferroccl bench --law` write).
+pub fn measured_rate(bytes: usize) -> f64 {
+    let n = (bytes / 4).max(1);
+    let src = vec![1.0f32; n];
+    let mut dst = vec![2.0f32; n];
+    reduce_into(&mut dst, &src, ReduceOp::Sum);
+    let mut ts: Vec<f64> = (0..5)
+        .map(|_| {
+            let t0 = std::time::Instant::now();
+            reduce_into(&mut dst, &src, ReduceOp::Sum);
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    ts.sort_by(f64::total_cmp);
+    // A reduction too fast for the clock still gets a finite rate.
+    (4 * n) as f64 / ts[2].max(1e-9)
+}
+
 /// Divides every element by `n` (the last step of `Avg`). No-op for non-float types.
 pub fn finish_avg<T: Element>(dst: &mut [T], n: usize) {
     kernels::scale_bytes(T::DTYPE, bytemuck::cast_slice_mut::<T, u8>(dst), n);
