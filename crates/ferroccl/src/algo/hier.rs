@@ -19,12 +19,18 @@
 //! The phases are joined frame by frame: a host-ring send waits for the last local
 //! reduction of its bytes, a local all-gather send for the host-ring receive that made
 //! its bytes final, and an all-gather receive (which overwrites a chunk the local
-//! reduce-scatter sent) for the last send of those bytes. So the host ring starts on
-//! the first segment the local reduce-scatter finishes, and the local all-gather on
-//! the first final one.
+//! reduce-scatter sent) for the last send of those bytes.
+//!
+//! The local phases and the host ring are two [`Lanes`]: an executor moves each lane's
+//! frames in order but the lanes independently, so the local all-gather takes each
+//! frame as soon as the host ring has finished its bytes, rather than after the host
+//! ring's last frame. (One list of frames for both, however interleaved, couples the
+//! host rings of a host: a rank whose list puts a local frame first waits for the
+//! slowest ring there, and its own ring's frames wait behind it. Tried with a shared
+//! virtual-time order: 4 MiB on 2 × 2 emulated hosts went from 35 to 48 ms.)
 
 use super::schedule::{self, balanced_chunks};
-use super::{ring, Land, Plan};
+use super::{ring, Land, Lanes, Plan};
 use std::ops::Range;
 
 /// Which ranks share a host: hosts in the order of their lowest rank, each host's
@@ -196,6 +202,7 @@ pub(crate) fn plan(
     // 1. Local reduce-scatter: chunk i reduced over this host (final only if h == 1).
     let rs = ring::reduce_scatter(i, k, &chunks, esize, seg_local);
     append(&mut p, rs, local, 0, h == 1);
+    let rs_end = (p.outs.len(), p.ins.len());
     // 2. The host ring of local index i all-reduces chunk i, each frame once its bytes
     //    are reduced here.
     let ar = ring::plan(
@@ -207,11 +214,47 @@ pub(crate) fn plan(
         seg_across,
     );
     append(&mut p, ar, &across, k - 1, true);
+    let hr_end = (p.outs.len(), p.ins.len());
     // 3. Local all-gather of the finished chunks, each frame of chunk i once its bytes
     //    are final here; its receives overwrite chunks the reduce-scatter sent.
     let ag = ring::all_gather(i, k, &chunks, esize, seg_local);
     append(&mut p, ag, local, schedule::allreduce_steps(h), true);
+    if h > 1 && k > 1 {
+        p.lanes = Some(Box::new(lanes(&p, rs_end, hr_end)));
+    }
     p
+}
+
+/// Two lanes for the plan `p` whose host ring's frames are `rs_end..hr_end` (sends,
+/// receives): the local phases (lane 0) and the host ring (lane 1), so the local
+/// all-gather takes each frame as soon as the host ring has finished its bytes, and the
+/// host ring's sends never wait behind a local one. A host-ring receive combines into
+/// bytes the local reduce-scatter reduced: it is applied after the last local receive
+/// on them (`after_in`), so every element is still combined in one order. The local
+/// all-gather writes chunks other than this rank's, which the host ring never touches,
+/// so its receives need no `after_in`.
+fn lanes(p: &Plan, rs_end: (usize, usize), hr_end: (usize, usize)) -> Lanes {
+    let lane = |x: usize, lo: usize, hi: usize| u8::from((lo..hi).contains(&x));
+    let after_in = (0..p.ins.len())
+        .map(|x| {
+            if !(rs_end.1..hr_end.1).contains(&x) {
+                return None;
+            }
+            last_overlap(
+                p.ins[..rs_end.1].iter().map(|i| (i.off, i.len)),
+                p.ins[x].range(),
+            )
+        })
+        .collect();
+    Lanes {
+        outs: (0..p.outs.len())
+            .map(|x| lane(x, rs_end.0, hr_end.0))
+            .collect(),
+        ins: (0..p.ins.len())
+            .map(|x| lane(x, rs_end.1, hr_end.1))
+            .collect(),
+        after_in,
+    }
 }
 
 #[cfg(test)]

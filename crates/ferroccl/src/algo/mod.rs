@@ -24,7 +24,10 @@
 //! that read those bytes has *left* ([`In::after_send`]) — for the pull executor, once
 //! the peer has read them. Every read and write of the same bytes by two frames is
 //! ordered by these two fields; that is the whole of an algorithm's correctness
-//! argument, and what the plan tests check.
+//! argument, and what the plan tests check (`check_hazards`), along with termination
+//! over links that hold nothing. A plan may split its frames into [`Lanes`] that an
+//! executor moves independently (each lane in list order); receives of different lanes
+//! on the same bytes are then ordered by [`Lanes::after_in`].
 
 pub(crate) mod chain;
 pub(crate) mod doubling;
@@ -191,6 +194,143 @@ impl In {
 pub(crate) struct Plan {
     pub outs: Vec<Out>,
     pub ins: Vec<In>,
+    /// Independent lanes, when the plan has more than one ([`Lanes`]).
+    pub lanes: Option<Box<Lanes>>,
+}
+
+/// Lanes of a plan: each frame belongs to one, and an executor that keeps a cursor per
+/// lane moves each lane's sends (and receives) in list order but the lanes
+/// independently, so a frame on a fast link never waits behind one on a slow link that
+/// it does not depend on (the hierarchical plan: links within a host, and between
+/// hosts). What lanes no longer order is ordered by the dependencies alone, plus
+/// [`Lanes::after_in`] between receives of different lanes that touch the same bytes.
+///
+/// Lanes only relax the order: the lists run in order remain a valid schedule (every
+/// dependency, `after_in` included, points to an earlier frame), which is how an
+/// executor without lanes runs them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lanes {
+    /// The lane of each send (`outs[i]`) and receive (`ins[i]`).
+    pub outs: Vec<u8>,
+    pub ins: Vec<u8>,
+    /// Per receive: the receive of another lane that must be applied before it (the
+    /// last earlier one that touches its bytes), if any.
+    pub after_in: Vec<Option<usize>>,
+}
+
+/// The most lanes a plan has.
+pub(crate) const MAX_LANES: usize = 2;
+
+/// A plan's frames per lane, for executors that keep a cursor per lane: which send
+/// (receive) is at position `pos` of lane `l`, and whether a frame is done given the
+/// cursors. For a plan without [`Lanes`] it allocates nothing: one lane, the lists.
+pub(crate) struct LaneOrder {
+    /// Per lane, the indices of its sends and receives, in list order (empty without
+    /// lanes).
+    outs: Vec<Vec<usize>>,
+    ins: Vec<Vec<usize>>,
+    /// Per send and receive: its lane and position in the lane (empty without lanes).
+    out_at: Vec<(u8, usize)>,
+    in_at: Vec<(u8, usize)>,
+    after_in: Vec<Option<usize>>,
+    lanes: usize,
+}
+
+impl LaneOrder {
+    pub fn of(p: &Plan) -> Self {
+        let Some(l) = &p.lanes else {
+            return LaneOrder {
+                outs: Vec::new(),
+                ins: Vec::new(),
+                out_at: Vec::new(),
+                in_at: Vec::new(),
+                after_in: Vec::new(),
+                lanes: 1,
+            };
+        };
+        debug_assert_eq!(l.outs.len(), p.outs.len());
+        debug_assert_eq!(l.ins.len(), p.ins.len());
+        let lanes = l
+            .outs
+            .iter()
+            .chain(&l.ins)
+            .map(|&x| x as usize + 1)
+            .max()
+            .unwrap_or(1);
+        assert!(lanes <= MAX_LANES, "a plan has at most {MAX_LANES} lanes");
+        let split = |of: &[u8]| {
+            let mut lists = vec![Vec::new(); lanes];
+            let at = of
+                .iter()
+                .enumerate()
+                .map(|(x, &lane)| {
+                    lists[lane as usize].push(x);
+                    (lane, lists[lane as usize].len() - 1)
+                })
+                .collect();
+            (lists, at)
+        };
+        let (outs, out_at) = split(&l.outs);
+        let (ins, in_at) = split(&l.ins);
+        LaneOrder {
+            outs,
+            ins,
+            out_at,
+            in_at,
+            after_in: l.after_in.clone(),
+            lanes,
+        }
+    }
+
+    pub fn lanes(&self) -> usize {
+        self.lanes
+    }
+
+    /// The send at position `pos` of lane `l`.
+    pub fn out(&self, p: &Plan, l: usize, pos: usize) -> Option<usize> {
+        if self.out_at.is_empty() {
+            (pos < p.outs.len()).then_some(pos)
+        } else {
+            self.outs[l].get(pos).copied()
+        }
+    }
+
+    /// The receive at position `pos` of lane `l`.
+    pub fn inp(&self, p: &Plan, l: usize, pos: usize) -> Option<usize> {
+        if self.in_at.is_empty() {
+            (pos < p.ins.len()).then_some(pos)
+        } else {
+            self.ins[l].get(pos).copied()
+        }
+    }
+
+    /// Whether send `x` has left, the send cursors being at `si`.
+    pub fn sent(&self, x: usize, si: &[usize]) -> bool {
+        match self.out_at.get(x) {
+            Some(&(l, pos)) => si[l as usize] > pos,
+            None => si[0] > x,
+        }
+    }
+
+    /// Whether receive `x` has been applied, the receive cursors being at `ai`.
+    pub fn applied(&self, x: usize, ai: &[usize]) -> bool {
+        match self.in_at.get(x) {
+            Some(&(l, pos)) => ai[l as usize] > pos,
+            None => ai[0] > x,
+        }
+    }
+
+    /// Whether receive `x` may be applied: what it waits for has left or been
+    /// applied.
+    pub fn may_apply(&self, p: &Plan, x: usize, si: &[usize], ai: &[usize]) -> bool {
+        p.ins[x].after_send.is_none_or(|s| self.sent(s, si))
+            && self
+                .after_in
+                .get(x)
+                .copied()
+                .flatten()
+                .is_none_or(|y| self.applied(y, ai))
+    }
 }
 
 impl Plan {
@@ -327,11 +467,115 @@ pub(crate) mod tests {
         }
     }
 
+    /// Fails unless every two frames of `p` that touch the same bytes, a send and a
+    /// receive or two receives, are ordered: one happens before the other through the
+    /// order of their lane's list (sends leave in order, receives apply in order) and
+    /// the dependencies (`after_recv`, `after_send`, [`Lanes::after_in`]).
+    pub fn check_hazards(p: &Plan, ctx: &str) {
+        let (no, ni) = (p.outs.len(), p.ins.len());
+        let nv = no + ni;
+        let lane_o = |x: usize| p.lanes.as_ref().map_or(0, |l| l.outs[x]);
+        let lane_i = |x: usize| p.lanes.as_ref().map_or(0, |l| l.ins[x]);
+        // Nodes: sends 0..no (leaving), receives no.. (applied).
+        let mut succ: Vec<Vec<usize>> = vec![Vec::new(); nv];
+        let mut last_o = [None; MAX_LANES];
+        for x in 0..no {
+            if let Some(y) = last_o[lane_o(x) as usize].replace(x) {
+                succ[y].push(x);
+            }
+            if let Some(d) = p.outs[x].after_recv {
+                succ[no + d].push(x);
+            }
+        }
+        let mut last_i = [None; MAX_LANES];
+        for x in 0..ni {
+            if let Some(y) = last_i[lane_i(x) as usize].replace(x) {
+                succ[no + y].push(no + x);
+            }
+            if let Some(s) = p.ins[x].after_send {
+                succ[s].push(no + x);
+            }
+            if let Some(y) = p.lanes.as_ref().and_then(|l| l.after_in[x]) {
+                assert!(y < x, "{ctx}: after_in {y} of receive {x} is not earlier");
+                succ[no + y].push(no + x);
+            }
+        }
+        // Reachability, in reverse topological order.
+        let mut indeg = vec![0usize; nv];
+        for v in succ.iter().flatten() {
+            indeg[*v] += 1;
+        }
+        let mut topo: Vec<usize> = (0..nv).filter(|&v| indeg[v] == 0).collect();
+        let mut at = 0;
+        while at < topo.len() {
+            for &w in &succ[topo[at]] {
+                indeg[w] -= 1;
+                if indeg[w] == 0 {
+                    topo.push(w);
+                }
+            }
+            at += 1;
+        }
+        assert_eq!(topo.len(), nv, "{ctx}: the plan's order has a cycle");
+        let words = nv.div_ceil(64);
+        let mut reach = vec![vec![0u64; words]; nv];
+        for &v in topo.iter().rev() {
+            reach[v][v / 64] |= 1 << (v % 64);
+            for &w in &succ[v] {
+                let (rv, rw) = if v < w {
+                    let (a, b) = reach.split_at_mut(w);
+                    (&mut a[v], &b[0])
+                } else {
+                    let (a, b) = reach.split_at_mut(v);
+                    (&mut b[0], &a[w])
+                };
+                rv.iter_mut().zip(rw).for_each(|(x, y)| *x |= y);
+            }
+        }
+        let ordered = |a: usize, b: usize| {
+            reach[a][b / 64] & (1 << (b % 64)) != 0 || reach[b][a / 64] & (1 << (a % 64)) != 0
+        };
+        let touch = |o1: usize, l1: usize, o2: usize, l2: usize| {
+            l1 > 0 && l2 > 0 && o1 < o2 + l2 && o2 < o1 + l1
+        };
+        for (y, i) in p.ins.iter().enumerate() {
+            for (x, o) in p.outs.iter().enumerate() {
+                if touch(o.off, o.len, i.off, i.len) {
+                    assert!(
+                        ordered(x, no + y),
+                        "{ctx}: send {x} {o:?} and receive {y} {i:?} touch the same bytes unordered"
+                    );
+                }
+            }
+            for (z, j) in p.ins.iter().enumerate().take(y) {
+                if touch(j.off, j.len, i.off, i.len) {
+                    assert!(
+                        ordered(no + z, no + y),
+                        "{ctx}: receives {z} {j:?} and {y} {i:?} touch the same bytes unordered"
+                    );
+                }
+            }
+        }
+        // A link is never split between lanes (frames from one peer arrive in order).
+        if let Some(l) = &p.lanes {
+            let mut lane_of = std::collections::HashMap::new();
+            for (o, &lane) in p.outs.iter().zip(&l.outs) {
+                assert_eq!(*lane_of.entry((0, o.peer)).or_insert(lane), lane, "{ctx}");
+            }
+            for (i, &lane) in p.ins.iter().zip(&l.ins) {
+                assert_eq!(*lane_of.entry((1, i.peer)).or_insert(lane), lane, "{ctx}");
+            }
+        }
+    }
+
     /// Fails unless the all-reduce plans of all ranks fit each other and, simulated on
     /// `count` f64 elements per rank (rank `r`'s element `i` is `100r + i`), leave
     /// every rank with the sum. `ctx` is added to the failure message.
     pub fn check_all_reduce(plans: &[Plan], count: usize, ctx: &str) {
         check_plans(plans);
+        for (r, p) in plans.iter().enumerate() {
+            check_hazards(p, &format!("{ctx} rank {r}"));
+        }
         let n = plans.len();
         let bufs: Vec<Vec<f64>> = (0..n)
             .map(|r| (0..count).map(|i| (r * 100 + i) as f64).collect())
@@ -339,8 +583,17 @@ pub(crate) mod tests {
         let want: Vec<f64> = (0..count)
             .map(|i| (0..n).map(|r| (r * 100 + i) as f64).sum())
             .collect();
-        for (r, b) in simulate(plans, bufs).into_iter().enumerate() {
+        for (r, b) in simulate(plans, bufs.clone()).into_iter().enumerate() {
             assert_eq!(b, want, "n={n} count={count} {ctx} rank {r}");
+        }
+        // Links that hold nothing (and one frame): the plans still finish.
+        for cap in [0, 1] {
+            for (r, b) in simulate_links(plans, bufs.clone(), cap)
+                .into_iter()
+                .enumerate()
+            {
+                assert_eq!(b, want, "n={n} count={count} {ctx} cap={cap} rank {r}");
+            }
         }
     }
 
@@ -348,15 +601,7 @@ pub(crate) mod tests {
     /// `+`), as a push executor with unbounded links would: sends copy the bytes out
     /// when they leave. Panics on a deadlock. Returns the buffers.
     pub fn simulate(plans: &[Plan], bufs: Vec<Vec<f64>>) -> Vec<Vec<f64>> {
-        let views = vec![0; plans.len()];
-        run_views(plans, &views, bufs)
-            .into_iter()
-            .enumerate()
-            .map(|(r, e)| match e {
-                End::Ok(b) => b,
-                e => panic!("rank {r} ended {e:?} although every rank made the same call"),
-            })
-            .collect()
+        simulate_links(plans, bufs, usize::MAX)
     }
 
     /// How a call ends on one rank in [`run_views`].
@@ -374,61 +619,138 @@ pub(crate) mod tests {
     /// view differs fails the receiver with a mismatch, as its header would; a failed
     /// rank's links close (frames it sent before stay readable). Panics if any rank
     /// would wait forever.
-    pub fn run_views(plans: &[Plan], views: &[usize], mut bufs: Vec<Vec<f64>>) -> Vec<End> {
+    pub fn run_views(plans: &[Plan], views: &[usize], bufs: Vec<Vec<f64>>) -> Vec<End> {
+        run_links(plans, views, bufs, usize::MAX)
+    }
+
+    /// [`simulate`] over links that hold at most `cap` frames each way. With `cap ==
+    /// 0` a link holds nothing: a send completes only straight into a receive that
+    /// takes it now, as a frame larger than every buffer on its way would. Receives
+    /// behave as the push executor's: a combining one is taken into scratch at once and
+    /// held there until its `after_send` has left; one that lands in place is taken only
+    /// then. Panics on a deadlock.
+    pub fn simulate_links(plans: &[Plan], bufs: Vec<Vec<f64>>, cap: usize) -> Vec<Vec<f64>> {
+        let views = vec![0; plans.len()];
+        run_links(plans, &views, bufs, cap)
+            .into_iter()
+            .enumerate()
+            .map(|(r, e)| match e {
+                End::Ok(b) => b,
+                e => panic!("rank {r} ended {e:?} although every rank made the same call"),
+            })
+            .collect()
+    }
+
+    fn run_links(plans: &[Plan], views: &[usize], mut bufs: Vec<Vec<f64>>, cap: usize) -> Vec<End> {
         use std::collections::VecDeque;
         let n = plans.len();
-        let (mut si, mut ai) = (vec![0usize; n], vec![0usize; n]);
+        let orders: Vec<LaneOrder> = plans.iter().map(LaneOrder::of).collect();
+        // Per rank and lane: position of the next send and receive, and a combining
+        // receive taken into scratch, waiting for what it must follow.
+        let mut si = vec![[0usize; MAX_LANES]; n];
+        let mut ai = vec![[0usize; MAX_LANES]; n];
+        let mut held: Vec<[Option<Vec<f64>>; MAX_LANES]> = (0..n).map(|_| [None, None]).collect();
         let mut end: Vec<Option<End>> = (0..n).map(|_| None).collect();
         // wires[r][q]: frames r sent q not yet received (step, seg, sender's view, data).
         type Wire = VecDeque<(u32, u32, usize, Vec<f64>)>;
         let mut wires: Vec<Vec<Wire>> = (0..n)
             .map(|_| (0..n).map(|_| VecDeque::new()).collect())
             .collect();
+        let apply = |dst: &mut [f64], i: &In, data: &[f64]| match i.land {
+            Land::Copy => dst.copy_from_slice(data),
+            Land::Reduce { .. } => dst.iter_mut().zip(data).for_each(|(d, s)| *d += s),
+        };
         loop {
             let mut moved = false;
             for r in 0..n {
                 if end[r].is_some() {
                     continue;
                 }
-                let p = &plans[r];
-                while si[r] < p.outs.len() {
-                    let o = &p.outs[si[r]];
-                    if o.after_recv.is_some_and(|d| ai[r] <= d) {
-                        break;
+                let (p, ord) = (&plans[r], &orders[r]);
+                for l in 0..ord.lanes() {
+                    while let Some(x) = ord.out(p, l, si[r][l]) {
+                        let o = &p.outs[x];
+                        if o.after_recv.is_some_and(|d| !ord.applied(d, &ai[r])) {
+                            break;
+                        }
+                        let q = o.peer;
+                        // With no room on the link, only a receive that takes the
+                        // frame now lets it leave.
+                        let takes = |ql: usize| {
+                            held[q][ql].is_none()
+                                && orders[q].inp(&plans[q], ql, ai[q][ql]).is_some_and(|y| {
+                                    let i = &plans[q].ins[y];
+                                    i.peer == r
+                                        && i.step == o.step
+                                        && i.seg == o.seg
+                                        && (matches!(i.land, Land::Reduce { .. })
+                                            || orders[q].may_apply(&plans[q], y, &si[q], &ai[q]))
+                                })
+                        };
+                        let room = wires[r][q].len() < cap
+                            || (wires[r][q].is_empty()
+                                && end[q].is_none()
+                                && (0..orders[q].lanes()).any(takes));
+                        if !room {
+                            break;
+                        }
+                        let data = bufs[r][o.off / 8..(o.off + o.len) / 8].to_vec();
+                        wires[r][q].push_back((o.step, o.seg, views[r], data));
+                        si[r][l] += 1;
+                        moved = true;
                     }
-                    let data = bufs[r][o.off / 8..(o.off + o.len) / 8].to_vec();
-                    wires[r][o.peer].push_back((o.step, o.seg, views[r], data));
-                    si[r] += 1;
-                    moved = true;
                 }
-                while ai[r] < p.ins.len() {
-                    let i = &p.ins[ai[r]];
-                    if i.after_send.is_some_and(|s| si[r] <= s) {
-                        break;
-                    }
-                    let Some((step, seg, view, data)) = wires[i.peer][r].pop_front() else {
-                        if matches!(end[i.peer], Some(End::Mismatch | End::Closed)) {
-                            end[r] = Some(End::Closed);
+                for l in 0..ord.lanes() {
+                    if let Some(data) = &held[r][l] {
+                        let x = ord.inp(p, l, ai[r][l]).expect("a held receive");
+                        if ord.may_apply(p, x, &si[r], &ai[r]) {
+                            let i = &p.ins[x];
+                            apply(&mut bufs[r][i.off / 8..(i.off + i.len) / 8], i, data);
+                            held[r][l] = None;
+                            ai[r][l] += 1;
                             moved = true;
                         }
-                        break;
-                    };
-                    if view != views[r] {
-                        end[r] = Some(End::Mismatch);
+                    }
+                    while held[r][l].is_none() {
+                        let Some(x) = ord.inp(p, l, ai[r][l]) else {
+                            break;
+                        };
+                        let i = &p.ins[x];
+                        let reduces = matches!(i.land, Land::Reduce { .. });
+                        if !reduces && !ord.may_apply(p, x, &si[r], &ai[r]) {
+                            break;
+                        }
+                        // Frames from one peer arrive in its order: the next one must
+                        // be this receive's (lanes never split a link).
+                        let Some((step, seg, view, data)) = wires[i.peer][r].pop_front() else {
+                            if matches!(end[i.peer], Some(End::Mismatch | End::Closed)) {
+                                end[r] = Some(End::Closed);
+                                moved = true;
+                            }
+                            break;
+                        };
                         moved = true;
+                        if view != views[r] {
+                            end[r] = Some(End::Mismatch);
+                            break;
+                        }
+                        assert_eq!((step, seg), (i.step, i.seg), "rank {r} from {}", i.peer);
+                        assert_eq!(data.len() * 8, i.len, "rank {r} from {}", i.peer);
+                        if !ord.may_apply(p, x, &si[r], &ai[r]) {
+                            held[r][l] = Some(data);
+                            break;
+                        }
+                        apply(&mut bufs[r][i.off / 8..(i.off + i.len) / 8], i, &data);
+                        ai[r][l] += 1;
+                    }
+                    if end[r].is_some() {
                         break;
                     }
-                    assert_eq!((step, seg), (i.step, i.seg), "rank {r} from {}", i.peer);
-                    assert_eq!(data.len() * 8, i.len, "rank {r} from {}", i.peer);
-                    let dst = &mut bufs[r][i.off / 8..(i.off + i.len) / 8];
-                    match i.land {
-                        Land::Copy => dst.copy_from_slice(&data),
-                        Land::Reduce { .. } => dst.iter_mut().zip(&data).for_each(|(d, s)| *d += s),
-                    }
-                    ai[r] += 1;
-                    moved = true;
                 }
-                if end[r].is_none() && si[r] == p.outs.len() && ai[r] == p.ins.len() {
+                let finished = (0..ord.lanes()).all(|l| {
+                    ord.out(p, l, si[r][l]).is_none() && ord.inp(p, l, ai[r][l]).is_none()
+                });
+                if end[r].is_none() && finished {
                     end[r] = Some(End::Ok(bufs[r].clone()));
                     moved = true;
                 }
@@ -438,7 +760,7 @@ pub(crate) mod tests {
             }
             assert!(
                 moved,
-                "plans deadlock (views {views:?}): sent {si:?}, applied {ai:?}"
+                "plans deadlock (views {views:?}, links of {cap} frames): sent {si:?}, applied {ai:?}"
             );
         }
     }

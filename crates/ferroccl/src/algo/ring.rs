@@ -81,7 +81,11 @@ pub(crate) fn plan(
             }
         })
         .collect();
-    Plan { outs, ins }
+    Plan {
+        outs,
+        ins,
+        lanes: None,
+    }
 }
 
 /// The all-reduce of `count` elements: every step, balanced chunks.

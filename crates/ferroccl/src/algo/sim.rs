@@ -5,11 +5,14 @@
 //! and `r`'s port is free, occupies the port for `L/β`, and arrives `α + L/β` after it
 //! left; a receive is applied when its frame has arrived, the receive before it has
 //! been applied and the send it waits for has left, and a combining receive then takes
-//! `γ·L`. Ports are full duplex (a rank sends and receives at once) and one per rank;
-//! links between ranks of one host (`ranks_per_host > 1`) have their own `α` and `β`,
-//! and the ranks of a host share one port between hosts (the host's NIC: a frame to
-//! another host occupies the rank's port and the first free slot of its host's, so `k`
-//! ranks sending between hosts at once get `β/k` each). Incast (several senders into
+//! `γ·L`. Ports are full duplex (a rank sends and receives at once). Links between
+//! ranks of one host (`ranks_per_host > 1`) have their own `α` and `β`, and a rank
+//! has one port for each class of link: its frames to its own host's ranks (shared
+//! memory: copies it makes) and those to other hosts (the NIC's, which drain while
+//! the rank copies) do not wait for each other. The ranks of a host share one port
+//! between hosts (the host's NIC: a frame to another host occupies the rank's port and
+//! the first free slot of its host's, so `k` ranks sending between hosts at once get
+//! `β/k` each). Incast (several senders into
 //! one receiver) is not modelled: receivers never limit.
 //!
 //! Frames are compacted as plans are built (24 bytes each), so a ring over 4096 ranks
@@ -162,9 +165,17 @@ pub fn predict_all_reduce(
             let local = count.div_ceil(k);
             let (kf, hf) = (k as f64 - 1.0, h as f64 - 1.0);
             let (ia, ib) = (net.intra_alpha, net.intra_beta);
-            ring(local, kf, kf, ia, ib)
-                + ring(local.div_ceil(h), 2.0 * hf, hf, alpha, beta / k as f64)
-                + ring(local, kf, 0.0, ia, ib)
+            let rs = ring(local, kf, kf, ia, ib);
+            let ag = ring(local, kf, 0.0, ia, ib);
+            let across = ring(local.div_ceil(h), 2.0 * hf, hf, alpha, beta / k as f64);
+            // The local all-gather runs in its own lane, alongside the host ring, and
+            // ends one local segment after it; the host ring starts once the local
+            // reduce-scatter has finished the sub-chunk it sends first (about the
+            // whole reduce-scatter on the host whose first sub-chunk is its last).
+            let seg =
+                super::schedule::pipeline_segment(local, esize, segment_bytes).min(local.max(1));
+            let drain = kf * (ia + (seg * esize) as f64 / ib);
+            (across + rs).max(rs + ag) + drain
         }
         Algorithm::RecursiveDoubling if bytes <= u32::MAX as usize => {
             // Two paths after the fold: through the partners, a full message per
@@ -259,9 +270,13 @@ impl Network {
         (k > 1 && a / k != b / k).then_some(a / k)
     }
 
-    fn link(&self, a: usize, b: usize) -> (f64, f64) {
+    fn same_host(&self, a: usize, b: usize) -> bool {
         let k = self.ranks_per_host.max(1);
-        if a / k == b / k {
+        a / k == b / k
+    }
+
+    fn link(&self, a: usize, b: usize) -> (f64, f64) {
+        if self.same_host(a, b) {
             (self.intra_alpha, self.intra_beta)
         } else {
             (self.alpha, self.beta)
@@ -269,40 +284,99 @@ impl Network {
     }
 }
 
-/// A frame, compacted: peer, bytes, dependency (`u32::MAX`: none), combining.
+/// A frame, compacted: peer, bytes, dependency (`u32::MAX`: none), combining, lane,
+/// and for a receive the receive of another lane it follows ([`super::Lanes`]).
 #[derive(Clone, Copy)]
 struct Frame {
     peer: u32,
     len: u64,
     dep: u32,
+    after: u32,
     reduce: bool,
+    lane: u8,
 }
 
 const NONE: u32 = u32::MAX;
 
-fn compact(p: &Plan) -> (Vec<Frame>, Vec<Frame>) {
+/// A rank's compacted plan: its frames, and per lane the indices of its frames when it
+/// has more than one lane.
+struct Compact {
+    outs: Vec<Frame>,
+    ins: Vec<Frame>,
+    lanes: usize,
+    lane_outs: Vec<Vec<u32>>,
+    lane_ins: Vec<Vec<u32>>,
+}
+
+impl Compact {
+    fn out(&self, l: usize, pos: usize) -> Option<usize> {
+        if self.lanes == 1 {
+            (pos < self.outs.len()).then_some(pos)
+        } else {
+            self.lane_outs[l].get(pos).map(|&x| x as usize)
+        }
+    }
+
+    fn inp(&self, l: usize, pos: usize) -> Option<usize> {
+        if self.lanes == 1 {
+            (pos < self.ins.len()).then_some(pos)
+        } else {
+            self.lane_ins[l].get(pos).map(|&x| x as usize)
+        }
+    }
+}
+
+fn compact(p: &Plan) -> Compact {
     let dep = |d: Option<usize>| d.map_or(NONE, |d| d as u32);
-    let outs = p
+    let lanes = p.lanes.as_deref();
+    let outs: Vec<Frame> = p
         .outs
         .iter()
-        .map(|o| Frame {
+        .enumerate()
+        .map(|(x, o)| Frame {
             peer: o.peer as u32,
             len: o.len as u64,
             dep: dep(o.after_recv),
+            after: NONE,
             reduce: false,
+            lane: lanes.map_or(0, |l| l.outs[x]),
         })
         .collect();
-    let ins = p
+    let ins: Vec<Frame> = p
         .ins
         .iter()
-        .map(|i| Frame {
+        .enumerate()
+        .map(|(x, i)| Frame {
             peer: i.peer as u32,
             len: i.len as u64,
             dep: dep(i.after_send),
+            after: dep(lanes.and_then(|l| l.after_in[x])),
             reduce: matches!(i.land, Land::Reduce { .. }),
+            lane: lanes.map_or(0, |l| l.ins[x]),
         })
         .collect();
-    (outs, ins)
+    let n_lanes = outs
+        .iter()
+        .chain(&ins)
+        .map(|f| f.lane as usize + 1)
+        .max()
+        .unwrap_or(1);
+    let split = |frames: &[Frame]| {
+        let mut v = vec![Vec::new(); n_lanes];
+        if n_lanes > 1 {
+            for (x, f) in frames.iter().enumerate() {
+                v[f.lane as usize].push(x as u32);
+            }
+        }
+        v
+    };
+    Compact {
+        lane_outs: split(&outs),
+        lane_ins: split(&ins),
+        outs,
+        ins,
+        lanes: n_lanes,
+    }
 }
 
 /// The earliest start at or after `at` of a slot of `busy` seconds on a port whose
@@ -332,83 +406,92 @@ fn claim(slots: &mut Vec<(f64, f64)>, at: f64, busy: f64) -> f64 {
 /// each rank finished, in seconds from a common start. Panics if the plans deadlock
 /// (they never do when they fit each other; see the plan tests).
 pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network) -> Vec<f64> {
-    let plans: Vec<(Vec<Frame>, Vec<Frame>)> = (0..n).map(|r| compact(&plan_of(r))).collect();
-    // Per rank: next out, next in, port free at, when each out left / in was applied.
-    let mut si = vec![0usize; n];
-    let mut ai = vec![0usize; n];
-    let mut port = vec![0.0f64; n];
-    let mut left: Vec<Vec<f64>> = plans
-        .iter()
-        .map(|(o, _)| Vec::with_capacity(o.len()))
-        .collect();
-    let mut applied: Vec<Vec<f64>> = plans
-        .iter()
-        .map(|(_, i)| Vec::with_capacity(i.len()))
-        .collect();
+    use super::MAX_LANES;
+    let plans: Vec<Compact> = (0..n).map(|r| compact(&plan_of(r))).collect();
+    // Per rank and lane: next out, next in, when its last in was applied.
+    let mut si = vec![[0usize; MAX_LANES]; n];
+    let mut ai = vec![[0usize; MAX_LANES]; n];
+    let mut last = vec![[0.0f64; MAX_LANES]; n];
+    // Per rank and class of link (0: within its host, 1: to other hosts).
+    let mut port = vec![[0.0f64; 2]; n];
+    // When each out left / in was applied (NaN: not yet).
+    let mut left: Vec<Vec<f64>> = plans.iter().map(|p| vec![f64::NAN; p.outs.len()]).collect();
+    let mut applied: Vec<Vec<f64>> = plans.iter().map(|p| vec![f64::NAN; p.ins.len()]).collect();
     // Arrival times of frames in flight, per (from, to).
     let mut wires: HashMap<(u32, u32), VecDeque<f64>> = HashMap::new();
     // Per host: when its port between hosts is busy (sorted, disjoint intervals).
     let mut nics: Vec<Vec<(f64, f64)>> = vec![Vec::new(); n.div_ceil(net.ranks_per_host.max(1))];
     let mut done = vec![false; n];
     let mut remaining = n;
+    let time = |v: &[f64], x: u32| (x != NONE).then(|| v[x as usize]);
     while remaining > 0 {
         let mut moved = false;
         for r in 0..n {
             if done[r] {
                 continue;
             }
-            let (outs, ins) = &plans[r];
+            let p = &plans[r];
             loop {
                 let mut step = false;
-                if let Some(o) = outs.get(si[r]) {
-                    let dep = o.dep as usize;
-                    if o.dep == NONE || dep < applied[r].len() {
-                        let ready = if o.dep == NONE { 0.0 } else { applied[r][dep] };
-                        let (a, b) = net.link(r, o.peer as usize);
-                        let busy = o.len as f64 / b;
-                        let start = match net.host_port(r, o.peer as usize) {
-                            Some(h) => claim(&mut nics[h], ready.max(port[r]), busy),
-                            None => ready.max(port[r]),
-                        };
-                        port[r] = start + busy;
-                        left[r].push(start + busy);
-                        wires
-                            .entry((r as u32, o.peer))
-                            .or_default()
-                            .push_back(start + a + busy);
-                        si[r] += 1;
-                        step = true;
+                for (l, pos) in si[r].iter_mut().enumerate().take(p.lanes) {
+                    let Some(x) = p.out(l, *pos) else {
+                        continue;
+                    };
+                    let o = p.outs[x];
+                    let ready = time(&applied[r], o.dep).unwrap_or(0.0);
+                    if ready.is_nan() {
+                        continue;
                     }
+                    let (a, b) = net.link(r, o.peer as usize);
+                    let busy = o.len as f64 / b;
+                    let class = usize::from(!net.same_host(r, o.peer as usize));
+                    let free = port[r][class];
+                    let start = match net.host_port(r, o.peer as usize) {
+                        Some(h) => claim(&mut nics[h], ready.max(free), busy),
+                        None => ready.max(free),
+                    };
+                    port[r][class] = start + busy;
+                    left[r][x] = start + busy;
+                    wires
+                        .entry((r as u32, o.peer))
+                        .or_default()
+                        .push_back(start + a + busy);
+                    *pos += 1;
+                    step = true;
                 }
-                if let Some(i) = ins.get(ai[r]) {
-                    let dep = i.dep as usize;
-                    let sent = i.dep == NONE || dep < left[r].len();
-                    let arrived = wires.get_mut(&(i.peer, r as u32)).and_then(|q| {
-                        if sent {
-                            q.pop_front()
-                        } else {
-                            None
-                        }
-                    });
-                    if let Some(at) = arrived {
-                        let after = if i.dep == NONE { 0.0 } else { left[r][dep] };
-                        let prev = applied[r].last().copied().unwrap_or(0.0);
-                        let cost = if i.reduce {
-                            net.gamma * i.len as f64
-                        } else {
-                            0.0
-                        };
-                        applied[r].push(at.max(after).max(prev) + cost);
-                        ai[r] += 1;
-                        step = true;
+                for l in 0..p.lanes {
+                    let Some(x) = p.inp(l, ai[r][l]) else {
+                        continue;
+                    };
+                    let i = p.ins[x];
+                    let after = time(&left[r], i.dep).unwrap_or(0.0);
+                    let follows = time(&applied[r], i.after).unwrap_or(0.0);
+                    if after.is_nan() || follows.is_nan() {
+                        continue;
                     }
+                    let Some(at) = wires
+                        .get_mut(&(i.peer, r as u32))
+                        .and_then(|q| q.pop_front())
+                    else {
+                        continue;
+                    };
+                    let cost = if i.reduce {
+                        net.gamma * i.len as f64
+                    } else {
+                        0.0
+                    };
+                    let t = at.max(after).max(follows).max(last[r][l]) + cost;
+                    applied[r][x] = t;
+                    last[r][l] = t;
+                    ai[r][l] += 1;
+                    step = true;
                 }
                 if !step {
                     break;
                 }
                 moved = true;
             }
-            if si[r] == outs.len() && ai[r] == ins.len() {
+            if (0..p.lanes).all(|l| p.out(l, si[r][l]).is_none() && p.inp(l, ai[r][l]).is_none()) {
                 done[r] = true;
                 remaining -= 1;
                 moved = true;
@@ -421,8 +504,8 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
     }
     (0..n)
         .map(|r| {
-            let a = applied[r].last().copied().unwrap_or(0.0);
-            let l = left[r].last().copied().unwrap_or(0.0);
+            let a = applied[r].iter().fold(0.0f64, |m, &t| m.max(t));
+            let l = left[r].iter().fold(0.0f64, |m, &t| m.max(t));
             a.max(l)
         })
         .collect()

@@ -272,6 +272,7 @@ pub(crate) fn plan(rank: usize, n: usize, count: usize, esize: usize, seg_elems:
                 ..i
             })
             .collect(),
+        lanes: None,
     }
 }
 

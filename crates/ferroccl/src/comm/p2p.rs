@@ -29,6 +29,7 @@ impl Communicator {
                 })
                 .collect(),
             ins: vec![],
+            lanes: None,
         };
         self.run_now(|e| e.stream(Channel::P2p, &fp, &plan, Data::Read(bytes), &mut NoCombine))
     }
@@ -51,6 +52,7 @@ impl Communicator {
                     after_send: None,
                 })
                 .collect(),
+            lanes: None,
         };
         self.run_now(|e| e.stream(Channel::P2p, &fp, &plan, Data::Write(bytes), &mut NoCombine))
     }

@@ -6,7 +6,8 @@
 //!   operation fails. Every collective, on host or device memory, over any transport,
 //!   runs inside it.
 //! - [`Engine::stream`] (`stream.rs`) runs a plan over links that push bytes (TCP,
-//!   RDMA, in-process pipes): it moves both frame lists as far as the links allow,
+//!   RDMA, in-process pipes): it moves both frame lists (each lane's, for a plan with
+//!   [`Lanes`](crate::algo::Lanes)) as far as the links allow,
 //!   checks every frame header against the call's fingerprint, combines received data
 //!   with a [`Combine`](crate::reduce::Combine), and sleeps only when nothing can move.
 //! - [`Engine::pull`] (`pull.rs`) runs the same plan over peers whose memory this rank

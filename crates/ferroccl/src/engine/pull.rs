@@ -322,6 +322,7 @@ impl Engine {
         let plan = Plan {
             outs: peers.iter().map(|&q| Out::check(q, u32::MAX)).collect(),
             ins: peers.iter().map(|&q| In::check(q, u32::MAX)).collect(),
+            lanes: None,
         };
         self.stream(
             Channel::Collective,

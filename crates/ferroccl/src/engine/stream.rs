@@ -2,7 +2,7 @@
 
 use super::pacer::frame_error;
 use super::{Engine, Pacer, NOTICE_WAIT};
-use crate::algo::{In, Land, Plan};
+use crate::algo::{In, Land, LaneOrder, Plan, MAX_LANES};
 use crate::error::{Error, Result};
 use crate::reduce::Combine;
 use crate::transport::Channel;
@@ -10,10 +10,11 @@ use crate::wire::{Fingerprint, FrameHeader, InFrame, OutFrame};
 use std::ops::Range;
 use std::time::Instant;
 
-/// The send in progress: `out` is outs[`si`] once it has started.
+/// The sends in progress, one per lane: `si[l]` is the position of lane `l`'s next
+/// send, and `out[l]` that send (its index and frame) once it has started.
 struct Sending {
-    si: usize,
-    out: Option<OutFrame>,
+    si: [usize; MAX_LANES],
+    out: [Option<(usize, OutFrame)>; MAX_LANES],
 }
 
 /// The buffer an operation runs on: read-only for one that only sends.
@@ -93,16 +94,24 @@ impl Engine {
             .map(|i| i.len)
             .max()
             .unwrap_or(0);
-        self.scratch_bytes(scratch_need);
+        let order = LaneOrder::of(plan);
+        // One frame of scratch per lane, each starting on an 8-byte boundary.
+        let per_lane = scratch_need.div_ceil(8) * 8;
+        self.scratch_bytes(per_lane * order.lanes());
         let mut scratch = std::mem::take(&mut self.scratch);
-        let mut st = Sending { si: 0, out: None };
+        let mut st = Sending {
+            si: [0; MAX_LANES],
+            out: [None, None],
+        };
         let r = self.run_plan(
             ch,
             fp,
             plan,
+            &order,
             &mut data,
             comb,
             bytemuck::cast_slice_mut(&mut scratch),
+            per_lane,
             &mut st,
         );
         self.scratch = scratch;
@@ -119,38 +128,43 @@ impl Engine {
     /// started with: no receive has changed them (that waits for the frame to leave), so
     /// the peer gets what it would have got.
     fn finish_half_sent(&mut self, ch: Channel, plan: &Plan, data: &Data<'_>, st: &mut Sending) {
-        let (Some(frame), Some(o)) = (st.out.as_mut(), plan.outs.get(st.si)) else {
-            return;
-        };
-        let Ok(peer) = self.link(ch, o.peer) else {
-            return;
-        };
-        // Give up after NOTICE_WAIT without progress (not in all: a loaded machine may
-        // drain a large frame slowly, and the notice is worth the wait).
-        let mut last = Instant::now();
-        while let Ok((moved, false)) = frame.progress(peer, data.read(o.off..o.off + o.len)) {
-            if moved > 0 {
-                last = Instant::now();
-            } else if last.elapsed() >= NOTICE_WAIT {
-                break;
+        for (x, frame) in st.out.iter_mut().flatten() {
+            let o = &plan.outs[*x];
+            let Ok(peer) = self.link(ch, o.peer) else {
+                continue;
+            };
+            // Give up after NOTICE_WAIT without progress (not in all: a loaded machine
+            // may drain a large frame slowly, and the notice is worth the wait).
+            let mut last = Instant::now();
+            while let Ok((moved, false)) = frame.progress(peer, data.read(o.off..o.off + o.len)) {
+                if moved > 0 {
+                    last = Instant::now();
+                } else if last.elapsed() >= NOTICE_WAIT {
+                    break;
+                }
+                std::thread::yield_now();
             }
-            std::thread::yield_now();
         }
     }
 
-    /// The loop of [`Engine::stream`]; `st` holds the send in progress when it fails.
+    /// The loop of [`Engine::stream`]; `st` holds the sends in progress when it fails.
+    /// Each lane of `order` has its own send and receive cursor (a plan without lanes
+    /// has one); `scratch` holds `per_lane` bytes for each lane's combining receive.
     #[allow(clippy::too_many_arguments)]
     fn run_plan(
         &mut self,
         ch: Channel,
         fp: &Fingerprint,
         plan: &Plan,
+        order: &LaneOrder,
         data: &mut Data<'_>,
         comb: &mut dyn Combine,
         scratch: &mut [u8],
+        per_lane: usize,
         st: &mut Sending,
     ) -> Result<()> {
         let (outs, ins) = (&plan.outs, &plan.ins);
+        let lanes = order.lanes();
         let rank = self.rank;
         let header = |step: u32, seg: u32, len: usize| FrameHeader {
             fp: *fp,
@@ -158,104 +172,134 @@ impl Engine {
             seg,
             len: len as u32,
         };
-        // `st.si`: next send (`st.out` once it has started); `ai`: next receive, which is
-        // applied once complete (or held in scratch, `held`, until its send dependency
-        // has left).
-        let mut ai = 0usize;
-        let mut held = false;
-        let mut inp: Option<InFrame> = None;
+        // Per lane: `ai`, the position of the next receive, which is applied once
+        // complete (or held in the lane's scratch, `held`, until what it waits for has
+        // left or been applied); `inp`, that receive's frame once it has started.
+        let mut ai = [0usize; MAX_LANES];
+        let mut held = [false; MAX_LANES];
+        let mut inp: [Option<InFrame>; MAX_LANES] = [None, None];
         let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
-        while st.si < outs.len() || ai < ins.len() {
+        let done = |st: &Sending, ai: &[usize; MAX_LANES]| {
+            (0..lanes).all(|l| {
+                order.out(plan, l, st.si[l]).is_none() && order.inp(plan, l, ai[l]).is_none()
+            })
+        };
+        while !done(st, &ai) {
             let mut progressed = false;
-            while st.si < outs.len() {
-                let o = &outs[st.si];
-                if st.out.is_none() {
-                    if o.after_recv.is_some_and(|d| ai <= d) {
+            for l in 0..lanes {
+                while let Some(x) = order.out(plan, l, st.si[l]) {
+                    let o = &outs[x];
+                    if st.out[l].is_none() {
+                        if o.after_recv.is_some_and(|d| !order.applied(d, &ai)) {
+                            break;
+                        }
+                        st.out[l] = Some((x, OutFrame::new(&header(o.step, o.seg, o.len))));
+                    }
+                    let Some((_, frame)) = st.out[l].as_mut() else {
+                        break;
+                    };
+                    let peer = self.link(ch, o.peer)?;
+                    let (moved, sent) = frame
+                        .progress(peer, data.read(o.off..o.off + o.len))
+                        .map_err(|e| frame_error(rank, e, peer, o.peer, fp))?;
+                    progressed |= moved > 0;
+                    if !sent {
                         break;
                     }
-                    st.out = Some(OutFrame::new(&header(o.step, o.seg, o.len)));
+                    st.out[l] = None;
+                    st.si[l] += 1;
+                    progressed = true;
                 }
-                let Some(frame) = st.out.as_mut() else { break };
-                let peer = self.link(ch, o.peer)?;
-                let (moved, done) = frame
-                    .progress(peer, data.read(o.off..o.off + o.len))
-                    .map_err(|e| frame_error(rank, e, peer, o.peer, fp))?;
-                progressed |= moved > 0;
-                if !done {
-                    break;
+            }
+            for l in 0..lanes {
+                let scratch = &mut scratch[l * per_lane..(l + 1) * per_lane];
+                if held[l] {
+                    let x = order.inp(plan, l, ai[l]).expect("a held receive");
+                    if order.may_apply(plan, x, &st.si, &ai) {
+                        apply(&ins[x], data, scratch, comb)?;
+                        held[l] = false;
+                        ai[l] += 1;
+                        progressed = true;
+                    }
                 }
-                st.out = None;
-                st.si += 1;
-                progressed = true;
-            }
-            if held && ins[ai].after_send.is_none_or(|s| st.si > s) {
-                apply(&ins[ai], data, scratch, comb)?;
-                held = false;
-                ai += 1;
-                progressed = true;
-            }
-            while !held && ai < ins.len() {
-                let i = &ins[ai];
-                let lands_in_place = matches!(i.land, Land::Copy);
-                if inp.is_none() {
-                    if lands_in_place && i.after_send.is_some_and(|s| st.si <= s) {
+                while !held[l] {
+                    let Some(x) = order.inp(plan, l, ai[l]) else {
+                        break;
+                    };
+                    let i = &ins[x];
+                    let lands_in_place = matches!(i.land, Land::Copy);
+                    if inp[l].is_none() {
+                        if lands_in_place && !order.may_apply(plan, x, &st.si, &ai) {
+                            break;
+                        }
+                        inp[l] = Some(InFrame::new(header(i.step, i.seg, i.len)));
+                    }
+                    let Some(frame) = inp[l].as_mut() else { break };
+                    let dst = if lands_in_place {
+                        data.write(i.range())?
+                    } else {
+                        &mut scratch[..i.len]
+                    };
+                    let peer = self.link(ch, i.peer)?;
+                    let (moved, got) = frame
+                        .progress(peer, dst)
+                        .map_err(|e| frame_error(rank, e, peer, i.peer, fp))?;
+                    progressed |= moved > 0;
+                    if !got {
                         break;
                     }
-                    inp = Some(InFrame::new(header(i.step, i.seg, i.len)));
+                    inp[l] = None;
+                    progressed = true;
+                    if !order.may_apply(plan, x, &st.si, &ai) {
+                        held[l] = true;
+                        break;
+                    }
+                    apply(i, data, scratch, comb)?;
+                    ai[l] += 1;
                 }
-                let Some(frame) = inp.as_mut() else { break };
-                let dst = if lands_in_place {
-                    data.write(i.range())?
-                } else {
-                    &mut scratch[..i.len]
-                };
-                let peer = self.link(ch, i.peer)?;
-                let (moved, done) = frame
-                    .progress(peer, dst)
-                    .map_err(|e| frame_error(rank, e, peer, i.peer, fp))?;
-                progressed |= moved > 0;
-                if !done {
-                    break;
-                }
-                inp = None;
-                progressed = true;
-                if i.after_send.is_some_and(|s| st.si <= s) {
-                    held = true;
-                    break;
-                }
-                apply(i, data, scratch, comb)?;
-                ai += 1;
-            }
-            if st.si == outs.len() && ai == ins.len() {
-                break;
             }
             if progressed {
                 pacer.moved();
                 continue;
             }
-            // Waiting for a receive, or for a peer to take a send.
-            let recv_wait = ai < ins.len() && !held && (st.si == outs.len() || inp.is_some());
-            let peer = if recv_wait {
-                ins[ai].peer
-            } else {
-                outs[st.si.min(outs.len() - 1)].peer
+            if done(st, &ai) {
+                break;
+            }
+            // Waiting for a receive, or for a peer to take a send: name a receive that
+            // has started or has no send before it in its lane, else the next send.
+            let recv = (0..lanes).find_map(|l| {
+                let x = order.inp(plan, l, ai[l])?;
+                let sends_done = order.out(plan, l, st.si[l]).is_none();
+                (!held[l] && (sends_done || inp[l].is_some())).then_some(x)
+            });
+            let send = (0..lanes).find_map(|l| order.out(plan, l, st.si[l]));
+            let peer = match (recv, send) {
+                (Some(x), _) => ins[x].peer,
+                (None, Some(x)) => outs[x].peer,
+                // Only held receives remain (their sends are out of reach): the
+                // first lane's.
+                (None, None) => (0..lanes)
+                    .find_map(|l| order.inp(plan, l, ai[l]))
+                    .map_or(rank, |x| ins[x].peer),
             };
             self.trace_waiting(peer);
             let t0 = Instant::now();
-            pacer.idle(&mut *self.waiter, rank, fp, || {
-                if recv_wait {
-                    let i = &ins[ai];
+            pacer.idle(&mut *self.waiter, rank, fp, || match (recv, send) {
+                (Some(x), _) => {
+                    let i = &ins[x];
                     format!(
                         "data from rank {} (step {}, segment {})",
                         i.peer, i.step, i.seg
                     )
-                } else {
-                    let o = &outs[st.si.min(outs.len() - 1)];
+                }
+                (None, Some(x)) => {
+                    let o = &outs[x];
                     format!(
                         "rank {} to take data (step {}, segment {})",
                         o.peer, o.step, o.seg
                     )
                 }
+                (None, None) => format!("rank {peer} (a receive waits for its turn)"),
             })?;
             self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
         }
