@@ -30,7 +30,7 @@
 //! virtual-time order: 4 MiB on 2 × 2 emulated hosts went from 35 to 48 ms.)
 
 use super::schedule::{self, balanced_chunks};
-use super::{ring, Land, Lanes, Plan};
+use super::{ring, In, Land, Lanes, Out, Plan};
 use std::ops::Range;
 
 /// Which ranks share a host: hosts in the order of their lowest rank, each host's
@@ -198,9 +198,22 @@ pub(crate) fn plan(
         .collect();
     let seg_across = ring::seg_elems(&sub, esize, segment_bytes);
 
+    // The order the host ring at this host needs the sub-chunks of a chunk reduced
+    // here (the one it sends first, then each one as it receives it), and the order it
+    // finishes them in. The local phases take a chunk's segments in those orders.
+    let need: Vec<usize> = std::iter::once(schedule::send_chunk(h, host, 0))
+        .chain((0..h.saturating_sub(1)).map(|s| schedule::recv_chunk(h, host, s)))
+        .collect();
+    let fin: Vec<usize> = (h.saturating_sub(2)..schedule::allreduce_steps(h))
+        .map(|t| schedule::recv_chunk(h, host, t))
+        .collect();
+
     let mut p = Plan::default();
     // 1. Local reduce-scatter: chunk i reduced over this host (final only if h == 1).
-    let rs = ring::reduce_scatter(i, k, &chunks, esize, seg_local);
+    let mut rs = ring::reduce_scatter(i, k, &chunks, esize, seg_local);
+    if h > 1 {
+        rs = in_sub_chunk_order(rs, k, i, &chunks, seg_local, h, &need);
+    }
     append(&mut p, rs, local, 0, h == 1);
     let rs_end = (p.outs.len(), p.ins.len());
     // 2. The host ring of local index i all-reduces chunk i, each frame once its bytes
@@ -217,12 +230,92 @@ pub(crate) fn plan(
     let hr_end = (p.outs.len(), p.ins.len());
     // 3. Local all-gather of the finished chunks, each frame of chunk i once its bytes
     //    are final here; its receives overwrite chunks the reduce-scatter sent.
-    let ag = ring::all_gather(i, k, &chunks, esize, seg_local);
+    let mut ag = ring::all_gather(i, k, &chunks, esize, seg_local);
+    if h > 1 {
+        ag = in_sub_chunk_order(ag, k, i, &chunks, seg_local, h, &fin);
+    }
     append(&mut p, ag, local, schedule::allreduce_steps(h), true);
     if h > 1 && k > 1 {
         p.lanes = Some(Box::new(lanes(&p, rs_end, hr_end)));
     }
     p
+}
+
+/// `part` (steps of the local ring of `k` over `chunks`, for local index `i`,
+/// each step's frames one segment of one chunk, in segment order) with each step's
+/// segments in the order of `subs`: by the sub-chunk (of `h` per chunk) holding the
+/// segment's first element, in the order `subs` lists them, then by position. So the
+/// local reduce-scatter finishes first what the host ring sends first, and the local
+/// all-gather forwards segments in the order the host ring finishes them (segment
+/// order would stall its lane on one host in two). The ring's dependencies link the
+/// same segment of consecutive steps, and both ends of a link reorder alike, so the
+/// steps stay in order and every dependency still points to an earlier frame.
+#[allow(clippy::too_many_arguments)]
+fn in_sub_chunk_order(
+    part: Plan,
+    k: usize,
+    i: usize,
+    chunks: &[Range<usize>],
+    seg_local: usize,
+    h: usize,
+    subs: &[usize],
+) -> Plan {
+    let mut rank_of = vec![0; h];
+    for (at, &q) in subs.iter().enumerate() {
+        rank_of[q] = at;
+    }
+    // The new order of one step's frames (their segment indices) on chunk `c`.
+    let perm = |c: usize, segs: &[u32]| -> Vec<usize> {
+        let chunk = &chunks[c];
+        let sub = balanced_chunks(chunk.len(), h);
+        let sub_of = |j: u32| {
+            let e = (j as usize * seg_local).min(chunk.len().saturating_sub(1));
+            sub.iter().position(|q| q.contains(&e)).unwrap_or(0)
+        };
+        let mut order: Vec<usize> = (0..segs.len()).collect();
+        order.sort_by_key(|&x| (rank_of[sub_of(segs[x])], segs[x]));
+        order
+    };
+    // New position of every frame, list by list; steps are contiguous runs.
+    let reorder = |steps: Vec<(u32, u32)>, chunk_of: &dyn Fn(usize) -> usize| {
+        let mut place = vec![0; steps.len()];
+        let mut at = 0;
+        while at < steps.len() {
+            let step = steps[at].0;
+            let end = at + steps[at..].iter().take_while(|f| f.0 == step).count();
+            let segs: Vec<u32> = steps[at..end].iter().map(|f| f.1).collect();
+            for (new, old) in perm(chunk_of(step as usize), &segs).into_iter().enumerate() {
+                place[at + old] = at + new;
+            }
+            at = end;
+        }
+        place
+    };
+    let out_place = reorder(part.outs.iter().map(|o| (o.step, o.seg)).collect(), &|t| {
+        schedule::send_chunk(k, i, t)
+    });
+    let in_place = reorder(part.ins.iter().map(|f| (f.step, f.seg)).collect(), &|t| {
+        schedule::recv_chunk(k, i, t)
+    });
+    let mut outs = part.outs.clone();
+    for (old, o) in part.outs.into_iter().enumerate() {
+        outs[out_place[old]] = Out {
+            after_recv: o.after_recv.map(|d| in_place[d]),
+            ..o
+        };
+    }
+    let mut ins = part.ins.clone();
+    for (old, f) in part.ins.into_iter().enumerate() {
+        ins[in_place[old]] = In {
+            after_send: f.after_send.map(|d| out_place[d]),
+            ..f
+        };
+    }
+    Plan {
+        outs,
+        ins,
+        lanes: None,
+    }
 }
 
 /// Two lanes for the plan `p` whose host ring's frames are `rs_end..hr_end` (sends,
@@ -369,6 +462,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn local_phases_take_segments_in_the_order_the_host_ring_needs_and_finishes_them() {
+        // 2 hosts x 2 ranks, 32 elements: chunks of 16 in 4 local segments, 2 per
+        // sub-chunk. Host 0's host ring sends sub-chunk 1 first and finishes sub-chunk
+        // 0 first; host 1's the other way round.
+        let layout = HostLayout::blocks(2, 2);
+        let segs = |p: &Plan, local: usize, outs: bool| -> Vec<u32> {
+            if outs {
+                let v: Vec<_> = p.outs.iter().filter(|o| o.peer == local).collect();
+                v.iter().map(|o| o.seg).collect()
+            } else {
+                let v: Vec<_> = p.ins.iter().filter(|i| i.peer == local).collect();
+                v.iter().map(|i| i.seg).collect()
+            }
+        };
+        let p0 = plan(0, &layout, 32, 8, 32);
+        let p2 = plan(2, &layout, 32, 8, 32);
+        // Reduce-scatter receives (chunk 0), then all-gather sends (chunk 0).
+        assert_eq!(segs(&p0, 1, false)[..4], [2, 3, 0, 1]);
+        assert_eq!(segs(&p0, 1, true)[4..], [0, 1, 2, 3]);
+        assert_eq!(segs(&p2, 3, false)[..4], [0, 1, 2, 3]);
+        assert_eq!(segs(&p2, 3, true)[4..], [2, 3, 0, 1]);
     }
 
     #[test]
