@@ -827,7 +827,12 @@ fn bench_typed<T: Element>(
     // class (within a host, between hosts).
     let hosts_of: Option<Vec<Vec<usize>>> = c
         .host_layout()
-        .filter(|l| coll == Coll::AllReduce && l.shape().is_some_and(|(h, k)| h >= 2 && k >= 2))
+        .filter(|l| {
+            matches!(
+                coll,
+                Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather
+            ) && l.shape().is_some_and(|(h, k)| h >= 2 && k >= 2)
+        })
         .map(|l| l.hosts().to_vec());
     let mut rows = Vec::new();
     let mut total_wrong = 0u64;
@@ -894,13 +899,15 @@ fn bench_typed<T: Element>(
         };
         total_wrong += row.oop_wrong + row.ip_wrong;
         if printer {
-            let law = match (coll, hier_shape(c, bytes)) {
-                // Per rank: 2(k-1)/k·S within its host and 2(H-1)/H·S/k to the others.
-                (Coll::AllReduce, Some((h, k))) => {
+            let law = match hier_shape(c, coll, bytes) {
+                // Per rank: 2(k-1)/k·S within its host and 2(H-1)/H·S/k to the others
+                // (all-reduce); half of each for reduce-scatter and all-gather.
+                Some((h, k)) => {
                     let (h, k) = (h as f64, k as f64);
-                    (2.0 * (k - 1.0) / k + 2.0 * (h - 1.0) / (h * k)) * bytes as f64
+                    let half = if coll == Coll::AllReduce { 1.0 } else { 0.5 };
+                    half * (2.0 * (k - 1.0) / k + 2.0 * (h - 1.0) / (h * k)) * bytes as f64
                 }
-                _ => coll.wire_law(n, bytes),
+                None => coll.wire_law(n, bytes),
             };
             let wire_col = if law > 0.0 {
                 format!("{:.3}", row.wire_bytes / law)
@@ -915,7 +922,10 @@ fn bench_typed<T: Element>(
                     ferroccl::Algorithm::Hierarchical => "hier",
                     _ => "rd",
                 },
-                Coll::ReduceScatter | Coll::AllGather => "ring",
+                Coll::ReduceScatter | Coll::AllGather => match c.reduce_scatter_algorithm() {
+                    ferroccl::Algorithm::Hierarchical => "hier",
+                    _ => "ring",
+                },
                 _ if c.rooted_algorithm() == ferroccl::Algorithm::Tree => "tree",
                 _ => "chain",
             };
@@ -962,14 +972,23 @@ fn bench_typed<T: Element>(
         println!("# Avg bus bandwidth    : {avg_busbw:.4} ");
         println!("#");
         if let Some(hosts) = &hosts_of {
-            print_host_laws(&rows, hosts, |b| hier_shape(c, b).is_some());
+            print_host_laws(&rows, hosts, coll != Coll::AllReduce, |b| {
+                hier_shape(c, coll, b).is_some()
+            });
         }
         // The hierarchical all-reduce is held to its own law, on each host's link.
         let largest = rows.last().map_or(0, |r| r.bytes);
-        let law = match (a.law, coll.ring_law(n), hier_shape(c, largest)) {
+        let law = match (a.law, coll.ring_law(n), hier_shape(c, coll, largest)) {
             (Some(rate), Some(_), Some((h, k))) if coll == Coll::AllReduce => {
                 Some(print_law(&rows, RingLaw::hierarchical(h, k), rate, n, true))
             }
+            (Some(rate), Some(_), Some((h, k))) => Some(print_law(
+                &rows,
+                RingLaw::hierarchical_half(h, k),
+                rate,
+                n,
+                true,
+            )),
             (Some(rate), Some(law), _) => Some(print_law(&rows, law, rate, n, false)),
             _ => None,
         };
@@ -1024,9 +1043,14 @@ impl LawReport {
     }
 }
 
-/// `(hosts, ranks per host)` when an all-reduce of `bytes` runs hierarchical.
-fn hier_shape(c: &Communicator, bytes: usize) -> Option<(usize, usize)> {
-    (c.all_reduce_algorithm(bytes) == ferroccl::Algorithm::Hierarchical)
+/// `(hosts, ranks per host)` when `coll` of `bytes` runs hierarchical.
+fn hier_shape(c: &Communicator, coll: Coll, bytes: usize) -> Option<(usize, usize)> {
+    let algo = match coll {
+        Coll::AllReduce => c.all_reduce_algorithm(bytes),
+        Coll::ReduceScatter | Coll::AllGather => c.reduce_scatter_algorithm(),
+        Coll::Broadcast | Coll::Reduce => return None,
+    };
+    (algo == ferroccl::Algorithm::Hierarchical)
         .then(|| c.host_layout().and_then(|l| l.shape()))
         .flatten()
 }
@@ -1034,7 +1058,7 @@ fn hier_shape(c: &Communicator, bytes: usize) -> Option<(usize, usize)> {
 /// Prints the bytes per link class (lines starting `hosts`): within a host per rank,
 /// between hosts per host, each against the law of the algorithm that ran
 /// (`hier(bytes)`: the hierarchical one, else the ring's).
-fn print_host_laws(rows: &[Row], hosts: &[Vec<usize>], hier: impl Fn(usize) -> bool) {
+fn print_host_laws(rows: &[Row], hosts: &[Vec<usize>], half: bool, hier: impl Fn(usize) -> bool) {
     println!(
         "# bytes per link class: within a host (busiest rank) and between hosts (busiest host, its ranks summed), per operation"
     );
@@ -1058,7 +1082,8 @@ fn print_host_laws(rows: &[Row], hosts: &[Vec<usize>], hier: impl Fn(usize) -> b
         else {
             continue;
         };
-        let s = r.bytes as f64;
+        // Reduce-scatter and all-gather move half an all-reduce's bytes on every link.
+        let s = r.bytes as f64 * if half { 0.5 } else { 1.0 };
         let x = |got: f64, law: f64| {
             if law > 0.0 {
                 format!("{:.3}", got / law)

@@ -65,6 +65,17 @@ impl RingLaw {
         }
     }
 
+    /// The hierarchical reduce-scatter or all-gather over `h` hosts of `k` ranks, as a
+    /// host's link to the others sees it: `h` local rings of k−1 steps and H−1
+    /// host-ring steps, and (H−1)/H × S bytes from each host to the others.
+    pub fn hierarchical_half(h: usize, k: usize) -> Self {
+        let (hm, km) = (h.saturating_sub(1) as f64, k.saturating_sub(1) as f64);
+        RingLaw {
+            steps: h as f64 * km + hm,
+            factor: if h == 0 { 0.0 } else { hm / h as f64 },
+        }
+    }
+
     /// Payload bytes each rank sends for a buffer of `bytes`.
     pub fn bytes_per_rank(&self, bytes: f64) -> f64 {
         self.factor * bytes
@@ -195,6 +206,11 @@ mod tests {
         assert_eq!((ring.within, ring.between), (0.0, 3.0));
         let l = RingLaw::hierarchical(2, 2);
         assert_eq!((l.steps, l.factor), (4.0, 1.0));
+        // Reduce-scatter / all-gather on 3 hosts of 2: 3 local rings of one step and 2
+        // host-ring steps; 2/3 of S leaves each host.
+        let l = RingLaw::hierarchical_half(3, 2);
+        assert_eq!(l.steps, 5.0);
+        assert!((l.factor - 2.0 / 3.0).abs() < 1e-15);
         assert_eq!(host_law(true, &[vec![0]]), None);
     }
 

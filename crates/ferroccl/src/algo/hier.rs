@@ -241,6 +241,165 @@ pub(crate) fn plan(
     p
 }
 
+/// The hierarchical reduce-scatter over `chunks` (one element range per rank, in rank
+/// order, any sizes) for `rank` on `layout` (which must have a
+/// [`HostLayout::shape`]): within each host, for every host `g`, a local ring
+/// reduce-scatter over `g`'s ranks' chunks, so local rank `i` holds chunk `(g, i)`
+/// reduced over its host; then ring `i` between hosts reduce-scatters the chunks of
+/// the ranks of local index `i`, leaving each rank its own chunk reduced over all.
+/// Between hosts each host sends `(H-1)/H·S`, against the flat ring's `(N-1)/N·S`
+/// across each host boundary; within a host each rank `(k-1)/k·S`. The local rings
+/// run in the order the host ring needs their results, and in their own lane.
+pub(crate) fn reduce_scatter(
+    rank: usize,
+    layout: &HostLayout,
+    chunks: &[Range<usize>],
+    esize: usize,
+    segment_bytes: usize,
+) -> Plan {
+    let Place {
+        h,
+        k,
+        host,
+        i,
+        local,
+        across,
+    } = Place::of(layout, rank);
+    let block = |g: usize| -> Vec<Range<usize>> {
+        layout.hosts[g].iter().map(|&r| chunks[r].clone()).collect()
+    };
+    // Host blocks in the order the host ring needs them: the one it sends first, then
+    // each one as it receives (and reduces) it; its own last.
+    let need = std::iter::once(schedule::send_chunk(h, host, 0))
+        .chain((0..h - 1).map(|s| schedule::recv_chunk(h, host, s)));
+    let mut p = Plan::default();
+    for (x, g) in need.enumerate() {
+        let t = block(g);
+        let part = ring::reduce_scatter(i, k, &t, esize, ring::seg_elems(&t, esize, segment_bytes));
+        append(&mut p, part, local, x * (k - 1), h == 1);
+    }
+    let local_end = (p.outs.len(), p.ins.len());
+    let c = block_across(layout, chunks, i);
+    let part = ring::reduce_scatter(
+        host,
+        h,
+        &c,
+        esize,
+        ring::seg_elems(&c, esize, segment_bytes),
+    );
+    append(&mut p, part, &across, h * (k - 1), true);
+    if h > 1 && k > 1 {
+        p.lanes = Some(Box::new(lanes(&p, local_end, (p.outs.len(), p.ins.len()))));
+    }
+    p
+}
+
+/// The hierarchical all-gather over `chunks` (see [`reduce_scatter`]): ring `i`
+/// between hosts gathers the chunks of the ranks of local index `i`, then within each
+/// host a local ring all-gather per host block, each block as soon as the host ring
+/// has brought it (this host's own first), in its own lane.
+pub(crate) fn all_gather(
+    rank: usize,
+    layout: &HostLayout,
+    chunks: &[Range<usize>],
+    esize: usize,
+    segment_bytes: usize,
+) -> Plan {
+    let Place {
+        h,
+        k,
+        host,
+        i,
+        local,
+        across,
+    } = Place::of(layout, rank);
+    let mut p = Plan::default();
+    let c = block_across(layout, chunks, i);
+    let part = ring::all_gather(
+        host,
+        h,
+        &c,
+        esize,
+        ring::seg_elems(&c, esize, segment_bytes),
+    );
+    append(&mut p, part, &across, 0, true);
+    let host_end = (p.outs.len(), p.ins.len());
+    // Host blocks in the order they arrive: this host's, then the host ring's receives.
+    let arrive = std::iter::once(host)
+        .chain((h - 1..schedule::allreduce_steps(h)).map(|t| schedule::recv_chunk(h, host, t)));
+    for (x, g) in arrive.enumerate() {
+        let t: Vec<Range<usize>> = layout.hosts[g].iter().map(|&r| chunks[r].clone()).collect();
+        let part = ring::all_gather(i, k, &t, esize, ring::seg_elems(&t, esize, segment_bytes));
+        append(
+            &mut p,
+            part,
+            local,
+            schedule::allreduce_steps(h) + x * (k - 1),
+            true,
+        );
+    }
+    if h > 1 && k > 1 {
+        p.lanes = Some(Box::new(lanes_host_first(&p, host_end)));
+    }
+    p
+}
+
+/// Where a rank sits in a layout with a [`HostLayout::shape`].
+struct Place<'a> {
+    /// Hosts, and ranks per host.
+    h: usize,
+    k: usize,
+    /// The rank's host and its index there.
+    host: usize,
+    i: usize,
+    /// Its host's ranks (its local ring), and the ranks of local index `i` in host
+    /// order (its host ring).
+    local: &'a [usize],
+    across: Vec<usize>,
+}
+
+impl<'a> Place<'a> {
+    fn of(layout: &'a HostLayout, rank: usize) -> Self {
+        let (h, k) = layout
+            .shape()
+            .expect("hierarchical plan: every host must have the same number of ranks");
+        let (host, i) = layout
+            .place(rank)
+            .expect("hierarchical plan: the rank is in the layout");
+        Place {
+            h,
+            k,
+            host,
+            i,
+            local: &layout.hosts[host],
+            across: layout.hosts.iter().map(|rs| rs[i]).collect(),
+        }
+    }
+}
+
+/// The chunks of the ranks of local index `i`, in host order: the host ring's table.
+fn block_across(layout: &HostLayout, chunks: &[Range<usize>], i: usize) -> Vec<Range<usize>> {
+    layout
+        .hosts
+        .iter()
+        .map(|rs| chunks[rs[i]].clone())
+        .collect()
+}
+
+/// Lanes of a plan whose host ring comes first (`..host_end`, sends and receives) and
+/// local rings after: the host ring in lane 1, the local rings in lane 0. The local
+/// rings receive only chunks of other local indices, which the host ring never
+/// touches, so no receive needs an `after_in`.
+fn lanes_host_first(p: &Plan, host_end: (usize, usize)) -> Lanes {
+    Lanes {
+        outs: (0..p.outs.len())
+            .map(|x| u8::from(x < host_end.0))
+            .collect(),
+        ins: (0..p.ins.len()).map(|x| u8::from(x < host_end.1)).collect(),
+        after_in: vec![None; p.ins.len()],
+    }
+}
+
 /// `part` (steps of the local ring of `k` over `chunks`, for local index `i`,
 /// each step's frames one segment of one chunk, in segment order) with each step's
 /// segments in the order of `subs`: by the sub-chunk (of `h` per chunk) holding the
@@ -396,6 +555,111 @@ mod tests {
                                 );
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn halves_compute_their_part_for_every_layout_and_uneven_counts() {
+        use super::super::tests::{check_hazards, check_plans, simulate_links};
+        for h in 1..=4 {
+            for k in 1..=4 {
+                let n = h * k;
+                for layout in layouts(h, k) {
+                    for counts in [
+                        vec![3; n],
+                        (0..n).map(|r| (r * 7) % 5).collect(),
+                        vec![0; n],
+                    ] {
+                        let chunks = schedule::chunks_from_counts(&counts);
+                        let total: usize = counts.iter().sum();
+                        for seg in [8, 16, 8000] {
+                            let what = format!("{h}x{k} {layout:?} counts={counts:?} seg={seg}");
+                            let rs: Vec<Plan> = (0..n)
+                                .map(|r| reduce_scatter(r, &layout, &chunks, 8, seg))
+                                .collect();
+                            let ag: Vec<Plan> = (0..n)
+                                .map(|r| all_gather(r, &layout, &chunks, 8, seg))
+                                .collect();
+                            check_plans(&rs);
+                            check_plans(&ag);
+                            for (r, (a, b)) in rs.iter().zip(&ag).enumerate() {
+                                check_hazards(a, &format!("{what} rs rank {r}"));
+                                check_hazards(b, &format!("{what} ag rank {r}"));
+                            }
+                            let inputs: Vec<Vec<f64>> = (0..n)
+                                .map(|r| (0..total).map(|i| (r * 1000 + i) as f64).collect())
+                                .collect();
+                            let mine: Vec<Vec<f64>> = (0..n)
+                                .map(|r| {
+                                    (0..total)
+                                        .map(|i| {
+                                            if chunks[r].contains(&i) {
+                                                i as f64
+                                            } else {
+                                                -1.0
+                                            }
+                                        })
+                                        .collect()
+                                })
+                                .collect();
+                            for cap in [usize::MAX, 0, 1] {
+                                let out = simulate_links(&rs, inputs.clone(), cap);
+                                for (r, b) in out.iter().enumerate() {
+                                    for i in chunks[r].clone() {
+                                        let want: f64 = (0..n).map(|q| (q * 1000 + i) as f64).sum();
+                                        assert_eq!(
+                                            b[i], want,
+                                            "{what} cap={cap} rank {r} element {i}"
+                                        );
+                                    }
+                                }
+                                for b in simulate_links(&ag, mine.clone(), cap) {
+                                    let want: Vec<f64> = (0..total).map(|i| i as f64).collect();
+                                    assert_eq!(b, want, "{what} cap={cap}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn halves_send_their_law_per_link_class() {
+        // Reduce-scatter and all-gather each: (k-1)/k·S per rank within a host, and
+        // (H-1)/H·S per host between hosts (chunks all equal).
+        for h in 1..=4 {
+            for k in 1..=4 {
+                let n = h * k;
+                let layout = HostLayout::blocks(h, k);
+                let chunks = schedule::chunks_from_counts(&vec![6; n]);
+                let s = 6 * n * 8;
+                for half in 0..2 {
+                    let ps: Vec<Plan> = (0..n)
+                        .map(|r| {
+                            if half == 0 {
+                                reduce_scatter(r, &layout, &chunks, 8, 24)
+                            } else {
+                                all_gather(r, &layout, &chunks, 8, 24)
+                            }
+                        })
+                        .collect();
+                    for ranks in layout.hosts() {
+                        let mut between = 0;
+                        for &r in ranks {
+                            let (within, across): (Vec<_>, Vec<_>) =
+                                ps[r].outs.iter().partition(|o| layout.same_host(r, o.peer));
+                            assert_eq!(
+                                within.iter().map(|o| o.len).sum::<usize>(),
+                                (k - 1) * s / k
+                            );
+                            between += across.iter().map(|o| o.len).sum::<usize>();
+                        }
+                        assert_eq!(between, (h - 1) * s / h, "{h}x{k} half {half}");
                     }
                 }
             }

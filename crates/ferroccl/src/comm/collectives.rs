@@ -7,7 +7,9 @@
 
 use super::scope::{job_over, JobFn};
 use super::Communicator;
-use crate::algo::{self, all_reduce_plan, chain, doubling, ring, schedule, tree, Algorithm, Plan};
+use crate::algo::{
+    self, all_reduce_plan, chain, doubling, hier, ring, schedule, tree, Algorithm, Plan,
+};
 use crate::engine::{Data, Engine, PullCall};
 use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
@@ -147,12 +149,13 @@ impl Communicator {
         chunks: Vec<Range<usize>>,
         op: Option<ReduceOp>,
     ) -> Result<JobFn> {
-        let kind = if op.is_some() {
-            OpKind::ReduceScatter
+        let (kind, what) = if op.is_some() {
+            (OpKind::ReduceScatter, "hierarchical reduce-scatter")
         } else {
-            OpKind::AllGather
+            (OpKind::AllGather, "hierarchical all-gather")
         };
-        let fp = self.fingerprint(kind, T::DTYPE, op, buf.len(), None, Algorithm::Ring);
+        let (algo, layout) = self.hierarchical_choice(self.reduce_scatter_algorithm(), what)?;
+        let fp = self.fingerprint(kind, T::DTYPE, op, buf.len(), None, algo);
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
@@ -167,10 +170,15 @@ impl Communicator {
                 } else {
                     ring::seg_elems(&chunks, es, seg)
                 };
-                if op.is_some() {
-                    ring::reduce_scatter(q, n, &chunks, es, s)
-                } else {
-                    ring::all_gather(q, n, &chunks, es, s)
+                match (algo, op.is_some()) {
+                    (Algorithm::Hierarchical, true) if !pulled => {
+                        hier::reduce_scatter(q, &layout, &chunks, es, seg)
+                    }
+                    (Algorithm::Hierarchical, false) if !pulled => {
+                        hier::all_gather(q, &layout, &chunks, es, seg)
+                    }
+                    (_, true) => ring::reduce_scatter(q, n, &chunks, es, s),
+                    (_, false) => ring::all_gather(q, n, &chunks, es, s),
                 }
             };
             execute(e, &fp, pull, &plan_of, b, T::DTYPE, op)

@@ -377,12 +377,7 @@ impl Communicator {
         use crate::config::AllReduceAlgo;
         // Recursive doubling sends the whole buffer as one frame.
         let rd_fits = self.world_size > 1 && !self.host_pull && bytes <= u32::MAX as usize;
-        // Hosts of k >= 2 ranks, at least two of them, all alike.
-        let hier = self
-            .layout
-            .as_ref()
-            .filter(|_| !self.host_pull)
-            .and_then(hierarchical_shape);
+        let hier = self.hierarchical_shape();
         match self.cfg.tuning.all_reduce_algo {
             AllReduceAlgo::RecursiveDoubling if rd_fits => Algorithm::RecursiveDoubling,
             AllReduceAlgo::Rabenseifner if self.world_size > 1 && !self.host_pull => {
@@ -434,11 +429,51 @@ impl Communicator {
         }
     }
 
+    /// The algorithm a reduce-scatter or all-gather of host memory uses on this
+    /// communicator: the hierarchical one (a local ring per host block, then rings
+    /// between hosts; see the `algo` module) where `auto` finds hosts of k ≥ 2 ranks,
+    /// at least two of them, all alike, and wherever
+    /// [`AllReduceAlgo::Hierarchical`](crate::config::AllReduceAlgo) is forced (the call
+    /// then fails where it cannot run); the ring otherwise. It moves `(H-1)/H·S` over
+    /// each host's link instead of the flat ring's `(N-1)/N·S`, so it is taken at every
+    /// size.
+    pub fn reduce_scatter_algorithm(&self) -> Algorithm {
+        use crate::config::AllReduceAlgo;
+        match self.cfg.tuning.all_reduce_algo {
+            AllReduceAlgo::Hierarchical => Algorithm::Hierarchical,
+            AllReduceAlgo::Auto if self.hierarchical_shape().is_some() => Algorithm::Hierarchical,
+            _ => Algorithm::Ring,
+        }
+    }
+
+    /// `(hosts, ranks per host)` where the hierarchical algorithms can run here: hosts
+    /// of k >= 2 ranks, at least two of them, all alike, over links (not memory peers).
+    fn hierarchical_shape(&self) -> Option<(usize, usize)> {
+        self.layout
+            .as_ref()
+            .filter(|_| !self.host_pull)
+            .and_then(hierarchical_shape)
+    }
+
+    /// The algorithm an all-gather uses: as [`Self::reduce_scatter_algorithm`].
+    pub fn all_gather_algorithm(&self) -> Algorithm {
+        self.reduce_scatter_algorithm()
+    }
+
     /// [`Self::all_reduce_algorithm`], refusing the call (and poisoning, as every rank
     /// does alike: the layout is the same everywhere) when it is the hierarchical one
     /// and the hosts cannot run it.
     fn all_reduce_choice(&self, bytes: usize) -> Result<(Algorithm, HostLayout)> {
-        let algo = self.all_reduce_algorithm(bytes);
+        self.hierarchical_choice(self.all_reduce_algorithm(bytes), "hierarchical all-reduce")
+    }
+
+    /// `(algo, the layout it runs on)`, refusing the hierarchical algorithm (for `what`)
+    /// where the hosts cannot run it.
+    pub(super) fn hierarchical_choice(
+        &self,
+        algo: Algorithm,
+        what: &str,
+    ) -> Result<(Algorithm, HostLayout)> {
         if algo != Algorithm::Hierarchical {
             return Ok((algo, HostLayout::flat(self.world_size)));
         }
@@ -458,7 +493,7 @@ impl Communicator {
             (Some(l), _) => return Ok((algo, l.clone())),
         };
         Err(self.refuse(Error::Unavailable {
-            what: "hierarchical all-reduce".into(),
+            what: what.into(),
             why,
         }))
     }

@@ -7,8 +7,8 @@
 use crate::common;
 
 use common::checks::{
-    cfg, check_all_gather, check_all_reduce, check_all_reduce_with, check_broadcast, check_reduce,
-    check_reduce_scatter,
+    cfg, check_all_gather, check_all_gather_with, check_all_reduce, check_all_reduce_with,
+    check_broadcast, check_reduce, check_reduce_scatter, check_reduce_scatter_with,
 };
 use common::{run, test_config, Net};
 use ferroccl::{Algorithm, AllReduceAlgo, DataType, Error, ReduceOp, TransportKind};
@@ -79,6 +79,20 @@ proptest! {
         c.tuning.all_reduce_algo = AllReduceAlgo::Hierarchical;
         let r = for_dtype!(dt, check_all_reduce_with(Net::Hosts(k), h * k, count, op, &c, seed));
         prop_assert!(r.is_ok(), "{h} hosts x {k}: {}", r.unwrap_err());
+    }
+
+    /// Hierarchical reduce-scatter and all-gather forced on `h` emulated hosts of `k`
+    /// ranks, equal and uneven (`v`) counts: the reference on every rank.
+    #[test]
+    fn hierarchical_halves_over_mixed_hosts(h in 1usize..=4, k in 1usize..=3, count in 0usize..=20_000,
+                                            dt in any_dtype(), op in any_op(), seg in 1usize..=8192,
+                                            seed in any::<u64>(), v in any::<bool>()) {
+        let mut c = cfg(seg, dt.size());
+        c.tuning.all_reduce_algo = AllReduceAlgo::Hierarchical;
+        let r = for_dtype!(dt, check_reduce_scatter_with(Net::Hosts(k), h * k, count, op, &c, seed, v));
+        prop_assert!(r.is_ok(), "reduce_scatter {h} hosts x {k}: {}", r.unwrap_err());
+        let r = for_dtype!(dt, check_all_gather_with(Net::Hosts(k), h * k, count, &c, seed, v));
+        prop_assert!(r.is_ok(), "all_gather {h} hosts x {k}: {}", r.unwrap_err());
     }
 }
 
@@ -152,9 +166,80 @@ fn auto_chooses_hierarchical_on_hosts_of_two_and_its_bytes_follow_the_law() {
     assert!(out.iter().all(|a| *a == Algorithm::Ring), "{out:?}");
 }
 
-/// Forcing the hierarchical all-reduce where it cannot run is an error on every rank,
-/// never a quiet fallback: hosts of different sizes, or a transport that does not say
-/// which ranks share a host.
+/// `auto` runs reduce-scatter and all-gather hierarchical on hosts of k >= 2 ranks (the
+/// ring on hosts of one): each moves (k-1)/k·S per rank within a host and (H-1)/H·S per
+/// host between hosts, half the hierarchical all-reduce's, and gets the reference.
+#[test]
+fn auto_runs_the_halves_hierarchical_on_hosts_of_two_and_their_bytes_follow_the_law() {
+    let per = 3000; // f32 per rank
+    let cfg = test_config();
+    for (h, k) in [(2usize, 2usize), (3, 2), (2, 3)] {
+        let n = h * k;
+        let s = (n * per * 4) as u64;
+        let out = run(n, Net::Hosts(k), &cfg, Duration::from_secs(60), move |c| {
+            let algos = (c.reduce_scatter_algorithm(), c.all_gather_algorithm());
+            let count = |c: &ferroccl::Communicator| {
+                let (w, b) = c.wire_stats_by_host().expect("auto knows the hosts");
+                (w.payload_sent, b.payload_sent)
+            };
+            let send: Vec<f32> = (0..n * per)
+                .map(|i| (i % 5) as f32 + c.rank() as f32)
+                .collect();
+            let mut mine = vec![0.0f32; per];
+            let t0 = count(c);
+            c.reduce_scatter(&send, &mut mine, ReduceOp::Sum)?;
+            let t1 = count(c);
+            let mut all = vec![0.0f32; n * per];
+            c.all_gather(&mine, &mut all)?;
+            let t2 = count(c);
+            Ok((
+                algos,
+                mine,
+                all,
+                (t1.0 - t0.0, t1.1 - t0.1),
+                (t2.0 - t1.0, t2.1 - t1.1),
+            ))
+        })
+        .unwrap();
+        let sum0 = (0..n).map(|q| q as f32).sum::<f32>();
+        let want: Vec<f32> = (0..n * per)
+            .map(|i| (i % 5) as f32 * n as f32 + sum0)
+            .collect();
+        for (r, (algos, mine, all, rs, ag)) in out.iter().enumerate() {
+            assert_eq!(*algos, (Algorithm::Hierarchical, Algorithm::Hierarchical));
+            assert_eq!(mine[..], want[r * per..(r + 1) * per], "{h}x{k} rank {r}");
+            assert_eq!(*all, want, "{h}x{k} rank {r}");
+            for (what, (within, _)) in [("reduce_scatter", rs), ("all_gather", ag)] {
+                assert_eq!(
+                    *within,
+                    (k as u64 - 1) * s / k as u64,
+                    "{what} {h}x{k} rank {r}"
+                );
+            }
+        }
+        for host in 0..h {
+            for (what, pick) in [("reduce_scatter", 3), ("all_gather", 4)] {
+                let between: u64 = (host * k..(host + 1) * k)
+                    .map(|r| if pick == 3 { out[r].3 .1 } else { out[r].4 .1 })
+                    .sum();
+                assert_eq!(
+                    between,
+                    (h as u64 - 1) * s / h as u64,
+                    "{what} {h}x{k} host {host}"
+                );
+            }
+        }
+    }
+    let out = run(4, Net::Hosts(1), &cfg, Duration::from_secs(60), |c| {
+        Ok(c.reduce_scatter_algorithm())
+    })
+    .unwrap();
+    assert!(out.iter().all(|a| *a == Algorithm::Ring), "{out:?}");
+}
+
+/// Forcing the hierarchical algorithm where it cannot run is an error on every rank,
+/// never a quiet fallback, for all-reduce, reduce-scatter and all-gather: hosts of
+/// different sizes, or a transport that does not say which ranks share a host.
 #[test]
 fn forced_hierarchical_on_a_layout_it_cannot_serve_is_unavailable() {
     let mut c = test_config();
@@ -163,17 +248,26 @@ fn forced_hierarchical_on_a_layout_it_cannot_serve_is_unavailable() {
         (Net::Hosts(2), 3, "different numbers of ranks (2, 1)"),
         (Net::Tcp, 2, "does not say which ranks share a host"),
     ] {
-        let out = common::run_all(n, net, &c, Duration::from_secs(30), |c| {
-            let mut v = vec![1.0f32; 1000];
-            c.all_reduce(&mut v, ReduceOp::Sum)
-        });
-        for (r, o) in out.into_iter().enumerate() {
-            let e = o.expect("finished").unwrap_err();
-            assert!(
-                matches!(e, Error::Unavailable { .. }),
-                "{net:?} rank {r}: {e}"
-            );
-            assert!(e.to_string().contains(why), "{net:?} rank {r}: {e}");
+        for coll in 0..3 {
+            let out = common::run_all(n, net, &c, Duration::from_secs(30), move |c| {
+                let mut v = vec![1.0f32; 1200];
+                match coll {
+                    0 => c.all_reduce(&mut v, ReduceOp::Sum),
+                    1 => c.reduce_scatter_in_place(&mut v, ReduceOp::Sum),
+                    _ => c.all_gather_in_place(&mut v),
+                }
+            });
+            for (r, o) in out.into_iter().enumerate() {
+                let e = o.expect("finished").unwrap_err();
+                assert!(
+                    matches!(e, Error::Unavailable { .. }),
+                    "{net:?} coll {coll} rank {r}: {e}"
+                );
+                assert!(
+                    e.to_string().contains(why),
+                    "{net:?} coll {coll} rank {r}: {e}"
+                );
+            }
         }
     }
 }

@@ -48,6 +48,19 @@ pub fn check_reduce_scatter<T: Element>(
     seed: u64,
     v: bool,
 ) -> Result<(), String> {
+    check_reduce_scatter_with::<T>(net, n, count, op, &cfg(seg, size_of::<T>()), seed, v)
+}
+
+/// [`check_reduce_scatter`] with the configuration `c`.
+pub fn check_reduce_scatter_with<T: Element>(
+    net: Net,
+    n: usize,
+    count: usize,
+    op: ReduceOp,
+    c: &Config,
+    seed: u64,
+    v: bool,
+) -> Result<(), String> {
     if op == ReduceOp::Avg && !T::DTYPE.is_float() {
         return Ok(());
     }
@@ -58,7 +71,7 @@ pub fn check_reduce_scatter<T: Element>(
     };
     let total: usize = cs.iter().sum();
     let cs2 = cs.clone();
-    let res = run(n, net, &cfg(seg, size_of::<T>()), DEADLINE, move |c| {
+    let res = run(n, net, c, DEADLINE, move |c| {
         let send = input::<T>(seed, c.rank(), total, op);
         let mut recv = vec![T::default(); cs2[c.rank()]];
         if v {
@@ -95,13 +108,25 @@ pub fn check_all_gather<T: Element>(
     seed: u64,
     v: bool,
 ) -> Result<(), String> {
+    check_all_gather_with::<T>(net, n, count, &cfg(seg, size_of::<T>()), seed, v)
+}
+
+/// [`check_all_gather`] with the configuration `c`.
+pub fn check_all_gather_with<T: Element>(
+    net: Net,
+    n: usize,
+    count: usize,
+    c: &Config,
+    seed: u64,
+    v: bool,
+) -> Result<(), String> {
     let cs = if v {
         counts(n, count, seed)
     } else {
         vec![count / n; n]
     };
     let cs2 = cs.clone();
-    let res = run(n, net, &cfg(seg, size_of::<T>()), DEADLINE, move |c| {
+    let res = run(n, net, c, DEADLINE, move |c| {
         let send = input::<T>(seed, c.rank(), cs2[c.rank()], ReduceOp::Sum);
         let mut recv = vec![T::default(); cs2.iter().sum()];
         if v {
