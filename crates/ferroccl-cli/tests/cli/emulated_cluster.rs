@@ -344,11 +344,19 @@ fn bench_law_on_2_and_3_hosts_shaped_to_1gbit() {
     launch_per_host(d);
 }
 
-/// `run 2 --ranks-per-host 2 -- ferroccl bench --law 1gbit`: one job of 4 ranks, two
-/// per host (shared memory within, TCP between); auto runs the hierarchical
-/// all-reduce, and the bytes each link class carried are its law's to the byte: 2·1/2·S
-/// per rank within a host, 2·1/2·S per host between hosts.
+/// `run 2 --ranks-per-host 2 -- ferroccl bench COLL --law 1gbit`: one job of 4 ranks,
+/// two per host (shared memory within, TCP between); auto runs the hierarchical
+/// all-reduce, reduce-scatter and all-gather, and the bytes each link class carried
+/// are its law's to the byte: for the all-reduce 2·1/2·S per rank within a host and
+/// 2·1/2·S per host between hosts, half of each for the others.
 fn hier_law_on_2_hosts_of_2(d: Duration) {
+    for (coll, between) in [("all_reduce", 1.0), ("reduce_scatter", 0.5), ("all_gather", 0.5)] {
+        hier_law_of(d, coll, between);
+    }
+}
+
+/// [`hier_law_on_2_hosts_of_2`] for `coll`, whose hosts send `between`·S each.
+fn hier_law_of(d: Duration, coll: &str, between: f64) {
     let (lo, hi) = (1usize << 20, 8usize << 20);
     let out = script(
         &[
@@ -359,6 +367,7 @@ fn hier_law_on_2_hosts_of_2(d: Duration) {
             "--",
             EXE,
             "bench",
+            coll,
             "-b",
             &lo.to_string(),
             "-e",
@@ -407,9 +416,11 @@ fn hier_law_on_2_hosts_of_2(d: Duration) {
             ("1.000", "1.000"),
             "{r:?}\n{ctx}"
         );
+        let size: f64 = r[1].parse().expect("size");
         assert_eq!(
-            r[6], r[1],
-            "S per host between hosts: {r:?}
+            r[6].parse::<f64>().ok(),
+            Some(between * size),
+            "{coll}: {between}·S per host between hosts: {r:?}
 {ctx}"
         );
     }
@@ -419,7 +430,7 @@ fn hier_law_on_2_hosts_of_2(d: Duration) {
     for r in &law {
         assert_eq!(r[4], "1.000", "{r:?}\n{ctx}");
         eprintln!(
-            "2 hosts x 2, hier, 1gbit size {}: meas {} us, pred {} us, meas/pred {}",
+            "2 hosts x 2, hier {coll}, 1gbit size {}: meas {} us, pred {} us, meas/pred {}",
             r[1], r[5], r[6], r[7]
         );
     }
