@@ -47,6 +47,11 @@ pub struct SimulateArgs {
     /// Bandwidth within a host [default: --link].
     #[arg(long = "intra-link")]
     pub intra_link: Option<String>,
+    /// Latency overlaps each frame's own transfer (it arrives max(α, L/β) after it
+    /// left, not α + L/β): for links whose latency is the receiver waking up, as on
+    /// loopback or tools/emulated-cluster, rather than the wire.
+    #[arg(long = "alpha-overlaps")]
+    pub alpha_overlaps: bool,
     /// Pipelining segment in bytes, as the engine's (Config::segment_bytes).
     #[arg(long = "segment-bytes", value_parser = parse_size, default_value = "512K")]
     pub segment_bytes: usize,
@@ -88,6 +93,7 @@ fn network(a: &SimulateArgs) -> Result<Network> {
         ));
     }
     net.ranks_per_host = a.ranks_per_host;
+    net.alpha_overlaps = a.alpha_overlaps;
     net.intra_alpha = us("--intra-alpha-us", a.intra_alpha_us.unwrap_or(a.alpha_us))?;
     net.intra_beta = match &a.intra_link {
         Some(l) => rate("--intra-link", l)?,

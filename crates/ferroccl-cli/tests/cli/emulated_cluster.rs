@@ -350,7 +350,11 @@ fn bench_law_on_2_and_3_hosts_shaped_to_1gbit() {
 /// are its law's to the byte: for the all-reduce 2·1/2·S per rank within a host and
 /// 2·1/2·S per host between hosts, half of each for the others.
 fn hier_law_on_2_hosts_of_2(d: Duration) {
-    for (coll, between) in [("all_reduce", 1.0), ("reduce_scatter", 0.5), ("all_gather", 0.5)] {
+    for (coll, between) in [
+        ("all_reduce", 1.0),
+        ("reduce_scatter", 0.5),
+        ("all_gather", 0.5),
+    ] {
         hier_law_of(d, coll, between);
     }
 }

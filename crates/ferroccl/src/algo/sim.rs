@@ -248,6 +248,11 @@ pub struct Network {
     pub intra_alpha: f64,
     /// `beta` between ranks of one host.
     pub intra_beta: f64,
+    /// Whether `alpha` overlaps a frame's own transfer (a frame arrives `max(α, L/β)`
+    /// after it left, not `α + L/β`): true of links whose latency is the receiver
+    /// waking up (loopback, veth, emulated hosts), which happens while the bytes are
+    /// still coming; not of a wire's propagation and switching (the default).
+    pub alpha_overlaps: bool,
 }
 
 impl Network {
@@ -260,6 +265,7 @@ impl Network {
             ranks_per_host: 1,
             intra_alpha: alpha,
             intra_beta: beta,
+            alpha_overlaps: false,
         }
     }
 
@@ -452,10 +458,15 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
                     };
                     port[r][class] = start + busy;
                     left[r][x] = start + busy;
+                    let flight = if net.alpha_overlaps {
+                        a.max(busy)
+                    } else {
+                        a + busy
+                    };
                     wires
                         .entry((r as u32, o.peer))
                         .or_default()
-                        .push_back(start + a + busy);
+                        .push_back(start + flight);
                     *pos += 1;
                     step = true;
                 }
@@ -764,6 +775,21 @@ mod tests {
             all_reduce_time(Algorithm::Hierarchical, 4, 1000, 4, 4096, &net),
             None
         );
+    }
+
+    #[test]
+    fn latency_that_overlaps_the_transfer_is_hidden_by_large_frames() {
+        // Two ranks exchanging 1 MB at 1 GB/s with α = 10 µs: α + L/β on a wire, but
+        // only max(α, L/β) where the latency is the receiver waking up.
+        let mut net = Network::flat(10e-6, 1e9, 0.0);
+        let wire = simulate(2, |r| doubling::plan(r, 2, 1_000_000), &net)[0];
+        net.alpha_overlaps = true;
+        let woken = simulate(2, |r| doubling::plan(r, 2, 1_000_000), &net)[0];
+        assert!(close(wire, 10e-6 + 1e-3), "{wire}");
+        assert!(close(woken, 1e-3), "{woken}");
+        // A frame shorter than α takes α either way.
+        let small = simulate(2, |r| doubling::plan(r, 2, 1000), &net)[0];
+        assert!(close(small, 10e-6), "{small}");
     }
 
     #[test]
