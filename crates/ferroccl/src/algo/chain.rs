@@ -88,25 +88,12 @@ fn chain(rank: usize, n: usize, pos: usize, len: usize, seg: usize, land: Land) 
     for (i, (j, r)) in frames(len, seg).enumerate() {
         if pos > 0 {
             // ...or its data.
-            plan.ins.push(In {
-                peer: left(rank, n),
-                step: 0,
-                seg: j,
-                off: r.start,
-                len: r.len(),
-                land,
-                after_send: None,
-            });
+            plan.ins
+                .push(In::segment(left(rank, n), j, r.clone(), land));
         }
         if pos < n - 1 {
-            plan.outs.push(Out {
-                peer: right(rank, n),
-                step: 0,
-                seg: j,
-                off: r.start,
-                len: r.len(),
-                after_recv: (pos > 0).then_some(checks + i),
-            });
+            let after = (pos > 0).then_some(checks + i);
+            plan.outs.push(Out::segment(right(rank, n), j, r, after));
         }
     }
     if full {

@@ -181,14 +181,14 @@ pub(crate) fn plan(
     esize: usize,
     segment_bytes: usize,
 ) -> Plan {
-    let (h, k) = layout
-        .shape()
-        .expect("hierarchical plan: every host must have the same number of ranks");
-    let (host, i) = layout
-        .place(rank)
-        .expect("hierarchical plan: the rank is in the layout");
-    let local = &layout.hosts[host];
-    let across: Vec<usize> = layout.hosts.iter().map(|rs| rs[i]).collect();
+    let Place {
+        h,
+        k,
+        host,
+        i,
+        local,
+        across,
+    } = Place::of(layout, rank);
     let chunks = balanced_chunks(count, k);
     let seg_local = ring::seg_elems(&chunks, esize, segment_bytes);
     let mine: Range<usize> = chunks[i].clone();
@@ -265,16 +265,13 @@ pub(crate) fn reduce_scatter(
         local,
         across,
     } = Place::of(layout, rank);
-    let block = |g: usize| -> Vec<Range<usize>> {
-        layout.hosts[g].iter().map(|&r| chunks[r].clone()).collect()
-    };
     // Host blocks in the order the host ring needs them: the one it sends first, then
     // each one as it receives (and reduces) it; its own last.
     let need = std::iter::once(schedule::send_chunk(h, host, 0))
         .chain((0..h - 1).map(|s| schedule::recv_chunk(h, host, s)));
     let mut p = Plan::default();
     for (x, g) in need.enumerate() {
-        let t = block(g);
+        let t = host_block(layout, chunks, g);
         let part = ring::reduce_scatter(i, k, &t, esize, ring::seg_elems(&t, esize, segment_bytes));
         append(&mut p, part, local, x * (k - 1), h == 1);
     }
@@ -328,7 +325,7 @@ pub(crate) fn all_gather(
     let arrive = std::iter::once(host)
         .chain((h - 1..schedule::allreduce_steps(h)).map(|t| schedule::recv_chunk(h, host, t)));
     for (x, g) in arrive.enumerate() {
-        let t: Vec<Range<usize>> = layout.hosts[g].iter().map(|&r| chunks[r].clone()).collect();
+        let t = host_block(layout, chunks, g);
         let part = ring::all_gather(i, k, &t, esize, ring::seg_elems(&t, esize, segment_bytes));
         append(
             &mut p,
@@ -359,6 +356,11 @@ struct Place<'a> {
 }
 
 impl<'a> Place<'a> {
+    /// `rank`'s place in `layout`. Its callers hold the invariants it expects: the
+    /// communicator keeps a host list only when it has one entry per rank (so every rank
+    /// has a place) and refuses a layout without a shape with `Unavailable` before it
+    /// plans (`Communicator::hierarchical_choice`); the simulator builds only shaped
+    /// layouts (`sim::hierarchical_layout`).
     fn of(layout: &'a HostLayout, rank: usize) -> Self {
         let (h, k) = layout
             .shape()
@@ -375,6 +377,11 @@ impl<'a> Place<'a> {
             across: layout.hosts.iter().map(|rs| rs[i]).collect(),
         }
     }
+}
+
+/// The chunks of host `g`'s ranks, in local order: a local ring's table.
+fn host_block(layout: &HostLayout, chunks: &[Range<usize>], g: usize) -> Vec<Range<usize>> {
+    layout.hosts[g].iter().map(|&r| chunks[r].clone()).collect()
 }
 
 /// The chunks of the ranks of local index `i`, in host order: the host ring's table.
@@ -456,23 +463,30 @@ fn in_sub_chunk_order(
     let in_place = reorder(part.ins.iter().map(|f| (f.step, f.seg)).collect(), &|t| {
         schedule::recv_chunk(k, i, t)
     });
-    let mut outs = part.outs.clone();
-    for (old, o) in part.outs.into_iter().enumerate() {
-        outs[out_place[old]] = Out {
-            after_recv: o.after_recv.map(|d| in_place[d]),
-            ..o
-        };
-    }
-    let mut ins = part.ins.clone();
-    for (old, f) in part.ins.into_iter().enumerate() {
-        ins[in_place[old]] = In {
-            after_send: f.after_send.map(|d| out_place[d]),
-            ..f
-        };
-    }
+    // Each frame to its new place, its dependency renumbered alike.
+    let mut outs: Vec<(usize, Out)> = part
+        .outs
+        .into_iter()
+        .enumerate()
+        .map(|(old, o)| {
+            let after_recv = o.after_recv.map(|d| in_place[d]);
+            (out_place[old], Out { after_recv, ..o })
+        })
+        .collect();
+    let mut ins: Vec<(usize, In)> = part
+        .ins
+        .into_iter()
+        .enumerate()
+        .map(|(old, f)| {
+            let after_send = f.after_send.map(|d| out_place[d]);
+            (in_place[old], In { after_send, ..f })
+        })
+        .collect();
+    outs.sort_unstable_by_key(|x| x.0);
+    ins.sort_unstable_by_key(|x| x.0);
     Plan {
-        outs,
-        ins,
+        outs: outs.into_iter().map(|x| x.1).collect(),
+        ins: ins.into_iter().map(|x| x.1).collect(),
         lanes: None,
     }
 }

@@ -122,6 +122,19 @@ pub(crate) struct Out {
 }
 
 impl Out {
+    /// Segment `seg` of a one-step transfer to `peer`: the bytes `bytes`, sent once the
+    /// receive `after_recv` (if any) is applied.
+    pub fn segment(peer: usize, seg: u32, bytes: Range<usize>, after_recv: Option<usize>) -> Self {
+        Out {
+            peer,
+            step: 0,
+            seg,
+            off: bytes.start,
+            len: bytes.len(),
+            after_recv,
+        }
+    }
+
     /// An empty frame to `peer`: its header alone carries the call's fingerprint, for
     /// the receiver to check (root agreement, the pull executor's exchange).
     pub fn check(peer: usize, step: u32) -> Self {
@@ -165,6 +178,19 @@ pub(crate) struct In {
 }
 
 impl In {
+    /// The receive of [`Out::segment`] from `peer`, landing as `land`.
+    pub fn segment(peer: usize, seg: u32, bytes: Range<usize>, land: Land) -> Self {
+        In {
+            peer,
+            step: 0,
+            seg,
+            off: bytes.start,
+            len: bytes.len(),
+            land,
+            after_send: None,
+        }
+    }
+
     /// The empty frame [`Out::check`] sends, from `peer`.
     pub fn check(peer: usize, step: u32) -> Self {
         In {
@@ -224,7 +250,8 @@ pub(crate) const MAX_LANES: usize = 2;
 /// A plan's frames per lane, for executors that keep a cursor per lane: which send
 /// (receive) is at position `pos` of lane `l`, and whether a frame is done given the
 /// cursors. For a plan without [`Lanes`] it allocates nothing: one lane, the lists.
-pub(crate) struct LaneOrder {
+pub(crate) struct LaneOrder<'p> {
+    plan: &'p Plan,
     /// Per lane, the indices of its sends and receives, in list order (empty without
     /// lanes).
     outs: Vec<Vec<usize>>,
@@ -232,24 +259,24 @@ pub(crate) struct LaneOrder {
     /// Per send and receive: its lane and position in the lane (empty without lanes).
     out_at: Vec<(u8, usize)>,
     in_at: Vec<(u8, usize)>,
-    after_in: Vec<Option<usize>>,
     lanes: usize,
 }
 
-impl LaneOrder {
-    pub fn of(p: &Plan) -> Self {
-        let Some(l) = &p.lanes else {
-            return LaneOrder {
-                outs: Vec::new(),
-                ins: Vec::new(),
-                out_at: Vec::new(),
-                in_at: Vec::new(),
-                after_in: Vec::new(),
-                lanes: 1,
-            };
+impl<'p> LaneOrder<'p> {
+    pub fn of(plan: &'p Plan) -> Self {
+        let mut order = LaneOrder {
+            plan,
+            outs: Vec::new(),
+            ins: Vec::new(),
+            out_at: Vec::new(),
+            in_at: Vec::new(),
+            lanes: 1,
         };
-        debug_assert_eq!(l.outs.len(), p.outs.len());
-        debug_assert_eq!(l.ins.len(), p.ins.len());
+        let Some(l) = &plan.lanes else {
+            return order;
+        };
+        debug_assert_eq!(l.outs.len(), plan.outs.len());
+        debug_assert_eq!(l.ins.len(), plan.ins.len());
         let lanes = l
             .outs
             .iter()
@@ -270,16 +297,10 @@ impl LaneOrder {
                 .collect();
             (lists, at)
         };
-        let (outs, out_at) = split(&l.outs);
-        let (ins, in_at) = split(&l.ins);
-        LaneOrder {
-            outs,
-            ins,
-            out_at,
-            in_at,
-            after_in: l.after_in.clone(),
-            lanes,
-        }
+        (order.outs, order.out_at) = split(&l.outs);
+        (order.ins, order.in_at) = split(&l.ins);
+        order.lanes = lanes;
+        order
     }
 
     pub fn lanes(&self) -> usize {
@@ -287,21 +308,26 @@ impl LaneOrder {
     }
 
     /// The send at position `pos` of lane `l`.
-    pub fn out(&self, p: &Plan, l: usize, pos: usize) -> Option<usize> {
+    pub fn out(&self, l: usize, pos: usize) -> Option<usize> {
         if self.out_at.is_empty() {
-            (pos < p.outs.len()).then_some(pos)
+            (pos < self.plan.outs.len()).then_some(pos)
         } else {
             self.outs[l].get(pos).copied()
         }
     }
 
     /// The receive at position `pos` of lane `l`.
-    pub fn inp(&self, p: &Plan, l: usize, pos: usize) -> Option<usize> {
+    pub fn inp(&self, l: usize, pos: usize) -> Option<usize> {
         if self.in_at.is_empty() {
-            (pos < p.ins.len()).then_some(pos)
+            (pos < self.plan.ins.len()).then_some(pos)
         } else {
             self.ins[l].get(pos).copied()
         }
+    }
+
+    /// Whether lane `l` has nothing left to send or receive, its cursors at `si`, `ai`.
+    pub fn lane_done(&self, l: usize, si: &[usize], ai: &[usize]) -> bool {
+        self.out(l, si[l]).is_none() && self.inp(l, ai[l]).is_none()
     }
 
     /// Whether send `x` has left, the send cursors being at `si`.
@@ -322,14 +348,10 @@ impl LaneOrder {
 
     /// Whether receive `x` may be applied: what it waits for has left or been
     /// applied.
-    pub fn may_apply(&self, p: &Plan, x: usize, si: &[usize], ai: &[usize]) -> bool {
-        p.ins[x].after_send.is_none_or(|s| self.sent(s, si))
-            && self
-                .after_in
-                .get(x)
-                .copied()
-                .flatten()
-                .is_none_or(|y| self.applied(y, ai))
+    pub fn may_apply(&self, x: usize, si: &[usize], ai: &[usize]) -> bool {
+        let after_in = self.plan.lanes.as_ref().and_then(|l| l.after_in[x]);
+        self.plan.ins[x].after_send.is_none_or(|s| self.sent(s, si))
+            && after_in.is_none_or(|y| self.applied(y, ai))
     }
 }
 
@@ -649,7 +671,9 @@ pub(crate) mod tests {
         // receive taken into scratch, waiting for what it must follow.
         let mut si = vec![[0usize; MAX_LANES]; n];
         let mut ai = vec![[0usize; MAX_LANES]; n];
-        let mut held: Vec<[Option<Vec<f64>>; MAX_LANES]> = (0..n).map(|_| [None, None]).collect();
+        // A held receive: its index, and the data taken into scratch.
+        type Held = Option<(usize, Vec<f64>)>;
+        let mut held: Vec<[Held; MAX_LANES]> = (0..n).map(|_| [None, None]).collect();
         let mut end: Vec<Option<End>> = (0..n).map(|_| None).collect();
         // wires[r][q]: frames r sent q not yet received (step, seg, sender's view, data).
         type Wire = VecDeque<(u32, u32, usize, Vec<f64>)>;
@@ -668,7 +692,7 @@ pub(crate) mod tests {
                 }
                 let (p, ord) = (&plans[r], &orders[r]);
                 for l in 0..ord.lanes() {
-                    while let Some(x) = ord.out(p, l, si[r][l]) {
+                    while let Some(x) = ord.out(l, si[r][l]) {
                         let o = &p.outs[x];
                         if o.after_recv.is_some_and(|d| !ord.applied(d, &ai[r])) {
                             break;
@@ -678,13 +702,13 @@ pub(crate) mod tests {
                         // frame now lets it leave.
                         let takes = |ql: usize| {
                             held[q][ql].is_none()
-                                && orders[q].inp(&plans[q], ql, ai[q][ql]).is_some_and(|y| {
+                                && orders[q].inp(ql, ai[q][ql]).is_some_and(|y| {
                                     let i = &plans[q].ins[y];
                                     i.peer == r
                                         && i.step == o.step
                                         && i.seg == o.seg
                                         && (matches!(i.land, Land::Reduce { .. })
-                                            || orders[q].may_apply(&plans[q], y, &si[q], &ai[q]))
+                                            || orders[q].may_apply(y, &si[q], &ai[q]))
                                 })
                         };
                         let room = wires[r][q].len() < cap
@@ -701,9 +725,9 @@ pub(crate) mod tests {
                     }
                 }
                 for l in 0..ord.lanes() {
-                    if let Some(data) = &held[r][l] {
-                        let x = ord.inp(p, l, ai[r][l]).expect("a held receive");
-                        if ord.may_apply(p, x, &si[r], &ai[r]) {
+                    if let Some((x, data)) = &held[r][l] {
+                        let x = *x;
+                        if ord.may_apply(x, &si[r], &ai[r]) {
                             let i = &p.ins[x];
                             apply(&mut bufs[r][i.off / 8..(i.off + i.len) / 8], i, data);
                             held[r][l] = None;
@@ -712,12 +736,12 @@ pub(crate) mod tests {
                         }
                     }
                     while held[r][l].is_none() {
-                        let Some(x) = ord.inp(p, l, ai[r][l]) else {
+                        let Some(x) = ord.inp(l, ai[r][l]) else {
                             break;
                         };
                         let i = &p.ins[x];
                         let reduces = matches!(i.land, Land::Reduce { .. });
-                        if !reduces && !ord.may_apply(p, x, &si[r], &ai[r]) {
+                        if !reduces && !ord.may_apply(x, &si[r], &ai[r]) {
                             break;
                         }
                         // Frames from one peer arrive in its order: the next one must
@@ -736,8 +760,8 @@ pub(crate) mod tests {
                         }
                         assert_eq!((step, seg), (i.step, i.seg), "rank {r} from {}", i.peer);
                         assert_eq!(data.len() * 8, i.len, "rank {r} from {}", i.peer);
-                        if !ord.may_apply(p, x, &si[r], &ai[r]) {
-                            held[r][l] = Some(data);
+                        if !ord.may_apply(x, &si[r], &ai[r]) {
+                            held[r][l] = Some((x, data));
                             break;
                         }
                         apply(&mut bufs[r][i.off / 8..(i.off + i.len) / 8], i, &data);
@@ -747,9 +771,7 @@ pub(crate) mod tests {
                         break;
                     }
                 }
-                let finished = (0..ord.lanes()).all(|l| {
-                    ord.out(p, l, si[r][l]).is_none() && ord.inp(p, l, ai[r][l]).is_none()
-                });
+                let finished = (0..ord.lanes()).all(|l| ord.lane_done(l, &si[r], &ai[r]));
                 if end[r].is_none() && finished {
                     end[r] = Some(End::Ok(bufs[r].clone()));
                     moved = true;

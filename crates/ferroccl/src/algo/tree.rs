@@ -301,23 +301,8 @@ fn rooted(rank: usize, n: usize, root: usize, len: usize, seg: usize, up: bool) 
     let parent = (pos != 0).then(|| at(parent_pos(pos, n)));
     let children: Vec<usize> = children_pos(pos, n).into_iter().map(at).collect();
     for (j, r) in super::frames(len, seg) {
-        let frame_in = |peer: usize, land: Land| In {
-            peer,
-            step: 0,
-            seg: j,
-            off: r.start,
-            len: r.len(),
-            land,
-            after_send: None,
-        };
-        let frame_out = |peer: usize, after_recv: Option<usize>| Out {
-            peer,
-            step: 0,
-            seg: j,
-            off: r.start,
-            len: r.len(),
-            after_recv,
-        };
+        let frame_in = |peer: usize, land: Land| In::segment(peer, j, r.clone(), land);
+        let frame_out = |peer: usize, after: Option<usize>| Out::segment(peer, j, r.clone(), after);
         if up {
             for (i, &c) in children.iter().enumerate() {
                 let finish = parent.is_none() && i + 1 == children.len();

@@ -19,14 +19,7 @@ impl Communicator {
         let bytes: &[u8] = bytemuck::cast_slice(buf);
         let plan = Plan {
             outs: algo::frames(bytes.len(), seg)
-                .map(|(j, r)| Out {
-                    peer,
-                    step: 0,
-                    seg: j,
-                    off: r.start,
-                    len: r.len(),
-                    after_recv: None,
-                })
+                .map(|(j, r)| Out::segment(peer, j, r, None))
                 .collect(),
             ins: vec![],
             lanes: None,
@@ -42,15 +35,7 @@ impl Communicator {
         let plan = Plan {
             outs: vec![],
             ins: algo::frames(bytes.len(), seg)
-                .map(|(j, r)| In {
-                    peer,
-                    step: 0,
-                    seg: j,
-                    off: r.start,
-                    len: r.len(),
-                    land: Land::Copy,
-                    after_send: None,
-                })
+                .map(|(j, r)| In::segment(peer, j, r, Land::Copy))
                 .collect(),
             lanes: None,
         };

@@ -156,7 +156,7 @@ impl Engine {
         ch: Channel,
         fp: &Fingerprint,
         plan: &Plan,
-        order: &LaneOrder,
+        order: &LaneOrder<'_>,
         data: &mut Data<'_>,
         comb: &mut dyn Combine,
         scratch: &mut [u8],
@@ -173,21 +173,20 @@ impl Engine {
             len: len as u32,
         };
         // Per lane: `ai`, the position of the next receive, which is applied once
-        // complete (or held in the lane's scratch, `held`, until what it waits for has
-        // left or been applied); `inp`, that receive's frame once it has started.
+        // complete (or held in the lane's scratch, `held` its index, until what it
+        // waits for has left or been applied); `inp`, that receive's frame once it has
+        // started.
         let mut ai = [0usize; MAX_LANES];
-        let mut held = [false; MAX_LANES];
+        let mut held: [Option<usize>; MAX_LANES] = [None; MAX_LANES];
         let mut inp: [Option<InFrame>; MAX_LANES] = [None, None];
         let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
         let done = |st: &Sending, ai: &[usize; MAX_LANES]| {
-            (0..lanes).all(|l| {
-                order.out(plan, l, st.si[l]).is_none() && order.inp(plan, l, ai[l]).is_none()
-            })
+            (0..lanes).all(|l| order.lane_done(l, &st.si, ai))
         };
         while !done(st, &ai) {
             let mut progressed = false;
             for l in 0..lanes {
-                while let Some(x) = order.out(plan, l, st.si[l]) {
+                while let Some(x) = order.out(l, st.si[l]) {
                     let o = &outs[x];
                     if st.out[l].is_none() {
                         if o.after_recv.is_some_and(|d| !order.applied(d, &ai)) {
@@ -213,23 +212,20 @@ impl Engine {
             }
             for l in 0..lanes {
                 let scratch = &mut scratch[l * per_lane..(l + 1) * per_lane];
-                if held[l] {
-                    let x = order.inp(plan, l, ai[l]).expect("a held receive");
-                    if order.may_apply(plan, x, &st.si, &ai) {
-                        apply(&ins[x], data, scratch, comb)?;
-                        held[l] = false;
-                        ai[l] += 1;
-                        progressed = true;
-                    }
+                if let Some(x) = held[l].filter(|&x| order.may_apply(x, &st.si, &ai)) {
+                    apply(&ins[x], data, scratch, comb)?;
+                    held[l] = None;
+                    ai[l] += 1;
+                    progressed = true;
                 }
-                while !held[l] {
-                    let Some(x) = order.inp(plan, l, ai[l]) else {
+                while held[l].is_none() {
+                    let Some(x) = order.inp(l, ai[l]) else {
                         break;
                     };
                     let i = &ins[x];
                     let lands_in_place = matches!(i.land, Land::Copy);
                     if inp[l].is_none() {
-                        if lands_in_place && !order.may_apply(plan, x, &st.si, &ai) {
+                        if lands_in_place && !order.may_apply(x, &st.si, &ai) {
                             break;
                         }
                         inp[l] = Some(InFrame::new(header(i.step, i.seg, i.len)));
@@ -250,8 +246,8 @@ impl Engine {
                     }
                     inp[l] = None;
                     progressed = true;
-                    if !order.may_apply(plan, x, &st.si, &ai) {
-                        held[l] = true;
+                    if !order.may_apply(x, &st.si, &ai) {
+                        held[l] = Some(x);
                         break;
                     }
                     apply(i, data, scratch, comb)?;
@@ -268,19 +264,17 @@ impl Engine {
             // Waiting for a receive, or for a peer to take a send: name a receive that
             // has started or has no send before it in its lane, else the next send.
             let recv = (0..lanes).find_map(|l| {
-                let x = order.inp(plan, l, ai[l])?;
-                let sends_done = order.out(plan, l, st.si[l]).is_none();
-                (!held[l] && (sends_done || inp[l].is_some())).then_some(x)
+                let x = order.inp(l, ai[l])?;
+                let sends_done = order.out(l, st.si[l]).is_none();
+                (held[l].is_none() && (sends_done || inp[l].is_some())).then_some(x)
             });
-            let send = (0..lanes).find_map(|l| order.out(plan, l, st.si[l]));
+            let send = (0..lanes).find_map(|l| order.out(l, st.si[l]));
             let peer = match (recv, send) {
                 (Some(x), _) => ins[x].peer,
                 (None, Some(x)) => outs[x].peer,
                 // Only held receives remain (their sends are out of reach): the
                 // first lane's.
-                (None, None) => (0..lanes)
-                    .find_map(|l| order.inp(plan, l, ai[l]))
-                    .map_or(rank, |x| ins[x].peer),
+                (None, None) => held.iter().flatten().next().map_or(rank, |&x| ins[x].peer),
             };
             self.trace_waiting(peer);
             let t0 = Instant::now();
