@@ -38,6 +38,14 @@ pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
 pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
 /// Default for [`ShmOptions::ring_bytes`].
 pub const DEFAULT_SHM_RING_BYTES: usize = 4 << 20;
+/// Default for [`ShmOptions::single_copy_min`].
+///
+/// Off: on the machines measured (a 2-core VM), pulling a frame from the writer's
+/// memory made every all-reduce from 16 KiB up 1.5-2.3x slower than copying it through
+/// the ring (the kernel pins the writer's pages per call, and a writer waits for its
+/// reader on every frame instead of running ahead into the ring). Measure yours with
+/// `tools/ab-bench` (see the README) before turning it on.
+pub const DEFAULT_SHM_SINGLE_COPY_MIN: usize = 0;
 /// Default for [`Tuning::trace_capacity`].
 pub const DEFAULT_TRACE_CAPACITY: usize = 2048;
 /// Default for [`Tuning::busy_poll`].
@@ -416,6 +424,12 @@ pub struct ShmOptions {
     /// rings (plus a 4 KiB header each) in shared memory. Default 4 MiB. The lower
     /// rank of each pair makes both rings with its own value.
     pub ring_bytes: usize,
+    /// A collective's frame payload of at least this many bytes moves in one copy: the
+    /// reader copies it straight from the writer's memory (`process_vm_readv`) instead
+    /// of through the ring, where the kernel allows it (checked per link; otherwise
+    /// the ring). 0 turns single copy off. `FERROCCL_SHM_SINGLE_COPY` (bytes or `off`).
+    /// Default off ([`DEFAULT_SHM_SINGLE_COPY_MIN`] says why).
+    pub single_copy_min: usize,
     /// Appended to this rank's host identity: ranks with different tags are on
     /// different hosts as far as `auto` is concerned. For tests that emulate several
     /// hosts with threads of one process; empty by default.
@@ -423,10 +437,33 @@ pub struct ShmOptions {
     pub host_tag: String,
 }
 
+impl ShmOptions {
+    /// Parses [`ShmOptions::single_copy_min`] as given by a user: `off` (0), or a size
+    /// in bytes with an optional `K`/`M` (KiB, MiB) suffix.
+    pub fn parse_single_copy(v: &str) -> std::result::Result<usize, String> {
+        let t = v.trim();
+        if t.eq_ignore_ascii_case("off") || t == "0" {
+            return Ok(0);
+        }
+        let (num, mul) = match t.char_indices().last() {
+            Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
+            Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+            _ => (t, 1),
+        };
+        num.parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_mul(mul))
+            .ok_or_else(|| {
+                format!("{v:?} is neither `off` nor a size in bytes (e.g. 65536 or 64K)")
+            })
+    }
+}
+
 impl Default for ShmOptions {
     fn default() -> Self {
         ShmOptions {
             ring_bytes: DEFAULT_SHM_RING_BYTES,
+            single_copy_min: DEFAULT_SHM_SINGLE_COPY_MIN,
             host_tag: String::new(),
         }
     }
@@ -736,6 +773,10 @@ impl Config {
             c.transport.kind = TransportKind::parse(t)
                 .map_err(|e| Error::Env(format!("FERROCCL_TRANSPORT: {e}")))?;
         }
+        if let Some(v) = &env.shm_single_copy {
+            c.transport.shm.single_copy_min = ShmOptions::parse_single_copy(v)
+                .map_err(|e| Error::Env(format!("FERROCCL_SHM_SINGLE_COPY: {e}")))?;
+        }
         if let Some(t) = &env.tcp_congestion {
             c.transport.tcp.congestion = TcpCongestion::parse(t)
                 .map_err(|e| Error::Env(format!("FERROCCL_TCP_CONGESTION: {e}")))?;
@@ -884,6 +925,12 @@ impl ConfigBuilder {
         self.0.transport.shm.ring_bytes = bytes;
         self
     }
+
+    /// [`ShmOptions::single_copy_min`] (0: off).
+    pub fn shm_single_copy_min(mut self, bytes: usize) -> Self {
+        self.0.transport.shm.single_copy_min = bytes;
+        self
+    }
     /// [`RdmaOptions::gid_index`].
     pub fn rdma_gid_index(mut self, i: u8) -> Self {
         self.0.transport.rdma.gid_index = i;
@@ -938,6 +985,19 @@ mod tests {
         let s = Clock::system();
         s.advance(Duration::from_secs(1000));
         assert!(s.now() < Instant::now() + Duration::from_secs(1));
+    }
+
+    #[test]
+    fn single_copy_sizes_parse() {
+        assert_eq!(ShmOptions::parse_single_copy("off"), Ok(0));
+        assert_eq!(ShmOptions::parse_single_copy(" OFF "), Ok(0));
+        assert_eq!(ShmOptions::parse_single_copy("65536"), Ok(65536));
+        assert_eq!(ShmOptions::parse_single_copy("64K"), Ok(64 << 10));
+        assert_eq!(ShmOptions::parse_single_copy("2m"), Ok(2 << 20));
+        for bad in ["", "K", "-1", "64KB", "lots", "99999999999999999999M"] {
+            let e = ShmOptions::parse_single_copy(bad).unwrap_err();
+            assert!(e.contains("neither `off`"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -28,6 +28,10 @@ pub enum Net {
     Tcp,
     /// Shared memory (`shm`) with a real rendezvous store, every rank on this host.
     Shm,
+    /// [`Net::Shm`] with single copy from the smallest size it takes (a page): each
+    /// reader pulls every collective payload of a page or more from its writer's
+    /// memory.
+    ShmPull,
     /// A real rendezvous store, the ranks split into emulated hosts of this many
     /// consecutive ranks each, with `auto` (shared memory within a host, TCP between
     /// them) unless the config asks for `shm` (which must then refuse).
@@ -191,7 +195,7 @@ where
                 });
             }
         }
-        Net::Tcp | Net::Shm | Net::Hosts(_) => {
+        Net::Tcp | Net::Shm | Net::ShmPull | Net::Hosts(_) => {
             let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), n)?;
             let addr = server.local_addr().to_string();
             store = Some(server);
@@ -202,6 +206,10 @@ where
                 match net {
                     Net::Tcp => cfg.transport.kind = crate::TransportKind::Tcp,
                     Net::Shm => cfg.transport.kind = crate::TransportKind::Shm,
+                    Net::ShmPull => {
+                        cfg.transport.kind = crate::TransportKind::Shm;
+                        cfg.transport.shm.single_copy_min = 1;
+                    }
                     Net::Hosts(k) => {
                         if cfg.transport.kind != crate::TransportKind::Shm {
                             cfg.transport.kind = crate::TransportKind::Auto;

@@ -25,12 +25,17 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts `n` ranks of `ferroccl bench ARGS` with the torchrun environment.
-fn spawn_ranks(n: usize, args: &[&str]) -> Vec<Child> {
-    spawn_ranks_env(n, args, &[])
-}
+/// The transports the process fault tests run over, with their environment: TCP,
+/// shared memory through the rings, and shared memory with single copy (every payload
+/// of 4 KiB or more pulled from the writer's memory).
+const TRANSPORTS: [(&str, &[(&str, &str)]); 3] = [
+    ("tcp", &[]),
+    ("shm", &[("FERROCCL_SHM_SINGLE_COPY", "off")]),
+    ("shm", &[("FERROCCL_SHM_SINGLE_COPY", "4K")]),
+];
 
-/// [`spawn_ranks`] with extra environment variables; rank 0's stdout is piped.
+/// Starts `n` ranks of `ferroccl bench ARGS` with the torchrun environment and the
+/// extra variables `env`; rank 0's stdout is piped.
 fn spawn_ranks_env(n: usize, args: &[&str], env: &[(&str, &str)]) -> Vec<Child> {
     let port = free_port().to_string();
     (0..n)
@@ -120,16 +125,17 @@ fn names_the_victim(stderr: &str, victim: usize) -> bool {
 }
 
 /// 5 collectives × 4 kill points = 20 injections of `kill -9` into a 3-rank job, over
-/// TCP and over shared memory (where the killed rank's rings stay mapped and only its
-/// TCP connection's end tells the others).
+/// TCP, over shared memory (where the killed rank's rings stay mapped and only its
+/// TCP connection's end tells the others), and over shared memory with single copy
+/// (where a survivor may be reading the killed rank's memory when it dies).
 #[test]
 fn kill_minus_nine_at_random_points_of_every_collective() {
-    for transport in ["tcp", "shm"] {
-        kill_minus_nine(transport);
+    for (transport, env) in TRANSPORTS {
+        kill_minus_nine(transport, env);
     }
 }
 
-fn kill_minus_nine(transport: &str) {
+fn kill_minus_nine(transport: &str, env: &[(&str, &str)]) {
     let mut seed = 0x5eed_u64;
     let mut injections = 0;
     for coll in [
@@ -146,7 +152,7 @@ fn kill_minus_nine(transport: &str) {
             let delay = Duration::from_millis(150 + (seed >> 33) % 600);
             let victim = ((seed >> 20) % 3) as usize;
             // Long enough that the kill lands mid-run: many iterations, sizes up to 4 MiB.
-            let mut ranks = spawn_ranks(
+            let mut ranks = spawn_ranks_env(
                 3,
                 &[
                     coll,
@@ -169,6 +175,7 @@ fn kill_minus_nine(transport: &str) {
                     "--transport",
                     transport,
                 ],
+                env,
             );
             std::thread::sleep(delay);
             signal(&ranks[victim], libc::SIGKILL);
@@ -178,7 +185,7 @@ fn kill_minus_nine(transport: &str) {
             for (i, child) in ranks.into_iter().enumerate() {
                 let rank = if i >= victim { i + 1 } else { i };
                 let ctx = format!(
-                    "{transport}: {coll} injection {k}: rank {victim} killed after {delay:?}; rank {rank}"
+                    "{transport} {env:?}: {coll} injection {k}: rank {victim} killed after {delay:?}; rank {rank}"
                 );
                 let (code, err) = finish(child, deadline).unwrap_or_else(|| panic!("{ctx} hung"));
                 assert!(!err.contains("panicked"), "{ctx} panicked: {err}");
@@ -200,16 +207,17 @@ fn kill_minus_nine(transport: &str) {
 
 /// A stalled rank (SIGSTOP): the others time out, and say the stalled rank does not
 /// answer; nobody hangs past the deadline. Over TCP and over shared memory (where a
-/// stopped peer closes nothing, and no wait on its ring may sleep past the timeout).
+/// stopped peer closes nothing, and no wait on its ring may sleep past the timeout),
+/// with and without single copy (where a writer waits for its stopped reader to pull).
 #[test]
 fn a_stalled_rank_is_named_by_the_timeout() {
-    for transport in ["tcp", "shm"] {
-        stalled_rank(transport);
+    for (transport, env) in TRANSPORTS {
+        stalled_rank(transport, env);
     }
 }
 
-fn stalled_rank(transport: &str) {
-    let mut ranks = spawn_ranks(
+fn stalled_rank(transport: &str, env: &[(&str, &str)]) {
+    let mut ranks = spawn_ranks_env(
         3,
         &[
             "all_reduce",
@@ -228,6 +236,7 @@ fn stalled_rank(transport: &str) {
             "--transport",
             transport,
         ],
+        env,
     );
     std::thread::sleep(Duration::from_millis(400));
     signal(&ranks[1], libc::SIGSTOP);
@@ -235,6 +244,7 @@ fn stalled_rank(transport: &str) {
     let stalled = ranks.remove(1);
     for (i, child) in ranks.into_iter().enumerate() {
         let rank = if i >= 1 { i + 1 } else { i };
+        let transport = format!("{transport} {env:?}");
         let (code, err) =
             finish(child, deadline).unwrap_or_else(|| panic!("{transport}: rank {rank} hung"));
         assert_ne!(code, 0, "{transport}");

@@ -45,6 +45,9 @@ pub struct LaunchEnv {
     /// `FERROCCL_TCP_CONGESTION`: the TCP links' congestion control (`auto`, `system`
     /// or a name), checked by `Config::from_env`.
     pub tcp_congestion: Option<String>,
+    /// `FERROCCL_SHM_SINGLE_COPY`: the smallest frame the shared-memory transport
+    /// moves in one copy (bytes, `64K`, or `off`), checked by `Config::from_env`.
+    pub shm_single_copy: Option<String>,
 }
 
 /// The variables one launcher family sets.
@@ -231,6 +234,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
                     .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1")),
             transport: var("FERROCCL_TRANSPORT").map(|v| v.trim().to_string()),
             tcp_congestion: var("FERROCCL_TCP_CONGESTION").map(|v| v.trim().to_string()),
+            shm_single_copy: var("FERROCCL_SHM_SINGLE_COPY").map(|v| v.trim().to_string()),
         }));
     }
     Ok(None)
@@ -299,11 +303,13 @@ mod tests {
             ("WORLD_SIZE", "2"),
             ("FERROCCL_TRANSPORT", " tcp "),
             ("FERROCCL_TCP_CONGESTION", "cubic\n"),
+            ("FERROCCL_SHM_SINGLE_COPY", " off"),
         ])
         .unwrap()
         .unwrap();
         assert_eq!(e.transport.as_deref(), Some("tcp"));
         assert_eq!(e.tcp_congestion.as_deref(), Some("cubic"));
+        assert_eq!(e.shm_single_copy.as_deref(), Some("off"));
     }
 
     fn env(
@@ -328,6 +334,7 @@ mod tests {
             agent_store: false,
             transport: None,
             tcp_congestion: None,
+            shm_single_copy: None,
         }
     }
 

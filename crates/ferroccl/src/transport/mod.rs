@@ -18,6 +18,11 @@
 //!   waiter". They never block. Bytes arrive in order, exactly once. A read that finds
 //!   the stream closed by the peer returns [`LinkError::Closed`] (so does a write, where
 //!   the transport can tell); anything else is [`LinkError::Io`].
+//!   A write may go on reading the slices it was given after it returns, until it has
+//!   reported their bytes as written (a later call, resuming at the same place) or the
+//!   link is shut down: the shared-memory transport's single copy lets the peer read
+//!   a payload straight from the writer's memory. So a caller keeps a buffer it wrote
+//!   from, unchanged, until then.
 //! - [`Link::shutdown`] closes both directions so the peer's next read fails fast (a
 //!   poisoned communicator calls it on every link); it is idempotent, and dropping a
 //!   link shuts it down too.

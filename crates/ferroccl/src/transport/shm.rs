@@ -32,6 +32,31 @@
 //! rings of `ring_bytes` + 4 KiB (default 8 MiB + 8 KiB; a job's collectives link each
 //! rank to its ring neighbours and, for recursive doubling, its log2 n partners).
 //!
+//! # Single copy
+//!
+//! With [`ShmOptions::single_copy_min`] set (off by default: see
+//! [`DEFAULT_SHM_SINGLE_COPY_MIN`] for what it measured), a collective frame's payload
+//! of at least that size (and at least a page) does not go through the ring: the
+//! writer posts a descriptor in the ring's header (stream position, address, length,
+//! under a sequence lock) and the reader, once it has read the ring up to that
+//! position, copies the bytes straight from the writer's memory into its destination
+//! with `process_vm_readv` and publishes how much it pulled. The writer reports those
+//! bytes as written only then, so a send completes when its receiver has it
+//! (collective plans are checked to run over links that hold nothing).
+//!
+//! - Who may pull is proved, not assumed: the writer publishes its pid and the address
+//!   and value of a random cookie; the reader reads the cookie through
+//!   `process_vm_readv` once and says in the header whether it can. A reader that
+//!   cannot (another user, Yama `ptrace_scope` 2 or 3, another pid namespace, single
+//!   copy off on its side) gets the ring. Under `ptrace_scope` 1 a rank that offers its
+//!   memory names any process its ptracer (`PR_SET_PTRACER_ANY`), as Open MPI does.
+//! - A writer that fails shuts the link (closed flag, `SeqCst`) before its caller may
+//!   reuse the buffer; a reader checks that flag, and the writer's pidfd, after each
+//!   copy and throws the bytes away if either says so, so no rank uses bytes from a
+//!   buffer its owner had already taken back, or from a process that took a dead
+//!   writer's pid.
+//! - Point-to-point links keep the ring: a pulled send would wait for its receive.
+//!
 //! # Sleeping and waking
 //!
 //! The engine polls its links for [`crate::config::Tuning::busy_poll`] and then sleeps
@@ -54,6 +79,8 @@
 //! status query, which goes over TCP, says it does not answer. No wait is unbounded.
 //!
 //! [`ShmOptions::ring_bytes`]: crate::config::ShmOptions::ring_bytes
+//! [`ShmOptions::single_copy_min`]: crate::config::ShmOptions::single_copy_min
+//! [`DEFAULT_SHM_SINGLE_COPY_MIN`]: crate::config::DEFAULT_SHM_SINGLE_COPY_MIN
 
 use super::tcp::{self, ConnectCtx, TcpConnector};
 use super::{Channel, Connector, Joined, Link, LinkError, Links, Transport, Waiter};
@@ -93,6 +120,7 @@ impl Transport for Shm {
         }
         let rank = job.rank();
         let ring_bytes = job.config.transport.shm.ring_bytes;
+        let single_copy_min = job.config.transport.shm.single_copy_min;
         let wait = job.config.tuning.connect_timeout;
         reclaim_stale(wait);
         if let Err(e) = probe(ring_bytes) {
@@ -127,6 +155,7 @@ impl Transport for Shm {
                 comm_id,
                 strict: self.strict,
                 ring_bytes,
+                single_copy_min,
                 me,
                 same_host: HashMap::new(),
                 pairs: pairs.clone(),
@@ -307,7 +336,28 @@ mod layout {
     pub const READER_ASLEEP: usize = 256;
     pub const WRITER_CLOSED: usize = 320;
     pub const READER_CLOSED: usize = 384;
+    /// Single copy: the writer's pid (0: it offers none), published after the address
+    /// and value of its cookie (`sys::cma::cookie`).
+    pub const WRITER_PID: usize = 448;
+    pub const COOKIE_ADDR: usize = 456;
+    pub const COOKIE: usize = 464;
+    /// The reader's verdict on reading the writer's memory: 0 (not tried yet),
+    /// [`CAN_PULL`] or [`CANNOT_PULL`].
+    pub const PULL: usize = 512;
+    /// The writer's descriptor, under a sequence lock (`DESC_SEQ` odd while it is
+    /// rewritten): once the reader has read the ring up to stream position `DESC_POS`,
+    /// the next `DESC_LEN` bytes are at `DESC_ADDR` in the writer's memory; `DESC_BASE`
+    /// is what `PULLED` says before them.
+    pub const DESC_SEQ: usize = 576;
+    pub const DESC_POS: usize = 584;
+    pub const DESC_BASE: usize = 592;
+    pub const DESC_LEN: usize = 600;
+    pub const DESC_ADDR: usize = 608;
+    /// Bytes ever pulled by the reader (stored with `Release` after the copy).
+    pub const PULLED: usize = 640;
     pub const DATA: usize = 4096;
+    pub const CAN_PULL: u64 = 1;
+    pub const CANNOT_PULL: u64 = 2;
     /// "FCSHRNG1" as a little-endian word.
     pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"FCSHRNG1");
 }
@@ -422,14 +472,249 @@ impl Pair {
     }
 }
 
+/// The smallest slice a writer offers for pulling, whatever it is configured with.
+const PULL_FLOOR: usize = 4096;
+
 /// A link over a [`Pair`].
 struct ShmLink {
     pair: Arc<Pair>,
-    /// Bytes written (our `head` of `tx`).
+    /// Bytes put in `tx` (our `head` of it).
+    head: u64,
+    /// Bytes taken from `rx` (our `tail` of it).
+    tail: u64,
+    /// Bytes written and read, ring and single copy alike ([`Link::raw_counts`]).
     sent: u64,
-    /// Bytes read (our `tail` of `rx`).
     received: u64,
     closed: bool,
+    /// Single copy ([`crate::config::ShmOptions::single_copy_min`]; 0: off): the
+    /// smallest slice this rank offers for pulling, and what it knows of pulling.
+    single_copy_min: usize,
+    /// The writer's side: the descriptor out, and what its slices have taken in all.
+    posted: Option<Posted>,
+    offered: u64,
+    /// The reader's side: whether it has tried to open the writer, what it opened, the
+    /// descriptor it last read (by sequence) and what it has pulled in all.
+    probed: bool,
+    remote: Option<crate::sys::cma::Remote>,
+    desc: Desc,
+    pulled: u64,
+}
+
+/// A descriptor as the writer posted it (see [`layout::DESC_SEQ`]).
+#[derive(Clone, Copy, Default)]
+struct Desc {
+    seq: u64,
+    pos: u64,
+    base: u64,
+    len: u64,
+    addr: u64,
+}
+
+/// The writer's descriptor out: `reported` of its `len` bytes were returned as
+/// written (the reader had pulled them).
+struct Posted {
+    addr: u64,
+    base: u64,
+    len: u64,
+    reported: u64,
+}
+
+impl ShmLink {
+    fn new(pair: Arc<Pair>, single_copy_min: usize) -> Self {
+        // Slices under a page always take the ring: frame headers and failure notices
+        // live in buffers the engine lets go of before it shuts its links (a payload
+        // lives until then), and a pull costs more than such a copy anyway.
+        let single_copy_min = match single_copy_min {
+            0 => 0,
+            m => m.max(PULL_FLOOR),
+        };
+        ShmLink {
+            pair,
+            head: 0,
+            tail: 0,
+            sent: 0,
+            received: 0,
+            closed: false,
+            single_copy_min,
+            posted: None,
+            offered: 0,
+            probed: false,
+            remote: None,
+            desc: Desc::default(),
+            pulled: 0,
+        }
+    }
+
+    /// The writer: what the reader has pulled of the descriptor out since last asked,
+    /// as bytes written (the descriptor is done once all are).
+    fn pulled_of_posted(&mut self, bufs: &[IoSlice<'_>]) -> u64 {
+        let Some(d) = &mut self.posted else { return 0 };
+        let pulled = self.pair.tx.word(layout::PULLED).load(Ordering::Acquire);
+        let done = pulled.saturating_sub(d.base).min(d.len);
+        let new = done - d.reported;
+        debug_assert!(
+            new == 0
+                || bufs
+                    .iter()
+                    .find(|b| !b.is_empty())
+                    .is_some_and(|b| b.as_ptr() as u64 == d.addr + d.reported),
+            "a write resumed elsewhere than where its descriptor was"
+        );
+        d.reported = done;
+        if done == d.len {
+            self.offered = d.base + d.len;
+            self.posted = None;
+        }
+        new
+    }
+
+    /// Whether the reader of `tx` has gone (closed its end, or its connection ended).
+    fn peer_closed(&self) -> bool {
+        let p = &*self.pair;
+        p.gone.load(Ordering::Acquire)
+            || p.tx.word(layout::READER_CLOSED).load(Ordering::Acquire) != 0
+    }
+
+    /// The reader: the writer's descriptor if it has bytes not pulled yet.
+    fn active_desc(&mut self) -> Option<Desc> {
+        let rx = &self.pair.rx;
+        let seq = rx.word(layout::DESC_SEQ).load(Ordering::Acquire);
+        if seq != self.desc.seq && seq.is_multiple_of(2) {
+            let d = Desc {
+                seq,
+                pos: rx.word(layout::DESC_POS).load(Ordering::Relaxed),
+                base: rx.word(layout::DESC_BASE).load(Ordering::Relaxed),
+                len: rx.word(layout::DESC_LEN).load(Ordering::Relaxed),
+                addr: rx.word(layout::DESC_ADDR).load(Ordering::Relaxed),
+            };
+            fence(Ordering::Acquire);
+            // A torn read (the writer rewrote it meanwhile) is read again next call.
+            if rx.word(layout::DESC_SEQ).load(Ordering::Relaxed) == seq {
+                self.desc = d;
+            }
+        }
+        let d = self.desc;
+        (d.seq != 0 && self.pulled < d.base + d.len).then_some(d)
+    }
+
+    /// The reader, once the writer has said who it is: whether this process can read
+    /// its memory, told to the writer through [`layout::PULL`].
+    fn probe_writer(&mut self) {
+        let rx = &self.pair.rx;
+        let pid = rx.word(layout::WRITER_PID).load(Ordering::Acquire);
+        if pid == 0 {
+            return;
+        }
+        self.probed = true;
+        if self.single_copy_min == 0 {
+            rx.word(layout::PULL)
+                .store(layout::CANNOT_PULL, Ordering::Release);
+            return;
+        }
+        let (addr, value) = (
+            rx.word(layout::COOKIE_ADDR).load(Ordering::Relaxed),
+            rx.word(layout::COOKIE).load(Ordering::Relaxed),
+        );
+        match crate::sys::cma::Remote::open(pid as u32, addr, value) {
+            Ok(r) => {
+                self.remote = Some(r);
+                rx.word(layout::PULL)
+                    .store(layout::CAN_PULL, Ordering::Release);
+            }
+            Err(e) => {
+                tracing::info!(
+                    "rank {}'s memory cannot be read from here ({e}): its frames come \
+                     through the ring",
+                    self.pair.peer
+                );
+                rx.word(layout::PULL)
+                    .store(layout::CANNOT_PULL, Ordering::Release);
+            }
+        }
+    }
+
+    /// The reader: pulls what `bufs` take of descriptor `d` (whose stream position
+    /// the ring has reached) from the writer's memory.
+    fn pull(
+        &mut self,
+        d: Desc,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> std::result::Result<u64, LinkError> {
+        let p = &*self.pair;
+        let revoked = || {
+            p.gone.load(Ordering::Acquire)
+                || p.rx.word(layout::WRITER_CLOSED).load(Ordering::SeqCst) != 0
+        };
+        let Some(remote) = &self.remote else {
+            return Err(LinkError::Io(io::Error::other(
+                "the peer offered its memory to a reader that cannot read it",
+            )));
+        };
+        if revoked() {
+            return Err(LinkError::Closed);
+        }
+        let mut want = d.base + d.len - self.pulled;
+        let mut slices: Vec<IoSliceMut<'_>> = Vec::with_capacity(bufs.len());
+        for b in bufs.iter_mut() {
+            if want == 0 {
+                break;
+            }
+            let take = (b.len() as u64).min(want) as usize;
+            if take > 0 {
+                slices.push(IoSliceMut::new(&mut b[..take]));
+                want -= take as u64;
+            }
+        }
+        if slices.is_empty() {
+            return Ok(0);
+        }
+        let n = match remote.read(d.addr + (self.pulled - d.base), &mut slices) {
+            Ok(n) if n > 0 => n as u64,
+            Ok(_) | Err(_) if remote.exited() => return Err(LinkError::Closed),
+            Ok(_) => {
+                return Err(LinkError::Io(io::Error::other(
+                    "the peer's offered memory ended before its descriptor did",
+                )))
+            }
+            Err(e) => return Err(LinkError::Io(e)),
+        };
+        // Bytes the writer took back meanwhile (it failed, and its caller may have
+        // reused the buffer), or from a process that died (its pid may name another
+        // one now), are thrown away: the writer's `SeqCst` close before it lets go of
+        // the buffer is seen here if any byte could have changed under the copy.
+        fence(Ordering::SeqCst);
+        if revoked() || remote.exited() {
+            return Err(LinkError::Closed);
+        }
+        self.pulled += n;
+        p.rx.word(layout::PULLED)
+            .store(self.pulled, Ordering::Release);
+        p.ring_if_asleep(p.rx.word(layout::WRITER_ASLEEP));
+        Ok(n)
+    }
+}
+
+/// The writer: offers `b` (all of it) for the reader to pull from stream position
+/// `head`, after `offered` bytes offered before.
+fn post(p: &Pair, head: u64, offered: u64, b: &[u8]) -> Posted {
+    let tx = &p.tx;
+    let seq = tx.word(layout::DESC_SEQ).load(Ordering::Relaxed);
+    tx.word(layout::DESC_SEQ).store(seq + 1, Ordering::Relaxed);
+    fence(Ordering::Release);
+    tx.word(layout::DESC_POS).store(head, Ordering::Relaxed);
+    tx.word(layout::DESC_BASE).store(offered, Ordering::Relaxed);
+    tx.word(layout::DESC_LEN)
+        .store(b.len() as u64, Ordering::Relaxed);
+    tx.word(layout::DESC_ADDR)
+        .store(b.as_ptr() as u64, Ordering::Relaxed);
+    tx.word(layout::DESC_SEQ).store(seq + 2, Ordering::Release);
+    p.ring_if_asleep(tx.word(layout::READER_ASLEEP));
+    Posted {
+        addr: b.as_ptr() as u64,
+        base: offered,
+        len: b.len() as u64,
+        reported: 0,
+    }
 }
 
 impl Link for ShmLink {
@@ -438,17 +723,33 @@ impl Link for ShmLink {
     }
 
     fn try_write(&mut self, bufs: &[IoSlice<'_>]) -> std::result::Result<usize, LinkError> {
-        let p = &*self.pair;
-        if self.closed
-            || p.gone.load(Ordering::Acquire)
-            || p.tx.word(layout::READER_CLOSED).load(Ordering::Acquire) != 0
-        {
+        if self.posted.is_some() && !self.closed {
+            // What the reader pulled counts as written even if it has closed since (it
+            // may be done with this link); nothing after the descriptor's bytes may go
+            // before they are all pulled.
+            let n = self.pulled_of_posted(bufs);
+            self.sent += n;
+            return match n {
+                0 if self.peer_closed() => Err(LinkError::Closed),
+                n => Ok(n as usize),
+            };
+        }
+        if self.closed || self.peer_closed() {
             return Err(LinkError::Closed);
         }
+        let p = &*self.pair;
+        let pull = self.single_copy_min > 0
+            && p.tx.word(layout::PULL).load(Ordering::Acquire) == layout::CAN_PULL;
         let tail = p.tx.word(layout::TAIL).load(Ordering::Acquire);
-        let mut room = p.tx.cap - (self.sent - tail);
-        let mut pos = self.sent;
+        let mut room = p.tx.cap - (self.head - tail);
+        let mut pos = self.head;
         for b in bufs {
+            if pull && b.len() >= self.single_copy_min {
+                if pos == self.head {
+                    self.posted = Some(post(p, self.head, self.offered, b));
+                }
+                break;
+            }
             if room == 0 {
                 break;
             }
@@ -457,9 +758,10 @@ impl Link for ShmLink {
             pos += take;
             room -= take;
         }
-        let n = pos - self.sent;
+        let n = pos - self.head;
         if n > 0 {
-            self.sent = pos;
+            self.head = pos;
+            self.sent += n;
             p.tx.word(layout::HEAD).store(pos, Ordering::Release);
             p.ring_if_asleep(p.tx.word(layout::READER_ASLEEP));
         }
@@ -467,9 +769,13 @@ impl Link for ShmLink {
     }
 
     fn try_read(&mut self, bufs: &mut [IoSliceMut<'_>]) -> std::result::Result<usize, LinkError> {
+        if !self.probed {
+            self.probe_writer();
+        }
+        let desc = self.active_desc();
         let p = &*self.pair;
         let mut head = p.rx.word(layout::HEAD).load(Ordering::Acquire);
-        if head == self.received {
+        if head == self.tail && desc.is_none() {
             if !(self.closed
                 || p.gone.load(Ordering::Acquire)
                 || p.rx.word(layout::WRITER_CLOSED).load(Ordering::Acquire) != 0)
@@ -478,25 +784,55 @@ impl Link for ShmLink {
             }
             // Closed: but bytes published before the close are still to be read.
             head = p.rx.word(layout::HEAD).load(Ordering::Acquire);
-            if head == self.received {
+            if head == self.tail {
                 return Err(LinkError::Closed);
             }
         }
-        let mut pos = self.received;
+        // The ring's bytes come first, up to where a descriptor's bytes go.
+        let limit = desc.map_or(head, |d| d.pos.min(head));
+        let mut pos = self.tail;
+        let mut used = 0; // bufs filled completely
+        let mut part = 0; // bytes of bufs[used] filled
         for b in bufs.iter_mut() {
-            if pos == head {
+            if pos == limit {
                 break;
             }
-            let take = (b.len() as u64).min(head - pos) as usize;
+            let take = (b.len() as u64).min(limit - pos) as usize;
             p.rx.get(pos, &mut b[..take]);
             pos += take as u64;
+            if take == b.len() {
+                used += 1;
+            } else {
+                part = take;
+                break;
+            }
         }
-        let n = pos - self.received;
+        let mut n = pos - self.tail;
         if n > 0 {
-            self.received = pos;
+            self.tail = pos;
             p.rx.word(layout::TAIL).store(pos, Ordering::Release);
             p.ring_if_asleep(p.rx.word(layout::WRITER_ASLEEP));
         }
+        if let Some(d) = desc.filter(|d| d.pos == self.tail) {
+            let rest = &mut bufs[used..];
+            let r = match rest.split_first_mut() {
+                None => Ok(0),
+                Some((first, others)) if part > 0 => {
+                    let mut v: Vec<IoSliceMut<'_>> = Vec::with_capacity(others.len() + 1);
+                    v.push(IoSliceMut::new(&mut first[part..]));
+                    v.extend(others.iter_mut().map(|b| IoSliceMut::new(&mut b[..])));
+                    self.pull(d, &mut v)
+                }
+                Some(_) => self.pull(d, rest),
+            };
+            match r {
+                Ok(m) => n += m,
+                // Ring bytes read before it are this call's; the error comes next call.
+                Err(_) if n > 0 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.received += n;
         Ok(n as usize)
     }
 
@@ -515,7 +851,9 @@ impl Link for ShmLink {
             names.clear();
         }
         drop(names);
-        p.tx.word(layout::WRITER_CLOSED).store(1, Ordering::Release);
+        // `SeqCst`: a reader pulling from a descriptor of ours sees this before this
+        // rank's caller may reuse the buffer (see `ShmLink::pull`).
+        p.tx.word(layout::WRITER_CLOSED).store(1, Ordering::SeqCst);
         p.rx.word(layout::READER_CLOSED).store(1, Ordering::Release);
         // The end of stream wakes the peer wherever it sleeps.
         let _ = p.ctl.shutdown(std::net::Shutdown::Both);
@@ -543,9 +881,9 @@ struct ShmWaiter {
     poll: Poll,
     events: Events,
     pairs: Arc<Mutex<Vec<Arc<Pair>>>>,
-    /// What each pair's counters were when last looked at (rx head, tx tail), by index
-    /// into `pairs`.
-    seen: Vec<(u64, u64)>,
+    /// What each pair's counters were when last looked at (rx head and descriptor
+    /// sequence, tx tail and bytes pulled), by index into `pairs`.
+    seen: Vec<[u64; 4]>,
 }
 
 impl Waiter for ShmWaiter {
@@ -563,7 +901,7 @@ impl Waiter for ShmWaiter {
                 i += 1;
             }
         }
-        self.seen.resize(pairs.len(), (0, 0));
+        self.seen.resize(pairs.len(), [0; 4]);
         let mut moved = false;
         for p in pairs.iter() {
             moved |= p.drain();
@@ -572,10 +910,12 @@ impl Waiter for ShmWaiter {
         }
         fence(Ordering::SeqCst);
         for (p, seen) in pairs.iter().zip(self.seen.iter_mut()) {
-            let now = (
+            let now = [
                 p.rx.word(layout::HEAD).load(Ordering::Acquire),
+                p.rx.word(layout::DESC_SEQ).load(Ordering::Acquire),
                 p.tx.word(layout::TAIL).load(Ordering::Acquire),
-            );
+                p.tx.word(layout::PULLED).load(Ordering::Acquire),
+            ];
             let closed = p.rx.word(layout::WRITER_CLOSED).load(Ordering::Acquire) != 0
                 || p.tx.word(layout::READER_CLOSED).load(Ordering::Acquire) != 0;
             moved |= now != *seen || closed;
@@ -611,11 +951,35 @@ struct ShmConnector {
     comm_id: u64,
     strict: bool,
     ring_bytes: usize,
+    /// [`crate::config::ShmOptions::single_copy_min`].
+    single_copy_min: usize,
     /// This rank's [`host_identity`].
     me: String,
     /// Whether each peer asked about so far is on this host.
     same_host: HashMap<usize, bool>,
     pairs: Arc<Mutex<Vec<Arc<Pair>>>>,
+}
+
+/// Says in the ring this rank writes who it is for single copy (its pid and cookie),
+/// unless this process cannot let peers read its memory (said once).
+fn offer_memory(tx: &Ring, rank: usize) {
+    static ALLOWED: std::sync::OnceLock<std::result::Result<(), String>> =
+        std::sync::OnceLock::new();
+    match ALLOWED.get_or_init(crate::sys::cma::allow_peers) {
+        Ok(()) => {
+            let (addr, value) = crate::sys::cma::cookie();
+            tx.word(layout::COOKIE_ADDR).store(addr, Ordering::Relaxed);
+            tx.word(layout::COOKIE).store(value, Ordering::Relaxed);
+            tx.word(layout::WRITER_PID)
+                .store(u64::from(std::process::id()), Ordering::Release);
+        }
+        Err(e) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::info!("rank {rank}: no single copy within the host ({e}); frames go through the rings")
+            });
+        }
+    }
 }
 
 /// Removes ring names (best effort: one already gone is fine).
@@ -778,12 +1142,17 @@ impl Connector for ShmConnector {
             names: Mutex::new(names),
         });
         lock(&self.pairs).push(pair.clone());
-        Ok(Box::new(ShmLink {
-            pair,
-            sent: 0,
-            received: 0,
-            closed: false,
-        }))
+        // Single copy for collectives only: a pulled frame's send completes when the
+        // peer receives it (collective plans are checked to run over links that hold
+        // nothing), while point-to-point sends keep the ring's buffering.
+        let min = match channel {
+            Channel::Collective => self.single_copy_min,
+            _ => 0,
+        };
+        if min > 0 {
+            offer_memory(&pair.tx, self.rank);
+        }
+        Ok(Box::new(ShmLink::new(pair, min)))
     }
 
     fn peer_status(&mut self, peer: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
@@ -933,6 +1302,173 @@ mod tests {
         assert_eq!(got, b"bye", "every byte before the end is read");
         assert!(matches!(closed, LinkError::Closed), "{closed:?}");
         peer.join().unwrap();
+    }
+
+    /// Two links of one process joined by two rings of `cap` bytes and a loopback TCP
+    /// connection, each offering its memory for single copy from `min` bytes (0: off).
+    fn linked(cap: usize, min: usize) -> (ShmLink, ShmLink) {
+        use std::sync::atomic::AtomicU64;
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = |d: &str| format!("/ferroccl-test-pull-{}-{id}-{d}", std::process::id());
+        let (ab, ba) = (name("ab"), name("ba"));
+        let (ab_w, ba_w) = (
+            Ring::create(&ab, cap).unwrap(),
+            Ring::create(&ba, cap).unwrap(),
+        );
+        let (ab_r, ba_r) = (Ring::open(&ab, cap).unwrap(), Ring::open(&ba, cap).unwrap());
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a_ctl = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let b_ctl = l.accept().unwrap().0;
+        let ctl = |s: TcpStream| {
+            s.set_nonblocking(true).unwrap();
+            mio::net::TcpStream::from_std(s)
+        };
+        let pair = |peer, tx, rx, s| {
+            Arc::new(Pair {
+                peer,
+                tx,
+                rx,
+                ctl: ctl(s),
+                gone: AtomicBool::new(false),
+                names: Mutex::new(Vec::new()),
+            })
+        };
+        let (a, b) = (pair(1, ab_w, ba_r, a_ctl), pair(0, ba_w, ab_r, b_ctl));
+        if min > 0 {
+            offer_memory(&a.tx, 0);
+            offer_memory(&b.tx, 1);
+        }
+        (ShmLink::new(a, min), ShmLink::new(b, min))
+    }
+
+    /// Writes all of `bufs` (retrying while the reader pulls, `read` called between
+    /// tries), returning what each call moved.
+    fn write_all(w: &mut ShmLink, bufs: &[&[u8]], mut read: impl FnMut()) -> Vec<usize> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let (mut done, mut moves) = (0, Vec::new());
+        while done < total {
+            let mut skip = done;
+            let slices: Vec<IoSlice<'_>> = bufs
+                .iter()
+                .filter_map(|b| {
+                    let k = skip.min(b.len());
+                    skip -= k;
+                    (k < b.len()).then(|| IoSlice::new(&b[k..]))
+                })
+                .collect();
+            let n = w.try_write(&slices).unwrap();
+            done += n;
+            moves.push(n);
+            read();
+        }
+        moves
+    }
+
+    #[test]
+    fn a_large_slice_is_pulled_from_the_writers_memory_in_order_with_the_ring_bytes() {
+        let (mut w, mut r) = linked(4096, 1000);
+        let head: Vec<u8> = (0..40u8).collect();
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let tail = b"after".to_vec();
+        let mut got = Vec::new();
+        // The reader takes what comes in pieces of 7000 bytes split over two buffers.
+        let read = |r: &mut ShmLink, got: &mut Vec<u8>| {
+            let (mut x, mut y) = ([0u8; 3000], [0u8; 4000]);
+            let n = r
+                .try_read(&mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)])
+                .unwrap();
+            got.extend_from_slice(&x[..n.min(3000)]);
+            got.extend_from_slice(&y[..n.saturating_sub(3000)]);
+        };
+        // The first read finds the writer's pid and proves it can read its memory.
+        read(&mut r, &mut got);
+        assert_eq!(
+            r.pair.rx.word(layout::PULL).load(Ordering::Acquire),
+            layout::CAN_PULL
+        );
+        let moves = write_all(&mut w, &[&head, &body, &tail], || read(&mut r, &mut got));
+        while got.len() < 300_045 {
+            read(&mut r, &mut got);
+        }
+        let mut want = head.clone();
+        want.extend_from_slice(&body);
+        want.extend_from_slice(&tail);
+        assert!(got == want, "the stream arrives whole and in order");
+        // 40 ring bytes, then the body in pulls of at most 7000 bytes, then the tail.
+        assert_eq!(moves[0], 40);
+        assert!(moves.iter().all(|&m| m <= 7000 || m == 40), "{moves:?}");
+        assert_eq!(
+            r.pair.rx.word(layout::PULLED).load(Ordering::Acquire),
+            300_000
+        );
+        assert_eq!(r.pair.rx.word(layout::HEAD).load(Ordering::Acquire), 45);
+        assert_eq!(w.raw_counts(), (300_045, 0));
+        assert_eq!(r.raw_counts(), (0, 300_045));
+    }
+
+    #[test]
+    fn a_writer_that_shuts_down_takes_back_what_is_not_pulled() {
+        let (mut w, mut r) = linked(4096, 1000);
+        let mut buf = [0u8; 64];
+        assert_eq!(r.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        let body = vec![9u8; 100_000];
+        assert_eq!(w.try_write(&[IoSlice::new(b"abc")]).unwrap(), 3);
+        assert_eq!(
+            w.try_write(&[IoSlice::new(&body)]).unwrap(),
+            0,
+            "posted, not pulled"
+        );
+        // The writer fails (its caller may then reuse the buffer): bytes before the
+        // descriptor still arrive, the descriptor's never do.
+        w.shutdown();
+        let mut big = vec![0u8; 200_000];
+        assert_eq!(
+            r.try_read(&mut [IoSliceMut::new(&mut big[..3])]).unwrap(),
+            3
+        );
+        assert_eq!(&big[..3], b"abc");
+        assert!(matches!(
+            r.try_read(&mut [IoSliceMut::new(&mut big)]),
+            Err(LinkError::Closed)
+        ));
+        assert_eq!(r.pair.rx.word(layout::PULLED).load(Ordering::Acquire), 0);
+        assert!(big
+            .iter()
+            .all(|&b| b == 0 || b == b'a' || b == b'b' || b == b'c'));
+    }
+
+    #[test]
+    fn a_reader_that_cannot_read_the_writers_memory_gets_the_ring() {
+        let (mut w, mut r) = linked(1 << 20, 1000);
+        // A cookie that is not the writer's: the reader's proof fails.
+        let c = r.pair.rx.word(layout::COOKIE);
+        c.store(c.load(Ordering::Relaxed) ^ 4, Ordering::Relaxed);
+        let mut buf = vec![0u8; 50_000];
+        assert_eq!(r.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        assert_eq!(
+            r.pair.rx.word(layout::PULL).load(Ordering::Acquire),
+            layout::CANNOT_PULL
+        );
+        let body: Vec<u8> = (0..50_000u32).map(|i| i as u8).collect();
+        assert_eq!(
+            w.try_write(&[IoSlice::new(&body)]).unwrap(),
+            50_000,
+            "through the ring"
+        );
+        assert_eq!(
+            r.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(),
+            50_000
+        );
+        assert!(buf == body);
+        // Single copy off on the reader's side says the same to the writer.
+        let (_w2, mut r2) = linked(4096, 1000);
+        r2.single_copy_min = 0;
+        assert_eq!(r2.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        assert_eq!(
+            r2.pair.rx.word(layout::PULL).load(Ordering::Acquire),
+            layout::CANNOT_PULL
+        );
     }
 
     #[test]

@@ -36,7 +36,7 @@ fn manual_timeout() -> (ferroccl::Config, Clock) {
 /// network, while rank 2's own thread waits for them.
 #[test]
 fn a_timeout_says_which_rank_is_behind_and_where() {
-    for net in [Net::Local, Net::Tcp, Net::Shm, Net::Hosts(2)] {
+    for net in [Net::Local, Net::Tcp, Net::Shm, Net::ShmPull, Net::Hosts(2)] {
         let done = Arc::new(AtomicUsize::new(0));
         let ready = Arc::new(AtomicUsize::new(0));
         let (cfg, clock) = manual_timeout();
@@ -112,7 +112,7 @@ fn a_timeout_names_a_rank_that_never_started() {
 /// never moves), the call says Aborted, and later calls are refused.
 #[test]
 fn abort_from_another_thread_unblocks_a_waiting_call() {
-    for net in [Net::Local, Net::Tcp, Net::Shm, Net::Hosts(2)] {
+    for net in [Net::Local, Net::Tcp, Net::Shm, Net::ShmPull, Net::Hosts(2)] {
         let (mut cfg, _frozen) = manual_timeout();
         cfg.tuning.timeout = Duration::from_secs(1);
         let done = Arc::new(AtomicUsize::new(0));
@@ -189,7 +189,7 @@ fn origin(e: &Error) -> Option<usize> {
 #[test]
 fn every_survivor_names_the_rank_that_died() {
     let rdma = || Net::RdmaSim(SimParams::default());
-    let nets = [Net::Local, Net::Tcp, Net::Shm, Net::Hosts(2)]
+    let nets = [Net::Local, Net::Tcp, Net::Shm, Net::ShmPull, Net::Hosts(2)]
         .into_iter()
         .chain((0..20).map(|_| rdma()));
     for net in nets {

@@ -21,10 +21,10 @@ fn any_dtype() -> impl Strategy<Value = DataType> {
 fn any_op() -> impl Strategy<Value = ReduceOp> {
     prop::sample::select(ReduceOp::ALL.to_vec())
 }
-/// Shared memory only, or emulated hosts of 2 ranks (shared memory within, TCP
-/// between).
+/// Shared memory only (through the rings, or with every payload pulled from the
+/// writer's memory), or emulated hosts of 2 ranks (shared memory within, TCP between).
 fn any_net() -> impl Strategy<Value = Net> {
-    prop::sample::select(vec![Net::Shm, Net::Hosts(2)])
+    prop::sample::select(vec![Net::Shm, Net::ShmPull, Net::Hosts(2)])
 }
 
 proptest! {
