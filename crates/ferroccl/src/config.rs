@@ -369,7 +369,10 @@ pub struct Tuning {
     /// before it sleeps until the kernel wakes it. Waking a sleeping thread costs tens
     /// of microseconds, which dominates small messages; polling a little first avoids
     /// it. `Duration::ZERO` always sleeps. Default 1 ms (on loopback, 1 MiB all-reduce
-    /// medians: 243 µs vs 314 µs with 300 µs at 2 ranks, 1349 vs 1598 µs at 4).
+    /// medians: 243 µs vs 314 µs with 300 µs at 2 ranks, 1349 vs 1598 µs at 4). Each
+    /// wait first spins a few microseconds without yielding, unless the transport
+    /// knows this host runs more ranks than the CPUs they may use (then the peer a
+    /// rank waits for often needs its CPU).
     pub busy_poll: Duration,
     /// All-reduces of at most this many bytes use recursive doubling (`log2 n` steps,
     /// each moving the whole buffer) instead of the ring (`2(n-1)` steps, each moving

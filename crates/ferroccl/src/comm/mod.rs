@@ -137,6 +137,22 @@ fn link_peers(rank: usize, n: usize, layout: Option<&HostLayout>) -> Vec<usize> 
     v
 }
 
+/// Whether `local_ranks` ranks on this host share fewer CPUs than that: the CPUs this
+/// process may use (affinity and cgroup quota), unless its affinity is narrower than
+/// the host (a launcher that pins each rank gave the others CPUs of their own; then the
+/// host's CPUs count).
+fn oversubscribed(local_ranks: usize) -> bool {
+    use crate::sys::cpu;
+    let online = cpu::online_cpus();
+    let pinned = matches!((cpu::affinity_cpus(), online), (Some(m), Some(o)) if m < o);
+    let cpus = if pinned {
+        online
+    } else {
+        std::thread::available_parallelism().ok().map(|c| c.get())
+    };
+    cpus.is_some_and(|c| local_ranks > c)
+}
+
 /// `(hosts, ranks per host)` of a layout the hierarchical all-reduce improves on: two
 /// hosts or more, of the same number `k >= 2` of ranks.
 fn hierarchical_shape(l: &HostLayout) -> Option<(usize, usize)> {
@@ -253,7 +269,14 @@ impl Communicator {
             .as_ref()
             .filter(|h| h.len() == n)
             .map(|h| HostLayout::from_hosts(h));
+        // Ranks of this host: from the transport's host list, or all of them for
+        // threads of one process.
+        let local_ranks = match &links.hosts {
+            Some(h) if h.len() == n => Some(h.iter().filter(|x| **x == h[rank]).count()),
+            _ => (transport == "local").then_some(n),
+        };
         let mut engine = Engine::new(rank, n, cfg.tuning.clone(), links, transport);
+        engine.spin = !local_ranks.is_some_and(oversubscribed);
         // Connect higher ranks first: they are the ones accepting (see transport::tcp).
         let deadline = Instant::now() + cfg.tuning.connect_timeout;
         let mut peers = link_peers(rank, n, layout.as_ref());
@@ -652,5 +675,21 @@ impl Drop for Communicator {
         let mut e = lock(&self.shared.engine);
         e.shutdown();
         e.rec.dump_to_env_dir("drop");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::oversubscribed;
+
+    #[test]
+    fn one_rank_never_oversubscribes_a_host_and_more_ranks_than_cpus_always_do() {
+        assert!(!oversubscribed(1));
+        let host = crate::sys::cpu::online_cpus().expect("online CPUs");
+        assert!(
+            oversubscribed(host + 1),
+            "{} ranks on {host} CPUs",
+            host + 1
+        );
     }
 }

@@ -75,6 +75,9 @@ pub(crate) struct Engine {
     track: Option<OpTrack>,
     /// When the operation now running was issued (ns since the Unix epoch).
     enqueued_ns: u64,
+    /// Whether a wait spins a little before it yields the CPU: not where this host
+    /// runs more ranks than it gives them CPUs (set by the communicator).
+    pub spin: bool,
 }
 
 /// The flight recorder's view of the operation in flight, kept by the engine so that
@@ -145,6 +148,7 @@ impl Engine {
             rec: Recorder::new(rank, n, transport, cfg.trace_capacity, names),
             track: None,
             enqueued_ns: 0,
+            spin: true,
             cfg,
         }
     }

@@ -158,7 +158,7 @@ impl Engine {
         let mut plan = |q: usize| -> Plan { plans.entry(q).or_insert_with(|| plan_of(q)).clone() };
         let span = (0..n).map(|q| plan(q).ins.len() + 1).max().unwrap_or(1) as u64;
         let base = self.pull.base;
-        let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
+        let mut pacer = Pacer::new(&self.cfg, self.abort.clone(), self.spin);
 
         // Whoever read our workspace last call has finished that call.
         let prev = std::mem::take(&mut self.pull.consumers);

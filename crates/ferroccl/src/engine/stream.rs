@@ -179,7 +179,7 @@ impl Engine {
         let mut ai = [0usize; MAX_LANES];
         let mut held: [Option<usize>; MAX_LANES] = [None; MAX_LANES];
         let mut inp: [Option<InFrame>; MAX_LANES] = [None, None];
-        let mut pacer = Pacer::new(&self.cfg, self.abort.clone());
+        let mut pacer = Pacer::new(&self.cfg, self.abort.clone(), self.spin);
         let done = |st: &Sending, ai: &[usize; MAX_LANES]| {
             (0..lanes).all(|l| order.lane_done(l, &st.si, ai))
         };

@@ -51,6 +51,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         &[
             "error",
             "sync",
+            "sys",
             "config",
             "reduce",
             "algo",
