@@ -326,6 +326,11 @@ pub struct Job {
     pub world_size: usize,
     /// Rank among the processes of this host (which GPU a rank uses, for example).
     pub local_rank: usize,
+    /// How many ranks run on this host, when the launcher says
+    /// ([`crate::rendezvous::LaunchEnv::local_world_size`]): where the transport does
+    /// not know the hosts (TCP), it tells whether they outnumber the CPUs (see
+    /// [`Tuning::busy_poll`]). Default: none.
+    pub local_world_size: Option<usize>,
     /// `host:port` of the rendezvous store (`MASTER_ADDR:MASTER_PORT`).
     pub master_addr: String,
     /// When true (the default), rank 0 serves the store at `master_addr`; when false,
@@ -710,6 +715,7 @@ impl Config {
                 rank,
                 world_size,
                 local_rank: rank,
+                local_world_size: None,
                 master_addr: master_addr.into(),
                 serve_store: true,
                 token: None,
@@ -755,6 +761,7 @@ impl Config {
         };
         let mut c = Config::new(env.rank, env.world_size, addr);
         c.job.local_rank = env.local_rank.unwrap_or(0);
+        c.job.local_world_size = env.local_world_size;
         c.job.token = env.token.map(String::into_bytes);
         c.job.job_id = env.job_id;
         c.job.agent_store = env.agent_store;

@@ -269,11 +269,12 @@ impl Communicator {
             .as_ref()
             .filter(|h| h.len() == n)
             .map(|h| HostLayout::from_hosts(h));
-        // Ranks of this host: from the transport's host list, or all of them for
-        // threads of one process.
+        // Ranks of this host: from the transport's host list, all of them for threads
+        // of one process, else as the launcher says.
         let local_ranks = match &links.hosts {
             Some(h) if h.len() == n => Some(h.iter().filter(|x| **x == h[rank]).count()),
-            _ => (transport == "local").then_some(n),
+            _ if transport == "local" => Some(n),
+            _ => cfg.job.local_world_size,
         };
         let mut engine = Engine::new(rank, n, cfg.tuning.clone(), links, transport);
         engine.spin = !local_ranks.is_some_and(oversubscribed);

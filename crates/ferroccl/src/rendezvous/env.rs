@@ -13,6 +13,10 @@ pub struct LaunchEnv {
     pub world_size: usize,
     /// Rank among the processes on this host, when the launcher says.
     pub local_rank: Option<usize>,
+    /// How many of the job's processes run on this host, when the launcher says
+    /// (`LOCAL_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`,
+    /// `SLURM_NTASKS_PER_NODE`).
+    pub local_world_size: Option<usize>,
     /// `MASTER_ADDR`, when set.
     pub master_addr: Option<String>,
     /// `MASTER_PORT`, when set.
@@ -56,6 +60,7 @@ struct Family {
     rank: &'static str,
     size: &'static str,
     local_rank: &'static str,
+    local_size: &'static str,
     /// Whether the size variable without the rank variable is a contradiction. Slurm's
     /// `salloc` exports `SLURM_NTASKS` into the allocation's interactive shell, where no
     /// task exists yet, so for Slurm it only means "not started by srun".
@@ -116,6 +121,7 @@ const FAMILIES: [Family; 4] = [
         rank: "RANK",
         size: "WORLD_SIZE",
         local_rank: "LOCAL_RANK",
+        local_size: "LOCAL_WORLD_SIZE",
         lone_size_is_error: true,
     },
     Family {
@@ -123,6 +129,7 @@ const FAMILIES: [Family; 4] = [
         rank: "OMPI_COMM_WORLD_RANK",
         size: "OMPI_COMM_WORLD_SIZE",
         local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: "OMPI_COMM_WORLD_LOCAL_SIZE",
         lone_size_is_error: true,
     },
     Family {
@@ -130,6 +137,7 @@ const FAMILIES: [Family; 4] = [
         rank: "PMI_RANK",
         size: "PMI_SIZE",
         local_rank: "MPI_LOCALRANKID",
+        local_size: "MPI_LOCALNRANKS",
         lone_size_is_error: true,
     },
     Family {
@@ -137,6 +145,7 @@ const FAMILIES: [Family; 4] = [
         rank: "SLURM_PROCID",
         size: "SLURM_NTASKS",
         local_rank: "SLURM_LOCALID",
+        local_size: "SLURM_NTASKS_PER_NODE",
         lone_size_is_error: false,
     },
 ];
@@ -209,6 +218,21 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
                 Some(local)
             }
         };
+        let local_world_size = match var(fam.local_size) {
+            None => None,
+            Some(v) => {
+                let k = parse_index(fam.local_size, &v)?;
+                if k == 0 || k > world_size || local_rank.is_some_and(|l| l >= k) {
+                    return Err(Error::Env(format!(
+                        "{}={k} is not a number of this host's ranks: {}={world_size}{}",
+                        fam.local_size,
+                        fam.size,
+                        local_rank.map_or(String::new(), |l| format!(", {}={l}", fam.local_rank))
+                    )));
+                }
+                Some(k)
+            }
+        };
         let master_port = var("MASTER_PORT").map(|p| parse_port(&p)).transpose()?;
         let rdma_gid_index = var("FERROCCL_RDMA_GID_INDEX")
             .map(|v| parse_var("FERROCCL_RDMA_GID_INDEX", &v, "a GID table index (0..=255)"))
@@ -220,6 +244,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             rank,
             world_size,
             local_rank,
+            local_world_size,
             master_addr: var("MASTER_ADDR"),
             master_port,
             source: fam.source,
@@ -322,6 +347,7 @@ mod tests {
             rank,
             world_size,
             local_rank,
+            local_world_size: None,
             master_addr: None,
             master_port: None,
             source,
@@ -357,6 +383,52 @@ mod tests {
             bad.to_string().contains("FERROCCL_RDMA_GID_INDEX='300'"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn each_family_says_how_many_ranks_share_the_host() {
+        for (vars, want) in [
+            (
+                vec![
+                    ("RANK", "1"),
+                    ("WORLD_SIZE", "4"),
+                    ("LOCAL_WORLD_SIZE", "2"),
+                ],
+                2,
+            ),
+            (
+                vec![
+                    ("OMPI_COMM_WORLD_RANK", "0"),
+                    ("OMPI_COMM_WORLD_SIZE", "8"),
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"),
+                ],
+                8,
+            ),
+            (
+                vec![
+                    ("PMI_RANK", "0"),
+                    ("PMI_SIZE", "6"),
+                    ("MPI_LOCALNRANKS", "3"),
+                ],
+                3,
+            ),
+            (
+                vec![
+                    ("SLURM_PROCID", "5"),
+                    ("SLURM_NTASKS", "7"),
+                    ("SLURM_STEP_ID", "0"),
+                    ("SLURM_NTASKS_PER_NODE", "4"),
+                ],
+                4,
+            ),
+        ] {
+            let e = detect(&vars).unwrap().unwrap();
+            assert_eq!(e.local_world_size, Some(want), "{vars:?}");
+        }
+        let e = detect(&[("RANK", "0"), ("WORLD_SIZE", "2")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.local_world_size, None);
     }
 
     #[test]
@@ -617,6 +689,31 @@ mod tests {
             (
                 vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "x")],
                 vec!["LOCAL_RANK='x'"],
+            ),
+            (
+                vec![
+                    ("RANK", "0"),
+                    ("WORLD_SIZE", "4"),
+                    ("LOCAL_WORLD_SIZE", "5"),
+                ],
+                vec!["LOCAL_WORLD_SIZE=5", "WORLD_SIZE=4"],
+            ),
+            (
+                vec![
+                    ("RANK", "0"),
+                    ("WORLD_SIZE", "4"),
+                    ("LOCAL_RANK", "2"),
+                    ("LOCAL_WORLD_SIZE", "2"),
+                ],
+                vec!["LOCAL_WORLD_SIZE=2", "LOCAL_RANK=2"],
+            ),
+            (
+                vec![
+                    ("RANK", "0"),
+                    ("WORLD_SIZE", "4"),
+                    ("LOCAL_WORLD_SIZE", "0"),
+                ],
+                vec!["LOCAL_WORLD_SIZE=0"],
             ),
             (
                 vec![
