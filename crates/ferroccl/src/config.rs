@@ -40,11 +40,12 @@ pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
 pub const DEFAULT_SHM_RING_BYTES: usize = 4 << 20;
 /// Default for [`ShmOptions::single_copy_min`].
 ///
-/// Off: on the machines measured (a 2-core VM), pulling a frame from the writer's
-/// memory made every all-reduce from 16 KiB up 1.5-2.3x slower than copying it through
-/// the ring (the kernel pins the writer's pages per call, and a writer waits for its
-/// reader on every frame instead of running ahead into the ring). Measure yours with
-/// `tools/ab-bench` (see the README) before turning it on.
+/// Off: on the machine measured (a 2-core VM), pulling frames from the writer's memory
+/// gave 0.34-0.73x the ring's all-reduce busbw at most sizes from 64 KiB to 64 MiB
+/// (2 and 4 ranks), and at best the same (4 ranks, 4-16 MiB): the kernel pins the
+/// writer's pages on every call, and a writer waits for its reader on every frame
+/// instead of running ahead into the ring. Measure yours with `tools/ab-bench` (see the
+/// README) before turning it on.
 pub const DEFAULT_SHM_SINGLE_COPY_MIN: usize = 0;
 /// Default for [`Tuning::trace_capacity`].
 pub const DEFAULT_TRACE_CAPACITY: usize = 2048;
