@@ -70,25 +70,29 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// Hierarchical all-reduce forced on `h` emulated hosts of `k` ranks (shared memory
-    /// within a host, TCP between): the reference, and the same bits on every rank.
+    /// within a host, through the rings or with payloads pulled (`pull`), TCP between):
+    /// the reference, and the same bits on every rank.
     #[test]
     fn hierarchical_all_reduce_over_mixed_hosts(h in 1usize..=4, k in 1usize..=3, count in 0usize..=20_000,
                                                 dt in any_dtype(), op in any_op(), seg in 1usize..=8192,
-                                                seed in any::<u64>()) {
+                                                seed in any::<u64>(), pull in any::<bool>()) {
         let mut c = cfg(seg, dt.size());
         c.tuning.all_reduce_algo = AllReduceAlgo::Hierarchical;
+        c.transport.shm.single_copy_min = usize::from(pull);
         let r = for_dtype!(dt, check_all_reduce_with(Net::Hosts(k), h * k, count, op, &c, seed));
         prop_assert!(r.is_ok(), "{h} hosts x {k}: {}", r.unwrap_err());
     }
 
     /// Hierarchical reduce-scatter and all-gather forced on `h` emulated hosts of `k`
-    /// ranks, equal and uneven (`v`) counts: the reference on every rank.
+    /// ranks, equal and uneven (`v`) counts, with and without single copy within a
+    /// host (`pull`): the reference on every rank.
     #[test]
     fn hierarchical_halves_over_mixed_hosts(h in 1usize..=4, k in 1usize..=3, count in 0usize..=20_000,
                                             dt in any_dtype(), op in any_op(), seg in 1usize..=8192,
-                                            seed in any::<u64>(), v in any::<bool>()) {
+                                            seed in any::<u64>(), v in any::<bool>(), pull in any::<bool>()) {
         let mut c = cfg(seg, dt.size());
         c.tuning.all_reduce_algo = AllReduceAlgo::Hierarchical;
+        c.transport.shm.single_copy_min = usize::from(pull);
         let r = for_dtype!(dt, check_reduce_scatter_with(Net::Hosts(k), h * k, count, op, &c, seed, v));
         prop_assert!(r.is_ok(), "reduce_scatter {h} hosts x {k}: {}", r.unwrap_err());
         let r = for_dtype!(dt, check_all_gather_with(Net::Hosts(k), h * k, count, &c, seed, v));
