@@ -52,6 +52,12 @@ pub struct SimulateArgs {
     /// loopback or tools/emulated-cluster, rather than the wire.
     #[arg(long = "alpha-overlaps")]
     pub alpha_overlaps: bool,
+    /// Bytes a rank's port between hosts sends at once after idling: a token bucket of
+    /// this size refilled at --link, as `tc tbf`'s burst on tools/emulated-cluster
+    /// (250K there); calls then play back to back, as `bench` times them. 0: every
+    /// byte at --link. One rank per host only.
+    #[arg(long = "burst", value_parser = parse_size, default_value = "0")]
+    pub burst: usize,
     /// Pipelining segment in bytes, as the engine's (Config::segment_bytes).
     #[arg(long = "segment-bytes", value_parser = parse_size, default_value = "512K")]
     pub segment_bytes: usize,
@@ -94,6 +100,7 @@ fn network(a: &SimulateArgs) -> Result<Network> {
     }
     net.ranks_per_host = a.ranks_per_host;
     net.alpha_overlaps = a.alpha_overlaps;
+    net.burst = a.burst as f64;
     net.intra_alpha = us("--intra-alpha-us", a.intra_alpha_us.unwrap_or(a.alpha_us))?;
     net.intra_beta = match &a.intra_link {
         Some(l) => rate("--intra-link", l)?,

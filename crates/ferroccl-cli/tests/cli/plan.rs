@@ -966,6 +966,36 @@ fn simulate_prints_every_algorithm_and_the_least() {
         let ratio: f64 = r[8].parse().unwrap();
         assert!(ratio > least, "{r:?}");
     }
+    // The emulated cluster's shaper: a 250 kB bucket lets the tree's idle ports burst
+    // (64 KiB on 8 hosts) and leaves a rate-bound ring alone (16 MiB on 2 hosts).
+    for (ranks, size, col, faster) in [("8", "64K", 5, true), ("2", "16M", 2, false)] {
+        let base = [
+            "--ranks",
+            ranks,
+            "-b",
+            size,
+            "-e",
+            size,
+            "--alpha-us",
+            "149",
+            "--link",
+            "1Gbit",
+        ];
+        let (plain, _) = simulate_rows(&base);
+        let (bucket, stdout) = simulate_rows(&[&base[..], &["--burst", "250K"]].concat());
+        let (p, b): (f64, f64) = (
+            plain[0][col].parse().unwrap(),
+            bucket[0][col].parse().unwrap(),
+        );
+        if faster {
+            assert!(b < 0.7 * p, "{p} without the bucket, {b} with:\n{stdout}");
+        } else {
+            assert!(
+                (b / p - 1.0).abs() < 0.01,
+                "{p} without the bucket, {b} with:\n{stdout}"
+            );
+        }
+    }
     let bad = common::proc::ferroccl(
         &["simulate", "--ranks", "0"],
         std::time::Duration::from_secs(20),

@@ -13,7 +13,10 @@
 //! between hosts (the host's NIC: a frame to another host occupies the rank's port and
 //! the first free slot of its host's, so `k` ranks sending between hosts at once get
 //! `β/k` each). Incast (several senders into
-//! one receiver) is not modelled: receivers never limit.
+//! one receiver) is not modelled: receivers never limit. A port may have a token
+//! bucket (`Network::burst`, as the emulated cluster's `tc tbf`): a frame then leaves
+//! at once as far as it finds tokens, and [`all_reduce_time`] plays calls back to back
+//! so that the buckets settle as they do under `bench`.
 //!
 //! Frames are compacted as plans are built (24 bytes each), so a ring over 4096 ranks
 //! (8190 frames per rank) fits in under a gigabyte and runs in about a second.
@@ -61,13 +64,28 @@ pub fn all_reduce_time(
         Algorithm::Hierarchical => hierarchical_layout(n, net)?,
         _ => HostLayout::flat(n),
     };
-    let t = simulate(
-        n,
-        |r| all_reduce_plan(algo, r, n, count, esize, segment_bytes, &layout),
-        net,
-    );
-    Some(t.into_iter().fold(0.0, f64::max))
+    let plan_of = |r| all_reduce_plan(algo, r, n, count, esize, segment_bytes, &layout);
+    if net.burst <= 0.0 {
+        return Some(simulate(n, plan_of, net).into_iter().fold(0.0, f64::max));
+    }
+    // Back to back: each rank starts a call when it finished the one before, with the
+    // tokens it had left; the time per call once the buckets have settled.
+    let mut start = vec![0.0; n];
+    let mut bucket = vec![(net.burst, 0.0); n];
+    let mut ends = Vec::with_capacity(BACK_TO_BACK);
+    for _ in 0..BACK_TO_BACK {
+        start = simulate_from(n, plan_of, net, &start, &mut bucket);
+        ends.push(start.iter().copied().fold(0.0, f64::max));
+    }
+    let settled = BACK_TO_BACK - AVERAGED - 1;
+    Some((ends[BACK_TO_BACK - 1] - ends[settled]) / AVERAGED as f64)
 }
+
+/// Calls [`all_reduce_time`] plays back to back where ports have a token bucket (they
+/// start full, and drain over the first calls where a call sends more than its time
+/// refills), and how many of the last it averages.
+const BACK_TO_BACK: usize = 48;
+const AVERAGED: usize = 16;
 
 /// The all-reduce algorithm with the least predicted time for the call, and every
 /// algorithm's prediction (in [`ALL_REDUCE`] order; `None` where it cannot run).
@@ -253,6 +271,15 @@ pub struct Network {
     /// waking up (loopback, veth, emulated hosts), which happens while the bytes are
     /// still coming; not of a wire's propagation and switching (the default).
     pub alpha_overlaps: bool,
+    /// Bytes a rank's port between hosts may send at once after idling: a token bucket
+    /// of this size refilled at `beta`, as `tc tbf`'s `burst` on the emulated cluster.
+    /// A frame that finds enough tokens leaves at once; the rest of a larger one goes
+    /// at `beta`. 0 (the default): every byte at `beta`, as on a wire. With a bucket,
+    /// [`all_reduce_time`] plays calls back to back (as `bench` times them), so a port
+    /// that is busy all call long keeps its bucket empty and only idle gaps fill it.
+    /// Modelled for one rank per host (a host port shared by several ranks ignores
+    /// it).
+    pub burst: f64,
 }
 
 impl Network {
@@ -266,6 +293,7 @@ impl Network {
             intra_alpha: alpha,
             intra_beta: beta,
             alpha_overlaps: false,
+            burst: 0.0,
         }
     }
 
@@ -412,14 +440,28 @@ fn claim(slots: &mut Vec<(f64, f64)>, at: f64, busy: f64) -> f64 {
 /// each rank finished, in seconds from a common start. Panics if the plans deadlock
 /// (they never do when they fit each other; see the plan tests).
 pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network) -> Vec<f64> {
+    let mut bucket = vec![(net.burst, 0.0); n];
+    simulate_from(n, plan_of, net, &vec![0.0; n], &mut bucket)
+}
+
+/// [`simulate`] with rank `r` starting at `start[r]` and its port's token bucket
+/// (`Network::burst`) as `bucket[r]` (tokens, when counted), which it leaves as the
+/// call does.
+fn simulate_from(
+    n: usize,
+    plan_of: impl Fn(usize) -> Plan,
+    net: &Network,
+    start: &[f64],
+    bucket: &mut [(f64, f64)],
+) -> Vec<f64> {
     use super::MAX_LANES;
     let plans: Vec<Compact> = (0..n).map(|r| compact(&plan_of(r))).collect();
     // Per rank and lane: next out, next in, when its last in was applied.
     let mut si = vec![[0usize; MAX_LANES]; n];
     let mut ai = vec![[0usize; MAX_LANES]; n];
-    let mut last = vec![[0.0f64; MAX_LANES]; n];
+    let mut last: Vec<[f64; MAX_LANES]> = start.iter().map(|&t| [t; MAX_LANES]).collect();
     // Per rank and class of link (0: within its host, 1: to other hosts).
-    let mut port = vec![[0.0f64; 2]; n];
+    let mut port: Vec<[f64; 2]> = start.iter().map(|&t| [t; 2]).collect();
     // When each out left / in was applied (NaN: not yet).
     let mut left: Vec<Vec<f64>> = plans.iter().map(|p| vec![f64::NAN; p.outs.len()]).collect();
     let mut applied: Vec<Vec<f64>> = plans.iter().map(|p| vec![f64::NAN; p.ins.len()]).collect();
@@ -444,20 +486,28 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
                         continue;
                     };
                     let o = p.outs[x];
-                    let ready = time(&applied[r], o.dep).unwrap_or(0.0);
+                    let ready = time(&applied[r], o.dep).unwrap_or(start[r]);
                     if ready.is_nan() {
                         continue;
                     }
                     let (a, b) = net.link(r, o.peer as usize);
-                    let busy = o.len as f64 / b;
+                    let mut busy = o.len as f64 / b;
                     let class = usize::from(!net.same_host(r, o.peer as usize));
                     let free = port[r][class];
-                    let start = match net.host_port(r, o.peer as usize) {
+                    let go = match net.host_port(r, o.peer as usize) {
                         Some(h) => claim(&mut nics[h], ready.max(free), busy),
                         None => ready.max(free),
                     };
-                    port[r][class] = start + busy;
-                    left[r][x] = start + busy;
+                    if class == 1 && net.burst > 0.0 && net.ranks_per_host <= 1 {
+                        // The tokens it has pass at once, the rest at `b`.
+                        let (tokens, at) = bucket[r];
+                        let have = (tokens + (go - at) * b).min(net.burst);
+                        let len = o.len as f64;
+                        busy = (len - have).max(0.0) / b;
+                        bucket[r] = ((have - len).max(0.0), go + busy);
+                    }
+                    port[r][class] = go + busy;
+                    left[r][x] = go + busy;
                     let flight = if net.alpha_overlaps {
                         a.max(busy)
                     } else {
@@ -466,7 +516,7 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
                     wires
                         .entry((r as u32, o.peer))
                         .or_default()
-                        .push_back(start + flight);
+                        .push_back(go + flight);
                     *pos += 1;
                     step = true;
                 }
@@ -475,8 +525,8 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
                         continue;
                     };
                     let i = p.ins[x];
-                    let after = time(&left[r], i.dep).unwrap_or(0.0);
-                    let follows = time(&applied[r], i.after).unwrap_or(0.0);
+                    let after = time(&left[r], i.dep).unwrap_or(start[r]);
+                    let follows = time(&applied[r], i.after).unwrap_or(start[r]);
                     if after.is_nan() || follows.is_nan() {
                         continue;
                     }
@@ -515,7 +565,7 @@ pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network)
     }
     (0..n)
         .map(|r| {
-            let a = applied[r].iter().fold(0.0f64, |m, &t| m.max(t));
+            let a = applied[r].iter().fold(start[r], |m, &t| m.max(t));
             let l = left[r].iter().fold(0.0f64, |m, &t| m.max(t));
             a.max(l)
         })
@@ -550,6 +600,31 @@ mod tests {
                 assert!(close(got, want), "n={n} rank {r}: {got} vs {want}");
             }
         }
+    }
+
+    #[test]
+    fn a_token_bucket_lets_latency_bound_calls_burst_and_keeps_the_rate_of_busy_ones() {
+        // Two ranks swap S bytes per call (recursive doubling), back to back, behind
+        // ports with a bucket larger than S. Where a call's latency refills more than
+        // it sends (β·α ≥ S) every frame finds its tokens: α per call. Where it does
+        // not, the bucket drains over the first calls and each call then waits for S/β
+        // of tokens: the link's rate, as without a bucket.
+        let mut net = Network::flat(1e-3, 1e6, 0.0);
+        net.burst = 1e5;
+        let time = |net: &Network, bytes: usize| {
+            all_reduce_time(Algorithm::RecursiveDoubling, 2, bytes / 4, 4, bytes, net).unwrap()
+        };
+        assert!(close(time(&net, 400), 1e-3), "{}", time(&net, 400));
+        let busy = time(&net, 20_000);
+        assert!((busy - 20e-3).abs() < 1e-6, "{busy}");
+        // Without a bucket: α + S/β, as before.
+        net.burst = 0.0;
+        assert!(close(time(&net, 400), 1e-3 + 400e-6));
+        // And one call alone with a full bucket would have passed in α: the averaged
+        // calls are the settled ones, not the first.
+        net.burst = 1e5;
+        let first = simulate(2, |r| doubling::plan(r, 2, 20_000), &net);
+        assert!(first.iter().all(|&t| close(t, 1e-3)), "{first:?}");
     }
 
     #[test]
