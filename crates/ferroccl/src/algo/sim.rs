@@ -70,11 +70,12 @@ pub fn all_reduce_time(
     }
     // Back to back: each rank starts a call when it finished the one before, with the
     // tokens it had left; the time per call once the buckets have settled.
+    let plans: Vec<Compact> = (0..n).map(|r| compact(&plan_of(r))).collect();
     let mut start = vec![0.0; n];
     let mut bucket = vec![(net.burst, 0.0); n];
     let mut ends = Vec::with_capacity(BACK_TO_BACK);
     for _ in 0..BACK_TO_BACK {
-        start = simulate_from(n, plan_of, net, &start, &mut bucket);
+        start = simulate_from(&plans, net, &start, &mut bucket);
         ends.push(start.iter().copied().fold(0.0, f64::max));
     }
     let settled = BACK_TO_BACK - AVERAGED - 1;
@@ -440,22 +441,22 @@ fn claim(slots: &mut Vec<(f64, f64)>, at: f64, busy: f64) -> f64 {
 /// each rank finished, in seconds from a common start. Panics if the plans deadlock
 /// (they never do when they fit each other; see the plan tests).
 pub(crate) fn simulate(n: usize, plan_of: impl Fn(usize) -> Plan, net: &Network) -> Vec<f64> {
+    let plans: Vec<Compact> = (0..n).map(|r| compact(&plan_of(r))).collect();
     let mut bucket = vec![(net.burst, 0.0); n];
-    simulate_from(n, plan_of, net, &vec![0.0; n], &mut bucket)
+    simulate_from(&plans, net, &vec![0.0; n], &mut bucket)
 }
 
-/// [`simulate`] with rank `r` starting at `start[r]` and its port's token bucket
-/// (`Network::burst`) as `bucket[r]` (tokens, when counted), which it leaves as the
-/// call does.
+/// [`simulate`] of the compacted `plans`, with rank `r` starting at `start[r]` and its
+/// port's token bucket (`Network::burst`) as `bucket[r]` (tokens, when counted), which
+/// it leaves as the call does.
 fn simulate_from(
-    n: usize,
-    plan_of: impl Fn(usize) -> Plan,
+    plans: &[Compact],
     net: &Network,
     start: &[f64],
     bucket: &mut [(f64, f64)],
 ) -> Vec<f64> {
     use super::MAX_LANES;
-    let plans: Vec<Compact> = (0..n).map(|r| compact(&plan_of(r))).collect();
+    let n = plans.len();
     // Per rank and lane: next out, next in, when its last in was applied.
     let mut si = vec![[0usize; MAX_LANES]; n];
     let mut ai = vec![[0usize; MAX_LANES]; n];
