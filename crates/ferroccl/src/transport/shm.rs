@@ -492,8 +492,9 @@ struct ShmLink {
     /// The writer's side: the descriptor out, and what its slices have taken in all.
     posted: Option<Posted>,
     offered: u64,
-    /// The reader's side: whether it has tried to open the writer, what it opened, the
-    /// descriptor it last read (by sequence) and what it has pulled in all.
+    /// The reader's side: whether it has tried to open the writer (a reader that does
+    /// not pull never does: a writer posts only to a reader that said it can), what it
+    /// opened, the descriptor it last read (by sequence) and what it has pulled in all.
     probed: bool,
     remote: Option<crate::sys::cma::Remote>,
     desc: Desc,
@@ -538,7 +539,7 @@ impl ShmLink {
             single_copy_min,
             posted: None,
             offered: 0,
-            probed: false,
+            probed: single_copy_min == 0,
             remote: None,
             desc: Desc::default(),
             pulled: 0,
@@ -606,11 +607,6 @@ impl ShmLink {
             return;
         }
         self.probed = true;
-        if self.single_copy_min == 0 {
-            rx.word(layout::PULL)
-                .store(layout::CANNOT_PULL, Ordering::Release);
-            return;
-        }
         let (addr, value) = (
             rx.word(layout::COOKIE_ADDR).load(Ordering::Relaxed),
             rx.word(layout::COOKIE).load(Ordering::Relaxed),
@@ -772,7 +768,13 @@ impl Link for ShmLink {
         if !self.probed {
             self.probe_writer();
         }
-        let desc = self.active_desc();
+        // Descriptors come only to a reader that proved it can pull (the default path
+        // reads no header word of them).
+        let desc = if self.remote.is_some() {
+            self.active_desc()
+        } else {
+            None
+        };
         let p = &*self.pair;
         let mut head = p.rx.word(layout::HEAD).load(Ordering::Acquire);
         if head == self.tail && desc.is_none() {
@@ -1307,6 +1309,12 @@ mod tests {
     /// Two links of one process joined by two rings of `cap` bytes and a loopback TCP
     /// connection, each offering its memory for single copy from `min` bytes (0: off).
     fn linked(cap: usize, min: usize) -> (ShmLink, ShmLink) {
+        linked_with(cap, min, min)
+    }
+
+    /// [`linked`] with single copy from `a_min` bytes on the first link and `b_min` on
+    /// the second.
+    fn linked_with(cap: usize, a_min: usize, b_min: usize) -> (ShmLink, ShmLink) {
         use std::sync::atomic::AtomicU64;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -1335,11 +1343,13 @@ mod tests {
             })
         };
         let (a, b) = (pair(1, ab_w, ba_r, a_ctl), pair(0, ba_w, ab_r, b_ctl));
-        if min > 0 {
+        if a_min > 0 {
             offer_memory(&a.tx, 0);
+        }
+        if b_min > 0 {
             offer_memory(&b.tx, 1);
         }
-        (ShmLink::new(a, min), ShmLink::new(b, min))
+        (ShmLink::new(a, a_min), ShmLink::new(b, b_min))
     }
 
     /// Writes all of `bufs` (retrying while the reader pulls, `read` called between
@@ -1461,14 +1471,29 @@ mod tests {
             50_000
         );
         assert!(buf == body);
-        // Single copy off on the reader's side says the same to the writer.
-        let (_w2, mut r2) = linked(4096, 1000);
-        r2.single_copy_min = 0;
-        assert_eq!(r2.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
-        assert_eq!(
-            r2.pair.rx.word(layout::PULL).load(Ordering::Acquire),
-            layout::CANNOT_PULL
+        // Single copy off on the reader's side: the writer offers, the reader never
+        // says it can pull, and the writer's large slice goes through the ring.
+        let (mut w2, mut r2) = linked_with(1 << 20, 1000, 0);
+        assert_ne!(
+            r2.pair.rx.word(layout::WRITER_PID).load(Ordering::Acquire),
+            0
         );
+        assert_eq!(r2.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        assert_ne!(
+            r2.pair.rx.word(layout::PULL).load(Ordering::Acquire),
+            layout::CAN_PULL
+        );
+        assert_eq!(
+            w2.try_write(&[IoSlice::new(&body)]).unwrap(),
+            50_000,
+            "through the ring"
+        );
+        buf.fill(0);
+        assert_eq!(
+            r2.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(),
+            50_000
+        );
+        assert!(buf == body);
     }
 
     #[test]
