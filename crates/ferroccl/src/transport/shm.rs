@@ -577,7 +577,10 @@ impl ShmLink {
     }
 
     /// The reader: the writer's descriptor if it has bytes not pulled yet.
-    fn active_desc(&mut self) -> Option<Desc> {
+    /// A new descriptor must start where the reader has pulled to, at or after where
+    /// it has read the ring to, and hold bytes: anything else is a peer that broke the
+    /// protocol, a typed error rather than arithmetic on its numbers.
+    fn active_desc(&mut self) -> std::result::Result<Option<Desc>, LinkError> {
         let rx = &self.pair.rx;
         let seq = rx.word(layout::DESC_SEQ).load(Ordering::Acquire);
         if seq != self.desc.seq && seq.is_multiple_of(2) {
@@ -591,11 +594,21 @@ impl ShmLink {
             fence(Ordering::Acquire);
             // A torn read (the writer rewrote it meanwhile) is read again next call.
             if rx.word(layout::DESC_SEQ).load(Ordering::Relaxed) == seq {
+                if d.base != self.pulled || d.pos < self.tail || d.len == 0 {
+                    return Err(LinkError::Io(io::Error::other(format!(
+                        "rank {}'s single-copy descriptor is inconsistent: {} bytes at \
+                         stream {} after {} pulled, where this rank has pulled {} and \
+                         read the ring to {}",
+                        self.pair.peer, d.len, d.pos, d.base, self.pulled, self.tail
+                    ))));
+                }
                 self.desc = d;
             }
         }
         let d = self.desc;
-        (d.seq != 0 && self.pulled < d.base + d.len).then_some(d)
+        // `pulled` starts at `base` (checked) and grows by at most `len`: neither
+        // subtraction here or in `pull` wraps.
+        Ok((d.seq != 0 && self.pulled - d.base < d.len).then_some(d))
     }
 
     /// The reader, once the writer has said who it is: whether this process can read
@@ -649,7 +662,7 @@ impl ShmLink {
         if revoked() {
             return Err(LinkError::Closed);
         }
-        let mut want = d.base + d.len - self.pulled;
+        let mut want = d.len - (self.pulled - d.base);
         let mut slices: Vec<IoSliceMut<'_>> = Vec::with_capacity(bufs.len());
         for b in bufs.iter_mut() {
             if want == 0 {
@@ -664,7 +677,7 @@ impl ShmLink {
         if slices.is_empty() {
             return Ok(0);
         }
-        let n = match remote.read(d.addr + (self.pulled - d.base), &mut slices) {
+        let n = match remote.read(d.addr.wrapping_add(self.pulled - d.base), &mut slices) {
             Ok(n) if n > 0 => n as u64,
             Ok(_) | Err(_) if remote.exited() => return Err(LinkError::Closed),
             Ok(_) => {
@@ -771,7 +784,7 @@ impl Link for ShmLink {
         // Descriptors come only to a reader that proved it can pull (the default path
         // reads no header word of them).
         let desc = if self.remote.is_some() {
-            self.active_desc()
+            self.active_desc()?
         } else {
             None
         };
@@ -1358,6 +1371,11 @@ mod tests {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let (mut done, mut moves) = (0, Vec::new());
         while done < total {
+            // Each round the reader takes what it can: a stall is a failure, not a hang.
+            assert!(
+                moves.len() < 100_000,
+                "the write stalled at {done} of {total}"
+            );
             let mut skip = done;
             let slices: Vec<IoSlice<'_>> = bufs
                 .iter()
@@ -1398,7 +1416,10 @@ mod tests {
             layout::CAN_PULL
         );
         let moves = write_all(&mut w, &[&head, &body, &tail], || read(&mut r, &mut got));
-        while got.len() < 300_045 {
+        for _ in 0..1000 {
+            if got.len() >= 300_045 {
+                break;
+            }
             read(&mut r, &mut got);
         }
         let mut want = head.clone();
@@ -1446,6 +1467,48 @@ mod tests {
         assert!(big
             .iter()
             .all(|&b| b == 0 || b == b'a' || b == b'b' || b == b'c'));
+    }
+
+    #[test]
+    fn a_descriptor_that_breaks_the_protocol_is_a_typed_error() {
+        // Descriptors a writer could not have posted: bytes the reader has not reached
+        // yet (base ahead of what it pulled), a position behind what it has read, no
+        // bytes at all. Each is an error naming the peer, never arithmetic on them.
+        for (pos, base, len) in [(0u64, 12_345u64, 100u64), (0, 0, 0), (0, u64::MAX, 2)] {
+            let (mut w, mut r) = linked(4096, 1000);
+            let mut buf = [0u8; 64];
+            assert_eq!(r.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+            assert_eq!(
+                r.pair.rx.word(layout::PULL).load(Ordering::Acquire),
+                layout::CAN_PULL
+            );
+            let tx = &w.pair.tx;
+            tx.word(layout::DESC_POS).store(pos, Ordering::Relaxed);
+            tx.word(layout::DESC_BASE).store(base, Ordering::Relaxed);
+            tx.word(layout::DESC_LEN).store(len, Ordering::Relaxed);
+            tx.word(layout::DESC_ADDR).store(8, Ordering::Relaxed);
+            tx.word(layout::DESC_SEQ).store(2, Ordering::Release);
+            match r.try_read(&mut [IoSliceMut::new(&mut buf)]) {
+                Err(LinkError::Io(e)) => {
+                    assert!(e.to_string().contains("inconsistent"), "{e}")
+                }
+                other => panic!("({pos}, {base}, {len}): {other:?}"),
+            }
+            w.shutdown();
+        }
+        // Behind what the reader has read: 3 ring bytes read, then a descriptor at 0.
+        let (mut w, mut r) = linked(4096, 1000);
+        let mut buf = [0u8; 64];
+        assert_eq!(r.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        assert_eq!(w.try_write(&[IoSlice::new(b"abc")]).unwrap(), 3);
+        assert_eq!(r.try_read(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 3);
+        let tx = &w.pair.tx;
+        tx.word(layout::DESC_LEN).store(100, Ordering::Relaxed);
+        tx.word(layout::DESC_SEQ).store(2, Ordering::Release);
+        assert!(matches!(
+            r.try_read(&mut [IoSliceMut::new(&mut buf)]),
+            Err(LinkError::Io(_))
+        ));
     }
 
     #[test]
