@@ -369,6 +369,8 @@ pub struct Tuning {
     pub connect_timeout: Duration,
     /// Pipelining granularity: ring chunks are cut into segments of at most this many
     /// bytes, and segment `j+1` is received while segment `j` is reduced and forwarded.
+    /// Broadcast and reduce chains over 3 ranks or more cut finer, down to 64 KiB, where
+    /// that shortens the pipeline's fill (see `comm::collectives::chain_segment`).
     /// Default 512 KiB.
     pub segment_bytes: usize,
     /// How long a collective keeps polling its links (yielding the CPU between polls)
