@@ -3,6 +3,7 @@
 
 use clap::Args;
 use ferroccl::ddp::{Decay, WireDtype};
+use ferroccl::rendezvous::LaunchEnv;
 use ferroccl::{Communicator, Config};
 use ferroccl_candle::model::Precision;
 use ferroccl_candle::{DataSource, Resume, Summary, TrainConfig};
@@ -195,35 +196,26 @@ fn config(a: &TrainArgs) -> ferroccl::Result<TrainConfig> {
 
 /// candle's CPU kernels use a thread pool as wide as the machine; with several ranks
 /// on one machine that oversubscribes it many times over. Unless the user chose,
-/// give each rank its share of the cores.
-fn share_cores() {
+/// give each rank its share of the cores ([`LaunchEnv::compute_threads`]).
+fn share_cores(env: &LaunchEnv) {
     if std::env::var("RAYON_NUM_THREADS").is_ok_and(|v| !v.trim().is_empty()) {
         return;
     }
-    let local = [
-        "LOCAL_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "SLURM_NTASKS_PER_NODE",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
-    .unwrap_or(1)
-    .max(1);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Called before this process starts any other thread (edition 2021: safe fn).
-    std::env::set_var("RAYON_NUM_THREADS", (cores / local).max(1).to_string());
+    std::env::set_var("RAYON_NUM_THREADS", env.compute_threads().to_string());
 }
 
 fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     let mut tc = config(a)?;
-    let launched = ferroccl::rendezvous::detect_env()?.is_some();
+    let launch = ferroccl::rendezvous::detect_env()?;
+    let launched = launch.is_some();
     if let Some(dir) = &a.trace {
         // Before any communicator or thread: it sets FERROCCL_TRACE_DIR, which ranks
         // started below inherit.
         crate::trace::record_into(dir, !launched)?;
     }
-    let comm = if launched {
-        share_cores();
+    let comm = if let Some(env) = &launch {
+        share_cores(env);
         let mut c = Config::from_env()?;
         c.tuning.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
         Communicator::init(c)?

@@ -54,6 +54,18 @@ pub struct LaunchEnv {
     pub shm_single_copy: Option<String>,
 }
 
+impl LaunchEnv {
+    /// Threads this rank's own compute pool (candle's, rayon's) should have: the CPUs
+    /// of its affinity mask where the launcher pinned it (a mask narrower than the
+    /// host: the other ranks got CPUs of their own), else its share of the CPUs it may
+    /// use among [`local_world_size`](Self::local_world_size) ranks (1 when the
+    /// launcher does not say); at least 1. A pool as wide as the machine in every rank
+    /// oversubscribes it `local_world_size` times over.
+    pub fn compute_threads(&self) -> usize {
+        crate::sys::cpu::rank_share(self.local_world_size.unwrap_or(1))
+    }
+}
+
 /// The variables one launcher family sets.
 struct Family {
     source: &'static str,
@@ -429,6 +441,16 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(e.local_world_size, None);
+        // Its compute threads: all this process may use when alone on the host, and
+        // never more than that with company (unless pinned, exactly the mask).
+        let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let alone = e.compute_threads();
+        assert!((1..=usable).contains(&alone), "{alone} of {usable}");
+        let crowd = LaunchEnv {
+            local_world_size: Some(usable * 4),
+            ..e
+        };
+        assert!(crowd.compute_threads() <= alone);
     }
 
     #[test]
