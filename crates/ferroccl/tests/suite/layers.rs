@@ -17,7 +17,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
     m.insert("reduce", &["error"]);
     m.insert("algo", &[]);
     m.insert("trace", &["error", "sync"]);
-    m.insert("rendezvous", &["error", "sync"]);
+    m.insert("rendezvous", &["error", "sync", "sys"]);
     m.insert("config", &["error", "rendezvous"]);
     m.insert("cuda", &["error", "sync", "reduce"]);
     m.insert(
