@@ -37,12 +37,14 @@
 //! learn of it through the notice it sends before closing its links. Nobody waits for
 //! the timeout, and no rank returns Ok unless every rank called the same thing.
 //!
-//! The tree's broadcast and reduce ([`super::tree`]) keep the same guarantee with the
-//! same frames arranged otherwise ([`with_agreement`]): their data does not follow the
-//! ring, so it vouches for no neighbour, and the agreement barrier comes first; no data
-//! leaves a rank before its barrier is complete, so no rank ever waits for data from a
-//! rank that saw the call differently. The plan model finds the deadlock if the data
-//! goes first (two roots' trees, each root waiting for the other as its child).
+//! The tree's broadcast and reduce ([`super::tree`]) keep the same guarantee with
+//! frames arranged otherwise ([`with_agreement`]): their data does not follow the
+//! ring, so it vouches for no neighbour. Up to [`FULL_CHECK_MAX`] ranks every rank
+//! sends an empty frame to every other first and reads them all before any data;
+//! beyond, the recursive-doubling barrier comes first and no data leaves a rank before
+//! it is complete, so no rank ever waits for data from a rank that saw the call
+//! differently. The plan model finds the deadlock if the data goes first there (two
+//! roots' trees, each root waiting for the other as its child).
 //!
 //! Cost, up to [`FULL_CHECK_MAX`] ranks: a broadcast root sends nothing but its data
 //! and reads one check from each other rank; a reduce root reads its data and sends
@@ -126,22 +128,37 @@ fn agreement_barrier(rank: usize, n: usize, plan: &mut Plan) {
 }
 
 /// `data` (the frames of a broadcast or reduce along another shape than the chain, at
-/// steps other than the agreement barrier's) after the chain's agreement barrier: the
-/// barrier's frames are the same whatever root a rank names, so they fit across a
+/// steps other than the agreement's) with an agreement that vouches for every rank's
+/// call. Its frames are the same whatever root a rank names, so they fit across a
 /// disagreement; a rank that reads a frame of another call fails, and its partners
-/// fail with it through its closed links. A rank's last barrier frame vouches for
-/// every rank's call, so no data leaves a rank (every data send waits for it) until
-/// all agree, and data frames are never awaited from a rank that saw the call
-/// differently. The price: a barrier's `log2 n` rounds before the data, where the
-/// chain overlaps its checks with the data.
+/// fail with it through its closed links.
+///
+/// - Up to [`FULL_CHECK_MAX`] ranks: an empty check frame from every rank to every
+///   other, sent first, and read before any data. A rank that returns has read every
+///   other rank's call; of any two ranks that disagree every rank sees one, since it
+///   differs from at least one of them. The data need not wait: every link carries
+///   its check before its data, and the checks depend on nothing, so nothing waits
+///   for data a disagreeing rank will not send. One hop, alongside the data.
+/// - Beyond: the chain's agreement barrier first (`log2 n` rounds), and no data leaves
+///   a rank (every data send waits for the barrier's last frame) until all agree, so
+///   data frames are never awaited from a rank that saw the call differently. With
+///   the data first, two roots' trees can wait for each other.
 pub(crate) fn with_agreement(rank: usize, n: usize, data: Plan) -> Plan {
     if n == 1 {
         return data;
     }
     let mut plan = Plan::default();
-    agreement_barrier(rank, n, &mut plan);
+    let direct = n <= FULL_CHECK_MAX;
+    if direct {
+        for q in (0..n).filter(|&q| q != rank) {
+            plan.outs.push(Out::check(q, AGREE_STEP));
+            plan.ins.push(In::check(q, AGREE_STEP));
+        }
+    } else {
+        agreement_barrier(rank, n, &mut plan);
+    }
     let (outs0, ins0) = (plan.outs.len(), plan.ins.len());
-    let agreed = ins0.checked_sub(1);
+    let agreed = if direct { None } else { ins0.checked_sub(1) };
     plan.outs.extend(data.outs.into_iter().map(|o| Out {
         after_recv: o.after_recv.map(|i| ins0 + i).or(agreed),
         ..o

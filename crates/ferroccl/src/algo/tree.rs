@@ -58,8 +58,9 @@
 //! [`broadcast`] and [`reduce`] run down (up) one binary tree of the same shape, its
 //! positions counted from the root, pipelined in segments: `log2 n` hops of a segment
 //! instead of the chain's `n - 1`, every rank but the root receiving (sending) the
-//! buffer once, an interior rank sending it to two children. Their root agreement is
-//! the chain's frames with the barrier first ([`super::chain::with_agreement`]).
+//! buffer once, an interior rank sending it to two children. Their root agreement
+//! is [`super::chain::with_agreement`]'s: up to 8 ranks direct checks alongside the
+//! data, beyond a barrier before it.
 
 use super::schedule::{chunk_range, segment_range, segments};
 use super::{In, Land, Out, Plan};

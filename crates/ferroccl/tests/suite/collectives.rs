@@ -154,8 +154,8 @@ proptest! {
 
 /// Down a binary tree (`FERROCCL_ALGO=tree`), counted by the links: a broadcast
 /// reaches every rank but the root once (S received; each rank sends S per child,
-/// `(n-1)·S` in all), a reduce sends S from every rank but the root; the agreement
-/// barrier before the data carries no payload.
+/// `(n-1)·S` in all), a reduce sends S from every rank but the root; the agreement's
+/// frames carry no payload.
 #[test]
 fn tree_broadcast_and_reduce_bytes() {
     for n in [1usize, 2, 3, 5, 8] {
