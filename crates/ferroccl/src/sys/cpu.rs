@@ -26,20 +26,17 @@ pub(crate) fn online_cpus() -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-/// The CPUs one of `local` ranks on this host should use for its own threads: its
-/// affinity mask's where a launcher pinned it (a mask narrower than the host: the other
-/// ranks got CPUs of their own), else an even share of the CPUs it may use (affinity
-/// and cgroup quota, `available_parallelism`); at least 1.
+/// The CPUs one of `local` ranks on this host should use for its own threads: an even
+/// share of the CPUs it may use (affinity and cgroup quota, `available_parallelism`),
+/// at least 1. A mask narrower than the host is not taken as the launcher's pinning
+/// here: a container's cpuset looks the same, and all its ranks share it.
 pub(crate) fn rank_share(local: usize) -> usize {
     let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
-    share_of(local, affinity_cpus(), online_cpus(), usable)
+    share_of(local, usable)
 }
 
-fn share_of(local: usize, affinity: Option<usize>, online: Option<usize>, usable: usize) -> usize {
-    match (affinity, online) {
-        (Some(mine), Some(all)) if mine < all => mine.min(usable).max(1),
-        _ => (usable / local.max(1)).max(1),
-    }
+fn share_of(local: usize, usable: usize) -> usize {
+    (usable / local.max(1)).max(1)
 }
 
 #[cfg(test)]
@@ -47,18 +44,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pinned_rank_keeps_its_cpus_and_an_unpinned_one_gets_its_share() {
-        // Pinned by the launcher to 4 of 16: all 4, whatever the local count.
-        assert_eq!(share_of(4, Some(4), Some(16), 4), 4);
-        // A cgroup quota below the mask still limits it.
-        assert_eq!(share_of(4, Some(4), Some(16), 2), 2);
-        // Not pinned: the usable CPUs split evenly, at least one each.
-        assert_eq!(share_of(4, Some(16), Some(16), 16), 4);
-        assert_eq!(share_of(3, Some(16), Some(16), 16), 5);
-        assert_eq!(share_of(8, Some(2), Some(2), 2), 1);
-        assert_eq!(share_of(0, None, None, 6), 6);
-        // Unknown mask or host: the share of what it may use.
-        assert_eq!(share_of(2, None, Some(16), 16), 8);
+    fn each_rank_gets_an_even_share_of_the_usable_cpus() {
+        assert_eq!(share_of(4, 16), 4);
+        assert_eq!(share_of(3, 16), 5);
+        assert_eq!(share_of(8, 2), 1);
+        assert_eq!(share_of(0, 6), 6);
+        assert_eq!(share_of(1, 6), 6);
         assert!(rank_share(1) >= 1);
     }
 
