@@ -69,7 +69,8 @@ pub struct BenchArgs {
     /// uses GPU local_rank % device count). Without a GPU, `cuda` fails with the typed error.
     #[arg(long = "device", default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
-    /// Ring segment size in bytes (pipelining granularity).
+    /// Segment size in bytes (pipelining granularity): the ring's, and the most a
+    /// broadcast or reduce chain over 3+ ranks uses (it cuts finer, down to 64 KiB).
     #[arg(long = "segment-bytes", value_parser = parse_size)]
     pub segment_bytes: Option<usize>,
     /// Seconds a collective may wait without progress.

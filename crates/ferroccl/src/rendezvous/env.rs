@@ -17,6 +17,9 @@ pub struct LaunchEnv {
     /// (`LOCAL_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`,
     /// `SLURM_NTASKS_PER_NODE`).
     pub local_world_size: Option<usize>,
+    /// `SLURM_CPUS_PER_TASK`, in a task srun started: the CPUs Slurm gave each task
+    /// (`--cpus-per-task`), which [`LaunchEnv::compute_threads`] then takes.
+    pub cpus_per_task: Option<usize>,
     /// `MASTER_ADDR`, when set.
     pub master_addr: Option<String>,
     /// `MASTER_PORT`, when set.
@@ -55,13 +58,17 @@ pub struct LaunchEnv {
 }
 
 impl LaunchEnv {
-    /// Threads this rank's own compute pool (candle's, rayon's) should have: its share
-    /// of the CPUs this process may use (affinity mask and cgroup quota) among
-    /// [`local_world_size`](Self::local_world_size) ranks (1 when the launcher does not
-    /// say); at least 1. A pool as wide as the machine in every rank oversubscribes it
-    /// `local_world_size` times over.
+    /// Threads this rank's own compute pool (candle's, rayon's) should have: the CPUs
+    /// Slurm gave the task ([`cpus_per_task`](Self::cpus_per_task)), as far as this
+    /// process may use them; else its share of the CPUs this process may use (affinity
+    /// mask and cgroup quota) among [`local_world_size`](Self::local_world_size) ranks
+    /// (1 when the launcher does not say); at least 1. A pool as wide as the machine in
+    /// every rank oversubscribes it `local_world_size` times over.
     pub fn compute_threads(&self) -> usize {
-        crate::sys::cpu::rank_share(self.local_world_size.unwrap_or(1))
+        match self.cpus_per_task {
+            Some(c) => crate::sys::cpu::rank_share(1).min(c).max(1),
+            None => crate::sys::cpu::rank_share(self.local_world_size.unwrap_or(1)),
+        }
     }
 }
 
@@ -244,6 +251,17 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
                 Some(k)
             }
         };
+        let cpus_per_task = match var("SLURM_CPUS_PER_TASK") {
+            Some(v) if fam.source == "slurm" => match parse_index("SLURM_CPUS_PER_TASK", &v)? {
+                0 => {
+                    return Err(Error::Env(
+                        "SLURM_CPUS_PER_TASK=0 is not a number of CPUs".into(),
+                    ))
+                }
+                c => Some(c),
+            },
+            _ => None,
+        };
         let master_port = var("MASTER_PORT").map(|p| parse_port(&p)).transpose()?;
         let rdma_gid_index = var("FERROCCL_RDMA_GID_INDEX")
             .map(|v| parse_var("FERROCCL_RDMA_GID_INDEX", &v, "a GID table index (0..=255)"))
@@ -256,6 +274,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             world_size,
             local_rank,
             local_world_size,
+            cpus_per_task,
             master_addr: var("MASTER_ADDR"),
             master_port,
             source: fam.source,
@@ -359,6 +378,7 @@ mod tests {
             world_size,
             local_rank,
             local_world_size: None,
+            cpus_per_task: None,
             master_addr: None,
             master_port: None,
             source,
@@ -450,6 +470,42 @@ mod tests {
         };
         assert_eq!(crowd.compute_threads(), 1);
         assert_eq!(alone, usable);
+    }
+
+    #[test]
+    fn slurm_cpus_per_task_sizes_the_compute_threads() {
+        let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let srun = |cpus: &'static str| {
+            detect(&[
+                ("SLURM_PROCID", "1"),
+                ("SLURM_NTASKS", "4"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_NTASKS_PER_NODE", "4"),
+                ("SLURM_CPUS_PER_TASK", cpus),
+            ])
+        };
+        let e = srun("3").unwrap().unwrap();
+        assert_eq!(e.cpus_per_task, Some(3));
+        // Its 3 CPUs, not a quarter of the host (as far as this process may use them).
+        assert_eq!(e.compute_threads(), usable.min(3));
+        let wide = LaunchEnv {
+            cpus_per_task: Some(usable + 5),
+            ..e
+        };
+        assert_eq!(wide.compute_threads(), usable);
+        for bad in ["0", "x", "-2"] {
+            let err = srun(bad).unwrap_err().to_string();
+            assert!(err.contains("SLURM_CPUS_PER_TASK"), "{bad}: {err}");
+        }
+        // Outside an srun task the variable belongs to the allocation, not this rank.
+        let torch = detect(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("SLURM_CPUS_PER_TASK", "3"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(torch.cpus_per_task, None);
     }
 
     #[test]
