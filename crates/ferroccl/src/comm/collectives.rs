@@ -85,7 +85,8 @@ const CHAIN_FRAME_COST_BYTES: f64 = 64.0 * 1024.0;
 /// Cut in `k` segments of `g` bytes, a chain takes `k + n - 2` segment times plus `k`
 /// frames' fixed cost `E`: `S/B + (n-2)·g/B + (S/g)·E/B`, least at
 /// `g = sqrt(S·E/(n-2))` (with `E` = [`CHAIN_FRAME_COST_BYTES`]), kept between 64 KiB
-/// (or the configured segment, if smaller) and the configured segment. Two ranks have
+/// (`MIN_AUTO_SEGMENT_BYTES`, the auto-sized segments' floor elsewhere too; or the
+/// configured segment, if smaller) and the configured segment. Two ranks have
 /// no rank in between to fill, and take the configured segment. With the configured
 /// 512 KiB alone, a 1 MiB broadcast over 8 ranks was 2 segments taking 8 segment
 /// times, 4x `S/B`; this cuts it in 10 (1.6x). Pulled, it is `n` segments, so that the
@@ -104,7 +105,7 @@ pub(super) fn chain_segment(
         return algo::segment_bytes(configured, esize);
     }
     let best = (len as f64 * CHAIN_FRAME_COST_BYTES / (n - 2) as f64).sqrt();
-    let floor = (64 << 10).min(configured);
+    let floor = algo::schedule::MIN_AUTO_SEGMENT_BYTES.min(configured);
     // Whole elements in `k` even segments, none above the configured segment nor below
     // the floor; of the counts around the continuous optimum, the one the model
     // prefers (the floor can leave a short last segment).
@@ -573,8 +574,9 @@ mod tests {
             for shift in 10..=28 {
                 for len in [1usize << shift, (1 << shift) + 24, 3 << (shift - 2)] {
                     // The best segment in bounds under the model.
-                    let best = (1..=len.div_ceil(64 << 10))
-                        .map(|k| chain_cost(len, n, len.div_ceil(k).clamp(64 << 10, configured)))
+                    let min = algo::schedule::MIN_AUTO_SEGMENT_BYTES;
+                    let best = (1..=len.div_ceil(min))
+                        .map(|k| chain_cost(len, n, len.div_ceil(k).clamp(min, configured)))
                         .fold(f64::INFINITY, f64::min);
                     for es in [1usize, 2, 8] {
                         let g = chain_segment(false, len, n, es, configured);
@@ -583,7 +585,7 @@ mod tests {
                             assert_eq!(g, configured, "two ranks keep the configured segment");
                             continue;
                         }
-                        assert!((64 << 10..=configured).contains(&g), "n {n} len {len}: {g}");
+                        assert!((min..=configured).contains(&g), "n {n} len {len}: {g}");
                         // Never worse than the configured segment under the model, and
                         // within 3% of the best segment in bounds.
                         let got = chain_cost(len, n, g);

@@ -65,9 +65,11 @@ impl LaunchEnv {
     /// (1 when the launcher does not say); at least 1. A pool as wide as the machine in
     /// every rank oversubscribes it `local_world_size` times over.
     pub fn compute_threads(&self) -> usize {
+        use crate::sys::cpu;
+        let usable = cpu::usable_cpus();
         match self.cpus_per_task {
-            Some(c) => crate::sys::cpu::rank_share(1).min(c).max(1),
-            None => crate::sys::cpu::rank_share(self.local_world_size.unwrap_or(1)),
+            Some(c) => c.min(usable).max(1),
+            None => cpu::share_of(self.local_world_size.unwrap_or(1), usable),
         }
     }
 }

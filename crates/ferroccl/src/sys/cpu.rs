@@ -26,16 +26,17 @@ pub(crate) fn online_cpus() -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-/// The CPUs one of `local` ranks on this host should use for its own threads: an even
-/// share of the CPUs it may use (affinity and cgroup quota, `available_parallelism`),
-/// at least 1. A mask narrower than the host is not taken as the launcher's pinning
-/// here: a container's cpuset looks the same, and all its ranks share it.
-pub(crate) fn rank_share(local: usize) -> usize {
-    let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
-    share_of(local, usable)
+/// CPUs this process may use: its affinity mask and cgroup quota
+/// (`available_parallelism`), 1 when they cannot be read.
+pub(crate) fn usable_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-fn share_of(local: usize, usable: usize) -> usize {
+/// The CPUs one of `local` ranks sharing `usable` CPUs should use for its own threads:
+/// an even share, at least 1. A mask narrower than the host is not taken as the
+/// launcher's pinning here: a container's cpuset looks the same, and all its ranks
+/// share it.
+pub(crate) fn share_of(local: usize, usable: usize) -> usize {
     (usable / local.max(1)).max(1)
 }
 
@@ -50,7 +51,7 @@ mod tests {
         assert_eq!(share_of(8, 2), 1);
         assert_eq!(share_of(0, 6), 6);
         assert_eq!(share_of(1, 6), 6);
-        assert!(rank_share(1) >= 1);
+        assert!(usable_cpus() >= 1);
     }
 
     #[test]
