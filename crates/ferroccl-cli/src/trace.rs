@@ -1272,6 +1272,8 @@ mod tests {
             capacity: 16,
             dropped: 0,
             dumped_ns: 10_000,
+            comm: 0,
+            job_rank: None,
         }
     }
 

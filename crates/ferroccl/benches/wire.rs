@@ -1,4 +1,4 @@
-//! What the per-frame fingerprint costs: encoding a 40-byte header, and decoding plus
+//! What the per-frame fingerprint costs: encoding a 48-byte header, and decoding plus
 //! comparing it with the expected one on receipt. Set against a 1 KiB all-reduce
 //! (one frame per step) to see the fingerprint's share of small-message latency.
 
@@ -16,6 +16,7 @@ fn header() -> FrameHeader {
             count: 256,
             root: None,
             algo: Algorithm::RecursiveDoubling,
+            comm: 0,
         },
         step: 1,
         seg: 0,

@@ -68,33 +68,7 @@ pub struct Config {
     pub transport: TransportOptions,
 }
 
-/// Which algorithm an all-reduce uses ([`Tuning::all_reduce_algo`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AllReduceAlgo {
-    /// Recursive doubling up to [`Tuning::small_message_bytes`], the ring above
-    /// (hierarchical above on jobs of two or more hosts with the same number `k >= 2`
-    /// of ranks each; with [`Tuning::cost_model`], the least predicted time).
-    #[default]
-    Auto,
-    /// The ring: `2(n-1)` steps, `2(n-1)/n·S` bytes per rank.
-    Ring,
-    /// Recursive doubling: `log2 n` steps, the whole buffer at each (one frame, so
-    /// buffers over 4 GiB run the ring).
-    RecursiveDoubling,
-    /// Rabenseifner: the ring's bytes in `2·log2 n` steps (host buffers streamed over
-    /// links; a transport that reads peers' memory runs the ring).
-    Rabenseifner,
-    /// The pipelined double binary tree: `O(log n)` latency for any `n`, half the
-    /// buffer up and down each of two trees (host buffers streamed over links; a
-    /// transport that reads peers' memory runs the ring).
-    Tree,
-    /// Hierarchical: within each host a reduce-scatter, between hosts `k` rings on
-    /// `1/k` each, within each host an all-gather. Needs a transport that knows the
-    /// hosts (`auto`, `shm`) and the same number of ranks on every host; otherwise an
-    /// all-reduce fails with [`Error::Unavailable`].
-    Hierarchical,
-}
+pub use crate::algo::select::AllReduceAlgo;
 
 impl std::str::FromStr for AllReduceAlgo {
     type Err = Error;

@@ -23,9 +23,9 @@ pub enum Error {
     #[error("{op:?} is not supported for {dtype}: {why}")]
     UnsupportedOp {
         /// The requested operation.
-        op: crate::reduce::ReduceOp,
+        op: crate::dtype::ReduceOp,
         /// The element type it was asked for.
-        dtype: crate::reduce::DataType,
+        dtype: crate::dtype::DataType,
         /// What to do instead.
         why: &'static str,
     },
@@ -250,5 +250,163 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// `e`, raised on a child communicator (`split`, `group`) of id `id` whose rank `r` is
+/// job rank `global[r]`, naming the job rank beside every rank it names: the ranks in
+/// its fields stay the child's (what the caller numbers by), and its text says which
+/// processes they are.
+pub(crate) fn in_group(e: Error, id: u64, global: &[usize]) -> Error {
+    let job = |r: usize| global.get(r).map_or("?".to_string(), |g| g.to_string());
+    let pair = |a: usize, b: usize| {
+        format!(
+            " [communicator {id:#018x}: rank {a} is job rank {}, rank {b} is job rank {}]",
+            job(a),
+            job(b)
+        )
+    };
+    let all = || {
+        const SHOWN: usize = 16;
+        let mut list: Vec<String> = global.iter().take(SHOWN).map(|g| g.to_string()).collect();
+        if global.len() > SHOWN {
+            list.push(format!("... ({} in all)", global.len()));
+        }
+        format!(
+            " [communicator {id:#018x}: its ranks are job ranks {}]",
+            list.join(", ")
+        )
+    };
+    match e {
+        Error::PeerClosed { rank, peer, op } => Error::PeerClosed {
+            rank,
+            peer,
+            op: op + &pair(rank, peer),
+        },
+        Error::PeerFailed {
+            rank,
+            peer,
+            origin,
+            cause,
+            op,
+        } => Error::PeerFailed {
+            rank,
+            peer,
+            origin,
+            cause,
+            op: format!(
+                "{op}{} (rank {origin} is job rank {})",
+                pair(rank, peer),
+                job(origin)
+            ),
+        },
+        Error::Protocol {
+            rank,
+            peer,
+            op,
+            detail,
+        } => Error::Protocol {
+            rank,
+            peer,
+            op: op + &pair(rank, peer),
+            detail,
+        },
+        Error::Mismatch {
+            rank,
+            peer,
+            ours,
+            theirs,
+        } => Error::Mismatch {
+            rank,
+            peer,
+            ours: ours + &pair(rank, peer),
+            theirs,
+        },
+        Error::Timeout {
+            rank,
+            op,
+            after,
+            waiting_for,
+            peers,
+        } => Error::Timeout {
+            rank,
+            op: op + &all(),
+            after,
+            waiting_for,
+            peers,
+        },
+        Error::Aborted { rank, op } => Error::Aborted {
+            rank,
+            op: format!(
+                "{op} [communicator {id:#018x}: rank {rank} is job rank {}]",
+                job(rank)
+            ),
+        },
+        e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_childs_errors_name_the_job_ranks_too() {
+        let e = in_group(
+            Error::PeerClosed {
+                rank: 1,
+                peer: 0,
+                op: "all_reduce #3".into(),
+            },
+            0xab,
+            &[2, 5],
+        );
+        let t = e.to_string();
+        assert!(
+            matches!(
+                e,
+                Error::PeerClosed {
+                    rank: 1,
+                    peer: 0,
+                    ..
+                }
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("rank 1 is job rank 5, rank 0 is job rank 2"),
+            "{t}"
+        );
+        let e = in_group(
+            Error::PeerFailed {
+                rank: 0,
+                peer: 1,
+                origin: 2,
+                cause: "x".into(),
+                op: "barrier #0".into(),
+            },
+            1,
+            &[4, 6, 8],
+        );
+        assert!(e.to_string().contains("rank 2 is job rank 8"), "{e}");
+        let t = in_group(
+            Error::Timeout {
+                rank: 0,
+                op: "x".into(),
+                after: std::time::Duration::from_secs(1),
+                waiting_for: "y".into(),
+                peers: "z".into(),
+            },
+            1,
+            &(0..20).collect::<Vec<_>>(),
+        )
+        .to_string();
+        assert!(
+            t.contains("job ranks 0, 1, 2") && t.contains("(20 in all)"),
+            "{t}"
+        );
+        // Errors that name no peer are left alone.
+        let e = in_group(Error::InvalidArgument("z".into()), 1, &[0]);
+        assert_eq!(e.to_string(), "invalid argument: z");
     }
 }

@@ -156,6 +156,7 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod ddp;
+mod dtype;
 mod engine;
 pub mod error;
 pub mod reduce;
@@ -169,7 +170,7 @@ pub mod transport;
 pub(crate) mod wire;
 
 pub use algo::{sim, Algorithm, HostLayout};
-pub use comm::{AbortHandle, Communicator, Handle, Pending, Scope};
+pub use comm::{AbortHandle, Batch, Communicator, Handle, Pending, Scope};
 pub use config::{
     AllReduceAlgo, Clock, Config, ConfigBuilder, CostModel, CostModelSpec, TcpCongestion,
     TransportKind,

@@ -1,8 +1,9 @@
-//! Frames on a link: a fixed 40-byte header, then the payload.
+//! Frames on a link: a fixed 48-byte header, then the payload.
 //!
 //! Every frame names the collective it belongs to (its [`Fingerprint`]: kind, sequence
-//! number, dtype, op, element count, root) and its place in it (ring step, segment,
-//! payload length). The receiver knows exactly which frame it expects next, so it checks
+//! number, dtype, op, element count, root, and the communicator: 0 for the job's own,
+//! a child's id for a communicator made by `split` or `group`) and its place in it
+//! (ring step, segment, payload length). The receiver knows exactly which frame it expects next, so it checks
 //! the header against its own expectation: ranks that called different collectives, or
 //! the same one with different lengths, get [`crate::Error::Mismatch`] naming both sides
 //! instead of a hang or silently wrong data, and a frame from an older or newer
@@ -23,6 +24,7 @@
 //! | 28..32 | step |
 //! | 32..36 | segment |
 //! | 36..40 | payload bytes |
+//! | 40..48 | communicator id (0: the job's communicator) |
 
 use crate::algo::Algorithm;
 use crate::reduce::{DataType, ReduceOp};
@@ -31,7 +33,7 @@ use std::fmt;
 use std::io::{IoSlice, IoSliceMut};
 
 /// Bytes of a frame header.
-pub const HEADER_LEN: usize = 40;
+pub const HEADER_LEN: usize = 48;
 const FRAME_MAGIC: [u8; 4] = *b"FCCD";
 /// A failure notice instead of a frame: a rank that gives up tells each peer why
 /// before it shuts its links (bytes 4..8: the rank where the failure started; 36..40:
@@ -146,6 +148,15 @@ pub enum OpKind {
     /// A tagged point-to-point message (sequence numbers count per pair of ranks and
     /// the tag travels in the root field).
     SendRecv,
+    /// All-to-all (and all-to-allv): every rank sends a block to every other. A frame
+    /// carries the count of its own pair of ranks.
+    AllToAll,
+    /// Gather (and gatherv) to a root; a frame carries its pair's count.
+    Gather,
+    /// Scatter (and scatterv) from a root; a frame carries its pair's count.
+    Scatter,
+    /// `Communicator::split`: every rank's color and key, gathered by all.
+    Split,
 }
 
 impl OpKind {
@@ -159,9 +170,21 @@ impl OpKind {
             OpKind::Reduce => "reduce",
             OpKind::Barrier => "barrier",
             OpKind::SendRecv => "send/recv",
+            OpKind::AllToAll => "all_to_all",
+            OpKind::Gather => "gather",
+            OpKind::Scatter => "scatter",
+            OpKind::Split => "split",
         }
     }
-    const ALL: [OpKind; 7] = [
+
+    /// Whether a frame's count is its pair of ranks' (what the two exchange), not the
+    /// call's: the collectives whose every pair moves its own amount.
+    pub fn counts_per_pair(self) -> bool {
+        matches!(self, OpKind::AllToAll | OpKind::Gather | OpKind::Scatter)
+    }
+
+    // New kinds go at the end: a kind's code is its place here.
+    const ALL: [OpKind; 11] = [
         OpKind::AllReduce,
         OpKind::ReduceScatter,
         OpKind::AllGather,
@@ -169,6 +192,10 @@ impl OpKind {
         OpKind::Reduce,
         OpKind::Barrier,
         OpKind::SendRecv,
+        OpKind::AllToAll,
+        OpKind::Gather,
+        OpKind::Scatter,
+        OpKind::Split,
     ];
     pub(crate) fn code(self) -> u8 {
         Self::ALL.iter().position(|&k| k == self).unwrap_or(0) as u8 + 1
@@ -195,6 +222,9 @@ pub struct Fingerprint {
     pub root: Option<u32>,
     /// How the data moves.
     pub algo: Algorithm,
+    /// The communicator: 0 for the job's own, a child's id otherwise (never 0), so a
+    /// frame of one communicator can never be taken for another's.
+    pub comm: u64,
 }
 
 impl fmt::Display for Fingerprint {
@@ -207,6 +237,9 @@ impl fmt::Display for Fingerprint {
             self.dtype,
             self.count
         )?;
+        if self.kind.counts_per_pair() {
+            f.write_str(" between the two ranks")?;
+        }
         if let Some(op) = self.op {
             write!(f, ", {op}")?;
         }
@@ -215,7 +248,11 @@ impl fmt::Display for Fingerprint {
             (_, Some(root)) => write!(f, ", root {root}")?,
             _ => {}
         }
-        write!(f, ", {})", self.algo.name())
+        write!(f, ", {})", self.algo.name())?;
+        if self.comm != 0 {
+            write!(f, " on communicator {:#018x}", self.comm)?;
+        }
+        Ok(())
     }
 }
 
@@ -247,6 +284,7 @@ impl FrameHeader {
         b[28..32].copy_from_slice(&self.step.to_le_bytes());
         b[32..36].copy_from_slice(&self.seg.to_le_bytes());
         b[36..40].copy_from_slice(&self.len.to_le_bytes());
+        b[40..48].copy_from_slice(&self.fp.comm.to_le_bytes());
         b
     }
 
@@ -287,6 +325,7 @@ impl FrameHeader {
                 count: u64_at(16),
                 root,
                 algo,
+                comm: u64_at(40),
             },
             step: u32_at(28),
             seg: u32_at(32),
@@ -513,6 +552,7 @@ mod tests {
                 count: 1 << 40,
                 root: None,
                 algo: Algorithm::Ring,
+                comm: 0,
             },
             step: 3,
             seg: 9,
@@ -528,6 +568,7 @@ mod tests {
         r.fp.root = Some(5);
         r.fp.op = None;
         r.fp.algo = Algorithm::RecursiveDoubling;
+        r.fp.comm = 0x0123_4567_89ab_cdef;
         assert_eq!(FrameHeader::decode(&r.encode()), Ok(r));
     }
 
@@ -545,11 +586,18 @@ mod tests {
             header().fp.to_string(),
             "all_reduce #17 (bfloat16, 1099511627776 elements, max, ring)"
         );
+        let mut child = header().fp;
+        child.comm = 0xab;
+        assert_eq!(
+            child.to_string(),
+            "all_reduce #17 (bfloat16, 1099511627776 elements, max, ring) on communicator \
+             0x00000000000000ab"
+        );
     }
 
     proptest! {
         #[test]
-        fn decode_never_panics(bytes in proptest::array::uniform32(any::<u8>()), tail in any::<[u8; 8]>()) {
+        fn decode_never_panics(bytes in proptest::array::uniform32(any::<u8>()), tail in any::<[u8; 16]>()) {
             let mut b = [0u8; HEADER_LEN];
             b[..32].copy_from_slice(&bytes);
             b[32..].copy_from_slice(&tail);

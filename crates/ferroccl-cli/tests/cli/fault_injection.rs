@@ -267,6 +267,8 @@ fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
     let mut client =
         StoreClient::connect(&store.local_addr().to_string(), Duration::from_secs(5)).unwrap();
     let comm_id = client.join(1, 2).unwrap();
+    // Rank 0 waits for every rank's host before it links.
+    client.set("host/1", b"the fake rank's host").unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     client
         .set(
@@ -277,7 +279,7 @@ fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
     let fake = std::thread::spawn(move || {
         let mut s = common::accept_within(&listener, Duration::from_secs(20));
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut b = [0u8; 32];
+        let mut b = [0u8; 40];
         s.read_exact(&mut b).unwrap();
         let h = Hello::decode(&b).unwrap();
         let reply = Hello {
@@ -289,6 +291,7 @@ fn lying_peer(act: fn(&mut std::net::TcpStream)) -> Error {
             to_rank: 0,
             channel: h.channel,
             flags: 0,
+            group: h.group,
         };
         s.write_all(&reply.encode()).unwrap();
         let mut hdr = [0u8; HEADER_LEN];
@@ -346,6 +349,7 @@ fn a_socket_closed_mid_payload_is_a_closed_peer() {
                 count: 1 << 18,
                 root: None,
                 algo: ferroccl::Algorithm::Ring,
+                comm: 0,
             },
             step: 0,
             seg: 0,
@@ -357,13 +361,23 @@ fn a_socket_closed_mid_payload_is_a_closed_peer() {
         let _ = s.write_all(&vec![0u8; 1 << 18]);
         let _ = s.shutdown(std::net::Shutdown::Both);
     });
+    // The header says the call rank 0 made, with twice the bytes rank 0 expects in
+    // that segment: the same call split otherwise (a mismatch naming both lengths), or
+    // the hang-up seen first.
     assert!(
         matches!(
             e,
-            Error::PeerClosed { peer: 1, .. } | Error::Protocol { .. }
+            Error::PeerClosed { peer: 1, .. } | Error::Protocol { .. } | Error::Mismatch { .. }
         ),
         "{e}"
     );
+    if let Error::Mismatch { .. } = e {
+        let t = e.to_string();
+        assert!(
+            t.contains("262144 bytes") && t.contains("524288 bytes"),
+            "{t}"
+        );
+    }
 }
 
 /// The store dies during rendezvous: a rank still looking for its peers fails with a

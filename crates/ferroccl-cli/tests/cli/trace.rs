@@ -46,6 +46,8 @@ fn info(rank: usize, world_size: usize) -> RankInfo {
         capacity: 2048,
         dropped: 0,
         dumped_ns: 0,
+        comm: 0,
+        job_rank: None,
     }
 }
 

@@ -488,6 +488,7 @@ fn in_sub_chunk_order(
         outs: outs.into_iter().map(|x| x.1).collect(),
         ins: ins.into_iter().map(|x| x.1).collect(),
         lanes: None,
+        counts: None,
     }
 }
 

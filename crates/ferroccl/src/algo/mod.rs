@@ -16,6 +16,10 @@
 //! - [`hier`]: hierarchical all-reduce over hosts of `k` ranks (local ring
 //!   reduce-scatter, `k` rings between hosts, local all-gather) on a [`HostLayout`].
 //! - [`chain`]: broadcast and reduce as pipelined chains from a root.
+//! - [`direct`]: all-to-all (pairwise exchange), gather and scatter (a star with the
+//!   root agreement).
+//! - [`select`]: every decision before a call runs (algorithm, segments, which peers
+//!   link at start, push or pull), pure and tested on its own.
 //!
 //! # The plan contract
 //! A plan is two ordered lists. [`Out`]s leave in order, [`In`]s arrive in order (per
@@ -30,11 +34,13 @@
 //! on the same bytes are then ordered by [`Lanes::after_in`].
 
 pub(crate) mod chain;
+pub(crate) mod direct;
 pub(crate) mod doubling;
 pub(crate) mod halving;
 pub(crate) mod hier;
 pub(crate) mod ring;
 pub(crate) mod schedule;
+pub(crate) mod select;
 pub mod sim;
 pub(crate) mod tree;
 
@@ -222,6 +228,23 @@ pub(crate) struct Plan {
     pub ins: Vec<In>,
     /// Independent lanes, when the plan has more than one ([`Lanes`]).
     pub lanes: Option<Box<Lanes>>,
+    /// What each pair of ranks exchanges, for plans whose pairs each move their own
+    /// amount ([`PairCounts`]).
+    pub counts: Option<Box<PairCounts>>,
+}
+
+/// Per peer, the elements this rank sends to it and receives from it, for plans whose
+/// pairs each move their own amount (all-to-all(v), gather(v), scatter(v)): a frame's
+/// header carries its pair's count instead of the call's, so two ranks that disagree
+/// on what they exchange fail on the first frame between them (with segments cut
+/// alike, the frames would otherwise fit until the shorter message ended, and its
+/// receiver return with the first part of the longer one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PairCounts {
+    /// `send[q]`: elements this rank sends to rank `q`.
+    pub send: Vec<u64>,
+    /// `recv[q]`: elements this rank expects from rank `q`.
+    pub recv: Vec<u64>,
 }
 
 /// Lanes of a plan: each frame belongs to one, and an executor that keeps a cursor per

@@ -85,6 +85,7 @@ pub(crate) fn plan(
         outs,
         ins,
         lanes: None,
+        counts: None,
     }
 }
 

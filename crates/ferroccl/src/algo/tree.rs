@@ -274,6 +274,7 @@ pub(crate) fn plan(rank: usize, n: usize, count: usize, esize: usize, seg_elems:
             })
             .collect(),
         lanes: None,
+        counts: None,
     }
 }
 

@@ -7,9 +7,8 @@
 
 use super::scope::{job_over, JobFn};
 use super::Communicator;
-use crate::algo::{
-    self, all_reduce_plan, chain, doubling, hier, ring, schedule, tree, Algorithm, Plan,
-};
+use crate::algo::select::chain_segment;
+use crate::algo::{all_reduce_plan, chain, doubling, hier, ring, schedule, tree, Algorithm, Plan};
 use crate::engine::{Data, Engine, PullCall};
 use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
@@ -76,67 +75,6 @@ fn execute(
     }
 }
 
-/// What a frame's fixed cost (its header, a system call, a wake-up) is worth in bytes
-/// on the links a chain is cut for: about 5 µs at 12.5 GB/s.
-const CHAIN_FRAME_COST_BYTES: f64 = 64.0 * 1024.0;
-
-/// Segment bytes of a chain over `len` bytes on `n` ranks.
-///
-/// Cut in `k` segments of `g` bytes, a chain takes `k + n - 2` segment times plus `k`
-/// frames' fixed cost `E`: `S/B + (n-2)·g/B + (S/g)·E/B`, least at
-/// `g = sqrt(S·E/(n-2))` (with `E` = [`CHAIN_FRAME_COST_BYTES`]), kept between 64 KiB
-/// (`MIN_AUTO_SEGMENT_BYTES`, the auto-sized segments' floor elsewhere too; or the
-/// configured segment, if smaller) and the configured segment. Two ranks have
-/// no rank in between to fill, and take the configured segment. With the configured
-/// 512 KiB alone, a 1 MiB broadcast over 8 ranks was 2 segments taking 8 segment
-/// times, 4x `S/B`; this cuts it in 10 (1.6x). Pulled, it is `n` segments, so that the
-/// chain is `n` deep.
-pub(super) fn chain_segment(
-    pulled: bool,
-    len: usize,
-    n: usize,
-    esize: usize,
-    configured: usize,
-) -> usize {
-    if pulled {
-        return algo::segment_bytes(len.div_ceil(n).max(esize), esize);
-    }
-    if n <= 2 {
-        return algo::segment_bytes(configured, esize);
-    }
-    let best = (len as f64 * CHAIN_FRAME_COST_BYTES / (n - 2) as f64).sqrt();
-    let floor = algo::schedule::MIN_AUTO_SEGMENT_BYTES.min(configured);
-    // Whole elements in `k` even segments, none above the configured segment nor below
-    // the floor; of the counts around the continuous optimum, the one the model
-    // prefers (the floor can leave a short last segment).
-    let es = esize.max(1);
-    let elems = len.div_ceil(es);
-    let fewest = elems.div_ceil((configured / es).max(1)).max(1);
-    let segment =
-        |k: usize| (elems.div_ceil(k.max(fewest)) * es).clamp(floor, configured.max(floor));
-    let x = len as f64 / best;
-    let at_floor = len / floor.max(1);
-    [
-        x.floor() as usize,
-        x.ceil() as usize,
-        fewest,
-        at_floor,
-        at_floor + 1,
-    ]
-    .into_iter()
-    .map(segment)
-    .min_by(|&a, &b| chain_cost(len, n, a).total_cmp(&chain_cost(len, n, b)))
-    .map_or(configured, |g| algo::segment_bytes(g, esize))
-}
-
-/// A chain's time under the model [`chain_segment`] minimises, in byte-times: `k`
-/// segments of `g` bytes over `n` ranks take `k + n - 2` segment times plus `k` frames'
-/// fixed cost.
-fn chain_cost(len: usize, n: usize, g: usize) -> f64 {
-    let k = len.div_ceil(g.max(1)) as f64;
-    (k + n as f64 - 2.0) * g as f64 + k * CHAIN_FRAME_COST_BYTES
-}
-
 impl Communicator {
     // ---- job builders: validate, fingerprint, and capture the buffers ----
     //
@@ -151,7 +89,7 @@ impl Communicator {
         let (n, seg, pull) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.host_pull,
+            self.policy().pull(),
         );
         let (count, es) = (buf.len(), size_of::<T>());
         Ok(job_over(buf, move |e, b| {
@@ -204,7 +142,7 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.host_pull,
+            self.policy().pull(),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {
@@ -244,7 +182,7 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.host_pull,
+            self.policy().pull(),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {
@@ -280,7 +218,7 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.host_pull,
+            self.policy().pull(),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {
@@ -560,48 +498,5 @@ impl Communicator {
                 counts[r]
             )
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chain_segments_shorten_the_fill_and_stay_in_bounds() {
-        let configured = crate::config::DEFAULT_SEGMENT_BYTES;
-        for n in [2usize, 3, 4, 5, 7, 8, 16, 33, 64, 1000] {
-            for shift in 10..=28 {
-                for len in [1usize << shift, (1 << shift) + 24, 3 << (shift - 2)] {
-                    // The best segment in bounds under the model.
-                    let min = algo::schedule::MIN_AUTO_SEGMENT_BYTES;
-                    let best = (1..=len.div_ceil(min))
-                        .map(|k| chain_cost(len, n, len.div_ceil(k).clamp(min, configured)))
-                        .fold(f64::INFINITY, f64::min);
-                    for es in [1usize, 2, 8] {
-                        let g = chain_segment(false, len, n, es, configured);
-                        assert_eq!(g % es, 0, "n {n} len {len} es {es}: {g}");
-                        if n == 2 {
-                            assert_eq!(g, configured, "two ranks keep the configured segment");
-                            continue;
-                        }
-                        assert!((min..=configured).contains(&g), "n {n} len {len}: {g}");
-                        // Never worse than the configured segment under the model, and
-                        // within 3% of the best segment in bounds.
-                        let got = chain_cost(len, n, g);
-                        assert!(got <= chain_cost(len, n, configured) * (1.0 + 1e-9));
-                        assert!(got <= best * 1.03, "n {n} len {len}: {got} vs {best}");
-                    }
-                }
-            }
-        }
-        // The case that was 4x S/B: 1 MiB over 8 ranks in 2 segments of 512 KiB took
-        // 8 segment times; now its segment times add up to less than half of that.
-        let g = chain_segment(false, 1 << 20, 8, 4, configured);
-        let k = (1usize << 20).div_ceil(g);
-        assert!(2 * (k + 6) * g < 8 * configured, "{k} segments of {g}");
-        // A configured segment below the floor is kept; pulled chains are `n` deep.
-        assert_eq!(chain_segment(false, 1 << 20, 8, 4, 4096), 4096);
-        assert_eq!(chain_segment(true, 1 << 20, 8, 4, configured), 1 << 17);
     }
 }

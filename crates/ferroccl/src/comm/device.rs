@@ -11,9 +11,9 @@
 //! waits under the communicator's timeout and abort handle, and a failure — a CUDA
 //! error included — poisons the communicator.
 
-use super::collectives::chain_segment;
 use super::Communicator;
 use crate::algo::all_reduce_plan;
+use crate::algo::select::chain_segment;
 use crate::algo::{chain, ring, schedule, Algorithm, Plan};
 use crate::cuda::mem::{dtoh, htod};
 use crate::cuda::staging::{with_pinned, DeviceCombine};

@@ -6,7 +6,10 @@
 //! - `collectives.rs`: the host-memory collectives.
 //! - `scope.rs`: non-blocking forms ([`Scope`], [`Handle`], [`Pending`]) and
 //!   [`AbortHandle`].
-//! - `p2p.rs`: tagged send/recv.
+//! - `direct.rs`: all-to-all(v), gather(v), scatter(v).
+//! - `group.rs`: sub-communicators (`split`, `group`, `split_by_host`).
+//! - `p2p.rs`: tagged send/recv, blocking, in a scope, and in batches, on an engine
+//!   of their own.
 //! - `device.rs` (feature `cuda`): the same collectives on device memory.
 //!
 //! The communicator chooses the algorithm and builds the plan ([`crate::algo`]), and
@@ -16,19 +19,23 @@
 mod collectives;
 #[cfg(feature = "cuda")]
 mod device;
+mod direct;
+mod group;
 mod meet;
 mod model;
 mod p2p;
 mod scope;
 
+pub use p2p::Batch;
 pub use scope::{AbortHandle, Handle, Pending, Scope};
 
-use crate::algo::{doubling, schedule, Algorithm, HostLayout};
+use crate::algo::select::{link_peers, Model, Policy};
+use crate::algo::{Algorithm, HostLayout};
 use crate::config::Config;
-use crate::engine::Engine;
+use crate::engine::{recorder, Engine, Health};
 use crate::error::{Error, Result};
 use crate::reduce::{check_op, DataType, Element, ReduceOp};
-use crate::rendezvous::{StoreClient, StoreServer};
+use crate::rendezvous::{hosts, StoreClient, StoreServer};
 use crate::sync::{lock, wait};
 use crate::trace::now_ns;
 use crate::transport::{self, Channel, Joined, Links, Transport, TransportKind};
@@ -36,8 +43,6 @@ use crate::wire::{Fingerprint, OpKind, WireStats};
 use scope::{Completion, JobFn};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -65,12 +70,18 @@ pub struct Communicator {
     rank: usize,
     world_size: usize,
     cfg: Config,
+    /// Where this communicator sits in the job (its id, its ranks' job ranks and
+    /// hosts).
+    family: Family,
+    /// What carries its links (`tcp`, `auto`, `local`, ...), for its children.
+    transport: String,
     seq: Cell<u64>,
-    /// Point-to-point sequence numbers: messages sent to / received from each peer.
-    p2p_seq: RefCell<(Vec<u64>, Vec<u64>)>,
+    /// Point-to-point: sequence numbers per peer, and the engine the operations run on.
+    p2p: p2p::P2p,
     shared: Arc<Shared>,
     worker: RefCell<Option<std::thread::JoinHandle<()>>>,
-    abort: Arc<AtomicBool>,
+    /// The abort flag and the poison, shared by this communicator's engines.
+    health: Arc<Health>,
     /// Working copy for out-of-place forms that reduce in place (8-byte aligned).
     work: RefCell<Vec<u64>>,
     /// Whether host-memory collectives run on the transport's memory peers (a
@@ -82,9 +93,41 @@ pub struct Communicator {
     /// Whether device-memory collectives run on the transport's memory peers (CUDA IPC).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     device_pull: bool,
-    // Kept alive for the communicator's lifetime: ranks may still be reading it.
-    _store_server: Option<StoreServer>,
+    // Kept alive for the communicator's lifetime (and its children's): ranks may
+    // still be reading it.
+    _store_server: Option<Arc<StoreServer>>,
 }
+
+/// A communicator's place in its job: the job's own (id 0), or a child of one.
+#[derive(Clone, Debug)]
+struct Family {
+    /// On every frame: 0 for the job's communicator, a child's id otherwise.
+    id: u64,
+    /// What the ids of this communicator's children are derived from (the job's
+    /// communicator id for the job's own; a child's id for a child), so that every
+    /// member derives the same one and no two communicators of a job share one.
+    base: u64,
+    /// The job rank of each of this communicator's ranks.
+    global: Arc<[usize]>,
+    /// Each rank's host identity, if known.
+    hosts: Option<Arc<[String]>>,
+}
+
+impl Family {
+    /// The job's own communicator of `n` ranks, its children's ids derived from `base`.
+    fn root(n: usize, base: u64, hosts: Option<Vec<String>>) -> Self {
+        Family {
+            id: 0,
+            base,
+            global: (0..n).collect(),
+            hosts: hosts.filter(|h| h.len() == n).map(Arc::from),
+        }
+    }
+}
+
+/// The base of the ids of threads' and custom links' communicators (which have no
+/// store-given id): any constant will do, since their links are theirs alone.
+const LOCAL_BASE: u64 = u64::from_le_bytes(*b"ferroccl");
 
 /// What the issuing thread and the background worker share.
 struct Shared {
@@ -119,24 +162,6 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// The ranks a rank links to when it starts: its ring neighbours, its
-/// recursive-doubling partners (at most `2 + log2 n`) and, on hosts of several ranks
-/// each, its hierarchical neighbours (at most 4 more). Other peers are linked on first
-/// point-to-point use.
-fn link_peers(rank: usize, n: usize, layout: Option<&HostLayout>) -> Vec<usize> {
-    if n == 1 {
-        return vec![];
-    }
-    let mut v = vec![schedule::left(rank, n), schedule::right(rank, n)];
-    v.extend(doubling::peers(rank, n));
-    if let Some(l) = layout.filter(|l| hierarchical_shape(l).is_some()) {
-        v.extend(l.peers(rank));
-    }
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
 /// Whether `local_ranks` ranks on this host share fewer CPUs than that: the CPUs this
 /// process may use (affinity and cgroup quota), unless its affinity is narrower than
 /// the host (a launcher that pins each rank gave the others CPUs of their own; then the
@@ -151,12 +176,6 @@ fn oversubscribed(local_ranks: usize) -> bool {
         std::thread::available_parallelism().ok().map(|c| c.get())
     };
     cpus.is_some_and(|c| local_ranks > c)
-}
-
-/// `(hosts, ranks per host)` of a layout the hierarchical all-reduce improves on: two
-/// hosts or more, of the same number `k >= 2` of ranks.
-fn hierarchical_shape(l: &HostLayout) -> Option<(usize, usize)> {
-    l.shape().filter(|&(h, k)| h >= 2 && k >= 2)
 }
 
 impl Communicator {
@@ -209,12 +228,29 @@ impl Communicator {
                 }
             })
         };
+        // Which host every rank is on, the same list on every rank, whatever the
+        // transport: the hierarchical algorithms, `split_by_host` and the waits'
+        // spinning rule go by it, and the transport may link by it (`auto`, `shm`
+        // read their peers' as they link). Said before the transport links, and
+        // gathered after (its address is out by then, so no peer waits on it).
+        let me = hosts::identity(&cfg.transport.shm.host_tag);
+        hosts::publish(&mut store, j.rank, &me)?;
+        let (rank, n) = (j.rank, j.world_size);
+        let mut hosts_store = StoreClient::connect_with_token(
+            &j.master_addr,
+            cfg.tuning.connect_timeout,
+            j.token.as_deref(),
+        )?;
         let links = transport.connect(Joined {
             config: cfg.clone(),
             comm_id,
             store,
         })?;
-        let mut c = Self::assemble(cfg, links, server, transport.name())?;
+        let host_list = hosts::collect(&mut hosts_store, rank, n, cfg.tuning.connect_timeout)?;
+        drop(hosts_store);
+        let family = Family::root(cfg.job.world_size, comm_id, Some(host_list));
+        let server = server.map(Arc::new);
+        let mut c = Self::assemble(cfg, links, server, transport.name(), family)?;
         if let Some((offset, err)) = clock {
             lock(&c.shared.engine).rec.set_clock(offset, Some(err));
         }
@@ -233,15 +269,19 @@ impl Communicator {
     /// `world_size` communicators linked by in-process pipes, one per thread-rank
     /// (element `r` is rank `r`). `base` supplies the tuning (timeouts, segment size);
     /// its rank, world size and address are ignored, so `&Config::default()` will do.
+    /// The threads are one host ([`Communicator::host_layout`]).
     pub fn local_group(world_size: usize, base: &Config) -> Result<Vec<Self>> {
         base.for_rank(0, world_size).validate()?;
+        let host = hosts::identity(&base.transport.shm.host_tag);
         transport::local::group(world_size, transport::local::PIPE_CAPACITY)
             .into_iter()
             .enumerate()
             .map(|(r, links)| {
                 let mut cfg = base.for_rank(r, world_size);
                 cfg.transport.kind = TransportKind::Local;
-                Self::assemble(cfg, links, None, "local")
+                let family =
+                    Family::root(world_size, LOCAL_BASE, Some(vec![host.clone(); world_size]));
+                Self::assemble(cfg, links, None, "local", family)
             })
             .collect()
     }
@@ -249,56 +289,95 @@ impl Communicator {
     /// A communicator for rank `cfg.job.rank` over links made elsewhere (a transport of
     /// your own, or a test fabric); it connects its neighbours now, as
     /// [`Communicator::init`] does. The store address and transport kind of `cfg` are
-    /// not used.
+    /// not used; which ranks share a host is what the links say
+    /// ([`Links::hosts`](crate::transport::Links)), if they do.
     pub fn with_links(cfg: Config, links: Links) -> Result<Self> {
         cfg.validate()?;
-        Self::assemble(cfg, links, None, "custom")
+        let family = Family::root(cfg.job.world_size, LOCAL_BASE, links.hosts.clone());
+        Self::assemble(cfg, links, None, "custom", family)
     }
 
+    /// A communicator of rank `cfg.job.rank` of `cfg.job.world_size` over `links`, in
+    /// `family`: its engines (collectives', and point-to-point's on links of their own
+    /// where the transport makes groups), its recorder, and its first links.
     fn assemble(
         cfg: Config,
-        links: Links,
-        server: Option<StoreServer>,
+        mut links: Links,
+        server: Option<Arc<StoreServer>>,
         transport: &str,
+        family: Family,
     ) -> Result<Self> {
         let (rank, n) = (cfg.job.rank, cfg.job.world_size);
         let host_pull = links.mem.as_ref().is_some_and(|m| m.host_memory());
         let device_pull = links.mem.as_ref().is_some_and(|m| !m.host_memory());
-        let layout = links
-            .hosts
-            .as_ref()
-            .filter(|h| h.len() == n)
-            .map(|h| HostLayout::from_hosts(h));
-        // Ranks of this host: from the transport's host list, all of them for threads
-        // of one process, else as the launcher says.
-        let local_ranks = match &links.hosts {
-            Some(h) if h.len() == n => Some(h.iter().filter(|x| **x == h[rank]).count()),
-            _ if transport == "local" => Some(n),
-            _ => cfg.job.local_world_size,
+        let layout = family.hosts.as_ref().map(|h| HostLayout::from_hosts(h));
+        // Ranks of this host: from the host list, else as the launcher says.
+        let local_ranks = match &family.hosts {
+            Some(h) => Some(h.iter().filter(|x| **x == h[rank]).count()),
+            None => cfg.job.local_world_size,
         };
-        let mut engine = Engine::new(rank, n, cfg.tuning.clone(), links, transport);
-        engine.spin = !local_ranks.is_some_and(oversubscribed);
+        let health = Arc::new(Health::default());
+        let rec = recorder(rank, n, transport, cfg.tuning.trace_capacity);
+        rec.set_group(family.id, family.global[rank]);
+        // Point-to-point runs on links of its own (a group of the same ranks), so that
+        // it progresses whatever the collectives do; a transport that cannot make
+        // groups runs it on the collectives' engine, in turn with them.
+        let p2p_links = if n > 1 {
+            let spec = transport::GroupSpec {
+                id: group::derive(family.base, b"p2p", &[]),
+                members: (0..n).collect(),
+            };
+            match links.connector.group(&spec) {
+                Ok(l) => Some(l),
+                Err(Error::Unavailable { .. }) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        let spin = !local_ranks.is_some_and(oversubscribed);
+        let mut engine = Engine::new(
+            rank,
+            n,
+            cfg.tuning.clone(),
+            links,
+            rec.clone(),
+            health.clone(),
+        );
+        engine.spin = spin;
+        engine.set_group(family.id, family.global.clone());
+        let p2p = p2p::P2p::new(
+            n,
+            p2p_links.map(|l| {
+                let mut e = Engine::new(rank, n, cfg.tuning.clone(), l, rec, health.clone());
+                e.spin = spin;
+                e.set_group(family.id, family.global.clone());
+                e
+            }),
+            &health,
+        );
         // Connect higher ranks first: they are the ones accepting (see transport::tcp).
         let deadline = Instant::now() + cfg.tuning.connect_timeout;
         let mut peers = link_peers(rank, n, layout.as_ref());
-        peers.sort_by_key(|&p| (p < rank, p));
+        peers.sort_by_key(|&p| (family.global[p] < family.global[rank], p));
         for p in peers {
             engine.connect(Channel::Collective, p, deadline)?;
         }
-        let abort = engine.abort.clone();
         Ok(Communicator {
-            abort,
             work: RefCell::new(Vec::new()),
             rank,
             world_size: n,
+            family,
+            transport: transport.to_string(),
             seq: Cell::new(0),
-            p2p_seq: RefCell::new((vec![0; n], vec![0; n])),
+            p2p,
             shared: Arc::new(Shared {
                 engine: Mutex::new(engine),
                 queue: Mutex::new(Queue::default()),
                 cv: Condvar::new(),
             }),
             worker: RefCell::new(None),
+            health,
             host_pull,
             layout,
             device_pull,
@@ -370,7 +449,7 @@ impl Communicator {
 
     /// A handle that can abort this communicator from any thread (see [`AbortHandle`]).
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle::new(self.abort.clone())
+        AbortHandle::new(self.health.abort.clone())
     }
 
     /// Writes this rank's flight recorder ([`crate::trace`]) to `dir/rank-<rank>.jsonl`
@@ -385,72 +464,50 @@ impl Communicator {
 
     /// Why this communicator is unusable, if it is.
     pub fn poisoned(&self) -> Option<String> {
-        lock(&self.shared.engine).poisoned.clone()
+        self.health.poisoned().map(|p| p.why)
     }
 
-    /// Which ranks share a host, as every rank of this communicator sees it; `None`
-    /// when the transport does not say (only `auto` and `shm` do).
+    /// Which ranks share a host, as every rank of this communicator sees it (every
+    /// communicator made by [`Communicator::init`] or [`Communicator::local_group`],
+    /// and their children, knows); `None` for links made elsewhere that do not say.
     pub fn host_layout(&self) -> Option<&HostLayout> {
         self.layout.as_ref()
+    }
+
+    /// The decisions of this communicator's calls ([`crate::algo`]'s `select.rs`):
+    /// its shape, links and tuning, as every rank has them alike.
+    pub(super) fn policy(&self) -> Policy<'_> {
+        let t = &self.cfg.tuning;
+        Policy {
+            world_size: self.world_size,
+            host_pull: self.host_pull,
+            layout: self.layout.as_ref(),
+            forced: t.all_reduce_algo,
+            small_message_bytes: t.small_message_bytes,
+            segment_bytes: t.segment_bytes,
+            model: t.cost_model.map(|m| Model {
+                alpha: m.alpha,
+                bandwidth: m.bandwidth,
+                reduce: m.reduce,
+                within_host: m.within_host,
+            }),
+        }
     }
 
     /// The algorithm an all-reduce of `bytes` bytes of host memory uses on this
     /// communicator. Forced [`AllReduceAlgo::Hierarchical`](crate::config::AllReduceAlgo)
     /// is reported as such even where it cannot run (the call then fails).
     pub fn all_reduce_algorithm(&self, bytes: usize) -> Algorithm {
-        use crate::config::AllReduceAlgo;
-        // Recursive doubling sends the whole buffer as one frame.
-        let rd_fits = self.world_size > 1 && !self.host_pull && bytes <= u32::MAX as usize;
-        let hier = self.hierarchical_shape();
-        match self.cfg.tuning.all_reduce_algo {
-            AllReduceAlgo::RecursiveDoubling if rd_fits => Algorithm::RecursiveDoubling,
-            AllReduceAlgo::Rabenseifner if self.world_size > 1 && !self.host_pull => {
-                Algorithm::Rabenseifner
-            }
-            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
-            AllReduceAlgo::Hierarchical => Algorithm::Hierarchical,
-            AllReduceAlgo::Auto if self.world_size > 1 && !self.host_pull => {
-                match self.cfg.tuning.cost_model {
-                    // The least predicted time on the configured network.
-                    Some(m) => {
-                        use crate::algo::sim::{choose_by_model, Network};
-                        let mut net = Network::flat(m.alpha, m.bandwidth, 1.0 / m.reduce);
-                        if let Some((_, k)) = hier {
-                            net.ranks_per_host = k;
-                            (net.intra_alpha, net.intra_beta) =
-                                m.within_host.unwrap_or((m.alpha, m.bandwidth));
-                        }
-                        choose_by_model(
-                            self.world_size,
-                            // Bytes as one-byte elements: the model needs no alignment.
-                            bytes,
-                            1,
-                            self.cfg.tuning.segment_bytes,
-                            &net,
-                        )
-                    }
-                    None if bytes <= self.cfg.tuning.small_message_bytes && rd_fits => {
-                        Algorithm::RecursiveDoubling
-                    }
-                    None if hier.is_some() => Algorithm::Hierarchical,
-                    None => Algorithm::Ring,
-                }
-            }
-            _ => Algorithm::Ring,
-        }
+        self.policy().all_reduce(bytes)
     }
 
     /// The algorithm a broadcast or reduce uses on this communicator: a pipelined
-    /// binary tree from the root when [`Tuning::all_reduce_algo`] is
-    /// [`AllReduceAlgo::Tree`](crate::config::AllReduceAlgo::Tree)
+    /// binary tree from the root when [`Tuning::all_reduce_algo`](crate::config::Tuning)
+    /// is [`AllReduceAlgo::Tree`](crate::config::AllReduceAlgo::Tree)
     /// (`FERROCCL_ALGO=tree`) and the buffers are streamed over links, the chain
     /// otherwise. Both keep the root agreement ([`crate::algo`]'s `chain.rs`).
     pub fn rooted_algorithm(&self) -> Algorithm {
-        use crate::config::AllReduceAlgo;
-        match self.cfg.tuning.all_reduce_algo {
-            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
-            _ => Algorithm::Chain,
-        }
+        self.policy().rooted()
     }
 
     /// The algorithm a reduce-scatter or all-gather of host memory uses on this
@@ -462,21 +519,7 @@ impl Communicator {
     /// each host's link instead of the flat ring's `(N-1)/N·S`, so it is taken at every
     /// size.
     pub fn reduce_scatter_algorithm(&self) -> Algorithm {
-        use crate::config::AllReduceAlgo;
-        match self.cfg.tuning.all_reduce_algo {
-            AllReduceAlgo::Hierarchical => Algorithm::Hierarchical,
-            AllReduceAlgo::Auto if self.hierarchical_shape().is_some() => Algorithm::Hierarchical,
-            _ => Algorithm::Ring,
-        }
-    }
-
-    /// `(hosts, ranks per host)` where the hierarchical algorithms can run here: hosts
-    /// of k >= 2 ranks, at least two of them, all alike, over links (not memory peers).
-    fn hierarchical_shape(&self) -> Option<(usize, usize)> {
-        self.layout
-            .as_ref()
-            .filter(|_| !self.host_pull)
-            .and_then(hierarchical_shape)
+        self.policy().reduce_scatter()
     }
 
     /// The algorithm an all-gather uses: as [`Self::reduce_scatter_algorithm`].
@@ -498,34 +541,30 @@ impl Communicator {
         algo: Algorithm,
         what: &str,
     ) -> Result<(Algorithm, HostLayout)> {
-        if algo != Algorithm::Hierarchical {
-            return Ok((algo, HostLayout::flat(self.world_size)));
-        }
-        let why = match (&self.layout, self.host_pull) {
-            (_, true) => "this transport reads peers' memory (it runs the ring)".to_string(),
-            (None, _) => "the transport does not say which ranks share a host (use \
-                          FERROCCL_TRANSPORT=auto)"
-                .to_string(),
-            (Some(l), _) if l.shape().is_none() => format!(
-                "the hosts have different numbers of ranks ({})",
-                l.hosts()
-                    .iter()
-                    .map(|h| h.len().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            (Some(l), _) => return Ok((algo, l.clone())),
-        };
-        Err(self.refuse(Error::Unavailable {
-            what: what.into(),
-            why,
-        }))
+        self.policy().runnable(algo).map_err(|why| {
+            self.refuse(Error::Unavailable {
+                what: what.into(),
+                why,
+            })
+        })
     }
 
     // ---- execution ----
 
     /// Blocks until every background operation has finished.
     fn wait_idle(&self) {
+        {
+            let mut q = lock(&self.shared.queue);
+            while q.pending > 0 {
+                q = wait(&self.shared.cv, q);
+            }
+        }
+        self.p2p.wait_idle();
+    }
+
+    /// Blocks until every background collective has finished (not point-to-point
+    /// operations, which run apart).
+    fn wait_collectives(&self) {
         let mut q = lock(&self.shared.queue);
         while q.pending > 0 {
             q = wait(&self.shared.cv, q);
@@ -536,7 +575,7 @@ impl Communicator {
     /// wrapper (poison check before, poisoning on failure).
     fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
         let issued = now_ns();
-        self.wait_idle();
+        self.wait_collectives();
         lock(&self.shared.engine).run(issued, job)
     }
 
@@ -619,6 +658,7 @@ impl Communicator {
             count: count as u64,
             root: root.map(|r| r as u32),
             algo,
+            comm: self.family.id,
         }
     }
 }
@@ -668,6 +708,7 @@ fn run_job(shared: &Shared, job: Job) {
 impl Drop for Communicator {
     fn drop(&mut self) {
         self.wait_idle();
+        self.p2p.shutdown();
         lock(&self.shared.queue).shutdown = true;
         self.shared.cv.notify_all();
         if let Some(h) = self.worker.get_mut().take() {

@@ -1,68 +1,275 @@
-//! Tagged point-to-point messages between two ranks, on their own channel.
+//! Point-to-point: tagged sends and receives, blocking ([`Communicator::send`],
+//! [`Communicator::recv`]), in batches that progress together
+//! ([`Communicator::p2p_batch`]), and in a [`super::Scope`] (`Scope::send`,
+//! `Scope::recv`), on an engine of their own (`engine/p2p.rs`).
+//!
+//! Messages between two ranks are matched in the order they were posted: the
+//! receiver's next receive from a rank takes that rank's next send to it, which must
+//! carry the same tag, type and length, or both fail with [`Error::Mismatch`]. (Tags
+//! check; they do not reorder, unlike MPI's.) Sends and receives to and from different
+//! ranks, and the two directions with one rank, are not ordered at all: everything
+//! posted progresses at once, so any order of posting between any ranks completes.
 
+use super::scope::{Completion, JobFn};
 use super::Communicator;
-use crate::algo::{self, Algorithm, In, Land, Out, Plan};
-use crate::engine::Data;
-use crate::error::Result;
-use crate::reduce::{Element, NoCombine};
-use crate::transport::Channel;
+use crate::algo::{self, Algorithm};
+use crate::engine::{Engine, Health, OpBuffer, P2pOp, P2pSource};
+use crate::error::{Error, Result};
+use crate::reduce::Element;
+use crate::sync::{lock, wait};
+use crate::trace::now_ns;
+use crate::transport::Waker;
 use crate::wire::{Fingerprint, OpKind};
+use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::mem::size_of;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// A communicator's point-to-point state: the sequence numbers of its messages per
+/// peer, and where its operations run.
+pub(super) struct P2p {
+    /// Messages sent to / received from each peer.
+    seq: RefCell<(Vec<u64>, Vec<u64>)>,
+    /// The engine of its own links and the queue its thread serves; `None` where the
+    /// transport makes no groups (then operations run on the collectives' engine, in
+    /// turn with them, a batch at a time).
+    own: Option<Arc<P2pShared>>,
+    worker: RefCell<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What the posting thread and the point-to-point thread share.
+pub(super) struct P2pShared {
+    engine: Mutex<Engine>,
+    queue: Mutex<P2pQueue>,
+    /// Signals posted operations (to the thread) and finished ones (to waiters).
+    cv: Condvar,
+    /// Ends the thread's sleep on its links when something is posted.
+    waker: Option<Waker>,
+}
+
+#[derive(Default)]
+struct P2pQueue {
+    ops: Vec<P2pOp>,
+    /// Operations posted and not yet finished.
+    pending: usize,
+    /// The communicator was poisoned: the thread wakes to shut its links.
+    poked: bool,
+    shutdown: bool,
+}
+
+impl P2pSource for P2pShared {
+    fn take(&self, into: &mut Vec<P2pOp>) {
+        into.append(&mut lock(&self.queue).ops);
+    }
+
+    fn wait(&self) -> bool {
+        let mut q = lock(&self.queue);
+        loop {
+            if !q.ops.is_empty() || std::mem::take(&mut q.poked) {
+                return true;
+            }
+            if q.shutdown {
+                return false;
+            }
+            q = wait(&self.cv, q);
+        }
+    }
+}
+
+/// A fixed set of operations, for a transport without groups: run as one job on the
+/// collectives' engine.
+struct Fixed(Mutex<Vec<P2pOp>>);
+
+impl P2pSource for Fixed {
+    fn take(&self, into: &mut Vec<P2pOp>) {
+        into.append(&mut lock(&self.0));
+    }
+
+    fn wait(&self) -> bool {
+        false
+    }
+}
+
+/// A posted operation's buffer, as raw parts: the poster (a blocking call, a batch or
+/// a scope) keeps the memory alive and untouched until the operation is over.
+struct RawBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointee is only touched by the operation (see `RawBuf`).
+unsafe impl Send for RawBuf {}
+
+impl OpBuffer for RawBuf {
+    fn read(&self) -> &[u8] {
+        // SAFETY: `ptr..len` is a live buffer the poster does not touch while the
+        // operation runs (the `RawBuf` contract); a send only reads it.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn write(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and a receive's buffer was lent mutably: nothing else
+        // reads or writes it while the operation runs.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl P2p {
+    /// The point-to-point state of rank `n`'s communicator; `engine` runs its
+    /// operations on links of their own (none: on the collectives' engine).
+    pub(super) fn new(n: usize, engine: Option<Engine>, health: &Arc<Health>) -> Self {
+        let own = engine.map(|e| {
+            let waker = e.waker();
+            let shared = Arc::new(P2pShared {
+                engine: Mutex::new(e),
+                queue: Mutex::new(P2pQueue::default()),
+                cv: Condvar::new(),
+                waker,
+            });
+            // A poisoning elsewhere wakes the thread (idle, or asleep on its links) so
+            // that it tells its peers and shuts its links.
+            let s = Arc::downgrade(&shared);
+            health.on_poison(Waker::new(move || {
+                if let Some(s) = s.upgrade() {
+                    lock(&s.queue).poked = true;
+                    s.cv.notify_all();
+                    if let Some(w) = &s.waker {
+                        w.wake();
+                    }
+                }
+            }));
+            shared
+        });
+        P2p {
+            seq: RefCell::new((vec![0; n], vec![0; n])),
+            own,
+            worker: RefCell::new(None),
+        }
+    }
+
+    /// Blocks until every operation posted has finished.
+    pub(super) fn wait_idle(&self) {
+        if let Some(s) = &self.own {
+            let mut q = lock(&s.queue);
+            while q.pending > 0 {
+                q = wait(&s.cv, q);
+            }
+        }
+    }
+
+    /// Stops the thread (after [`P2p::wait_idle`]).
+    pub(super) fn shutdown(&self) {
+        if let Some(s) = &self.own {
+            lock(&s.queue).shutdown = true;
+            s.cv.notify_all();
+            if let Some(w) = &s.waker {
+                w.wake();
+            }
+            if let Some(h) = self.worker.borrow_mut().take() {
+                let _ = h.join();
+            }
+            lock(&s.engine).shutdown();
+        }
+    }
+}
+
+/// A message checked and numbered, not posted yet.
+pub(super) struct Prepared {
+    send: bool,
+    peer: usize,
+    fp: Fingerprint,
+    seg: usize,
+    buf: RawBuf,
+}
 
 impl Communicator {
-    /// Sends `buf` to rank `peer` with a `tag`. Messages between two ranks are matched in
-    /// the order they were sent: the receiver's next `recv` from this rank must name the
-    /// same tag, type and length, or both fail with [`crate::Error::Mismatch`]. Returns
-    /// once the data is handed to the transport.
+    /// Sends `buf` to rank `peer` with `tag` (any `u32` but `u32::MAX`). Messages
+    /// between two ranks are matched in the order they were posted: the receiver's
+    /// next `recv` from this rank must name the same tag, type and length, or both
+    /// fail with [`Error::Mismatch`]. Returns once the peer has the message or the
+    /// transport holds it. A rank may send to itself (matched with its own `recv`).
     pub fn send<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
-        let (fp, seg) = self.p2p_start::<T>("send", peer, tag, buf.len(), true)?;
-        let bytes: &[u8] = bytemuck::cast_slice(buf);
-        let plan = Plan {
-            outs: algo::frames(bytes.len(), seg)
-                .map(|(j, r)| Out::segment(peer, j, r, None))
-                .collect(),
-            ins: vec![],
-            lanes: None,
-        };
-        self.run_now(|e| e.stream(Channel::P2p, &fp, &plan, Data::Read(bytes), &mut NoCombine))
+        self.p2p_batch(|b| {
+            b.send(buf, peer, tag);
+        })
     }
 
     /// Receives into `buf` the next message from rank `peer`, which must carry `tag`
     /// and exactly `buf.len()` elements of this type (see [`Self::send`]).
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
-        let (fp, seg) = self.p2p_start::<T>("recv", peer, tag, buf.len(), false)?;
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let plan = Plan {
-            outs: vec![],
-            ins: algo::frames(bytes.len(), seg)
-                .map(|(j, r)| In::segment(peer, j, r, Land::Copy))
-                .collect(),
-            lanes: None,
-        };
-        self.run_now(|e| e.stream(Channel::P2p, &fp, &plan, Data::Write(bytes), &mut NoCombine))
+        self.p2p_batch(|b| {
+            b.recv(buf, peer, tag);
+        })
     }
 
-    /// Checks `peer`, takes the next sequence number of messages sent to it (`sending`)
-    /// or received from it, and returns the message's fingerprint and segment bytes.
-    fn p2p_start<T: Element>(
+    /// Posts every send and receive `f` adds to the [`Batch`] at once, and returns when
+    /// all are done: they progress together, so any order of sends and receives
+    /// between any ranks completes (`ncclGroupStart`/`ncclGroupEnd`,
+    /// `torch.distributed.batch_isend_irecv`). Each operation is matched as
+    /// [`Self::send`] says. Returns the first failure in posting order, or Ok.
+    ///
+    /// ```
+    /// use ferroccl::{Communicator, Config};
+    /// let comms = Communicator::local_group(4, &Config::default())?;
+    /// std::thread::scope(|t| for comm in comms {
+    ///     t.spawn(move || -> ferroccl::Result<()> {
+    ///         // Everyone sends to the right and receives from the left, at any size.
+    ///         let (r, n) = (comm.rank(), comm.world_size());
+    ///         let out = vec![r as u8; 1 << 20];
+    ///         let mut got = vec![0u8; 1 << 20];
+    ///         comm.p2p_batch(|b| {
+    ///             b.send(&out, (r + 1) % n, 0).recv(&mut got, (r + n - 1) % n, 0);
+    ///         })?;
+    ///         assert_eq!(got[0] as usize, (r + n - 1) % n);
+    ///         Ok(())
+    ///     });
+    /// });
+    /// # Ok::<(), ferroccl::Error>(())
+    /// ```
+    pub fn p2p_batch<'b>(&'b self, f: impl FnOnce(&mut Batch<'b>)) -> Result<()> {
+        let mut b = Batch {
+            comm: self,
+            ops: Vec::new(),
+            refused: None,
+            _bufs: PhantomData,
+        };
+        f(&mut b);
+        let Batch { ops, refused, .. } = b;
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        let done = self.post(ops);
+        // The buffers are the caller's until every operation is over.
+        let mut first = Ok(());
+        for d in done {
+            let r = d.wait();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Checks a message (peer, tag), takes its sequence number and describes it.
+    pub(super) fn prepare<T: Element>(
         &self,
-        what: &str,
+        send: bool,
+        ptr: *mut T,
+        len: usize,
         peer: usize,
         tag: u32,
-        count: usize,
-        sending: bool,
-    ) -> Result<(Fingerprint, usize)> {
+    ) -> Result<Prepared> {
         let (n, r) = (self.world_size, self.rank);
-        self.check(peer < n && peer != r, || {
-            format!("{what}: rank {r} cannot exchange messages with rank {peer} (group of {n})")
+        let what = if send { "send" } else { "recv" };
+        self.check(peer < n, || {
+            format!("{what}: rank {r} cannot exchange messages with rank {peer} (a group of {n})")
+        })?;
+        self.check(tag != u32::MAX, || {
+            format!("{what}: tag {tag} is reserved (tags are 0..{})", u32::MAX)
         })?;
         let seq = {
-            let mut s = self.p2p_seq.borrow_mut();
-            let counter = if sending {
-                &mut s.0[peer]
-            } else {
-                &mut s.1[peer]
-            };
+            let mut s = self.p2p.seq.borrow_mut();
+            let counter = if send { &mut s.0[peer] } else { &mut s.1[peer] };
             *counter += 1;
             *counter - 1
         };
@@ -71,13 +278,169 @@ impl Communicator {
             seq,
             dtype: T::DTYPE,
             op: None,
-            count: count as u64,
+            count: len as u64,
             root: Some(tag),
             algo: Algorithm::Direct,
+            comm: self.family.id,
         };
-        Ok((
+        Ok(Prepared {
+            send,
+            peer,
             fp,
-            algo::segment_bytes(self.cfg.tuning.segment_bytes, size_of::<T>()),
-        ))
+            seg: algo::segment_bytes(self.cfg.tuning.segment_bytes, size_of::<T>()),
+            buf: RawBuf {
+                ptr: ptr.cast(),
+                len: len * size_of::<T>(),
+            },
+        })
+    }
+
+    /// Posts `ops` together, in order; each one's completion is returned.
+    ///
+    /// SAFETY contract: every buffer stays alive and untouched by the caller until
+    /// its completion is set (the caller waits for them all: a batch before it
+    /// returns, a scope before it ends).
+    pub(super) fn post(&self, ops: Vec<Prepared>) -> Vec<Arc<Completion>> {
+        let issued = now_ns();
+        let mut done = Vec::with_capacity(ops.len());
+        let mut posted = Vec::with_capacity(ops.len());
+        let own = self.p2p.own.clone();
+        for p in ops {
+            let c = Arc::new(Completion::default());
+            done.push(c.clone());
+            let tell: Box<dyn FnOnce(Result<()>) + Send> = match &own {
+                Some(s) => {
+                    let s = s.clone();
+                    Box::new(move |r| {
+                        c.set(r);
+                        lock(&s.queue).pending -= 1;
+                        s.cv.notify_all();
+                    })
+                }
+                None => Box::new(move |r| c.set(r)),
+            };
+            posted.push(P2pOp {
+                send: p.send,
+                peer: p.peer,
+                fp: p.fp,
+                seg: p.seg,
+                buf: Box::new(p.buf),
+                done: tell,
+                issued,
+            });
+        }
+        match own {
+            Some(s) => {
+                {
+                    let mut q = lock(&s.queue);
+                    q.pending += posted.len();
+                    q.ops.append(&mut posted);
+                }
+                s.cv.notify_all();
+                if let Some(w) = &s.waker {
+                    w.wake();
+                }
+                self.start_p2p_worker(&s);
+            }
+            None => {
+                // One job on the collectives' engine: the batch progresses together, in
+                // turn with the collectives.
+                let src = Fixed(Mutex::new(posted));
+                let job: JobFn = Box::new(move |e: &mut Engine| {
+                    e.serve_p2p(&src);
+                    Ok(())
+                });
+                let _ = self.submit(job);
+            }
+        }
+        done
+    }
+
+    /// Posts one operation (see [`Self::post`]).
+    pub(super) fn post_one(&self, op: Prepared) -> Arc<Completion> {
+        match self.post(vec![op]).pop() {
+            Some(c) => c,
+            // `post` returns one completion per operation.
+            None => {
+                let c = Arc::new(Completion::default());
+                c.set(Err(Error::InvalidArgument(
+                    "internal: nothing posted".into(),
+                )));
+                c
+            }
+        }
+    }
+
+    /// Starts the point-to-point thread on first use.
+    fn start_p2p_worker(&self, s: &Arc<P2pShared>) {
+        let mut w = self.p2p.worker.borrow_mut();
+        if w.is_some() {
+            return;
+        }
+        let shared = s.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("ferroccl-p2p{}", self.rank))
+            .spawn(move || lock(&shared.engine).serve_p2p(&*shared));
+        match spawned {
+            Ok(h) => *w = Some(h),
+            Err(e) => {
+                // No thread: fail what was posted, and poison (its peers wait for it).
+                tracing::warn!("could not start the point-to-point thread ({e})");
+                let mut ops = std::mem::take(&mut lock(&s.queue).ops);
+                let why = format!("rank {}: no point-to-point thread: {e}", self.rank);
+                lock(&self.shared.engine).poison(why.clone());
+                for op in ops.drain(..) {
+                    (op.done)(Err(Error::Poisoned(why.clone())));
+                }
+            }
+        }
+    }
+}
+
+/// The sends and receives of one [`Communicator::p2p_batch`], posted together when the
+/// closure returns. Buffers stay borrowed until the batch is over.
+pub struct Batch<'b> {
+    comm: &'b Communicator,
+    ops: Vec<Prepared>,
+    /// The first refused argument: the batch fails with it and posts nothing.
+    refused: Option<Error>,
+    _bufs: PhantomData<&'b mut [u8]>,
+}
+
+impl std::fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("ops", &self.ops.len())
+            .finish()
+    }
+}
+
+impl<'b> Batch<'b> {
+    /// Adds a send of `buf` to `peer` with `tag` (see [`Communicator::send`]).
+    pub fn send<T: Element>(&mut self, buf: &'b [T], peer: usize, tag: u32) -> &mut Self {
+        // A send only reads its buffer (`OpBuffer::read`).
+        self.add(true, buf.as_ptr().cast_mut(), buf.len(), peer, tag)
+    }
+
+    /// Adds a receive into `buf` from `peer` with `tag` (see [`Communicator::recv`]).
+    pub fn recv<T: Element>(&mut self, buf: &'b mut [T], peer: usize, tag: u32) -> &mut Self {
+        self.add(false, buf.as_mut_ptr(), buf.len(), peer, tag)
+    }
+
+    fn add<T: Element>(
+        &mut self,
+        send: bool,
+        ptr: *mut T,
+        len: usize,
+        peer: usize,
+        tag: u32,
+    ) -> &mut Self {
+        if self.refused.is_none() {
+            match self.comm.prepare(send, ptr, len, peer, tag) {
+                Ok(p) => self.ops.push(p),
+                Err(e) => self.refused = Some(e),
+            }
+        }
+        self
     }
 }

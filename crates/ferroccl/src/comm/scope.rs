@@ -30,6 +30,17 @@ impl Completion {
         *lock(&self.state) = Some(r);
         self.cv.notify_all();
     }
+
+    /// Blocks until the outcome is set and takes it (once; a second take blocks).
+    pub(super) fn wait(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(r) = st.take() {
+                return r;
+            }
+            st = wait(&self.cv, st);
+        }
+    }
 }
 
 /// A raw pointer that may travel to the worker thread. The scope (or the blocking
@@ -52,6 +63,37 @@ pub(super) fn job_over<T: Element>(
         // (the `job_*` contract: `run_now` blocks, a `Scope` waits).
         let b = unsafe { std::slice::from_raw_parts_mut(p.0, bytes) };
         run(e, b)
+    })
+}
+
+/// A job running `run` over `input` (read) and `output` (written), as bytes: the
+/// direct exchanges. Only the buffers' raw parts travel with the job; see the SAFETY
+/// contract of the `job_*` builders.
+pub(super) fn job_over_split<T: Element>(
+    input: &[T],
+    output: &mut [T],
+    run: impl FnOnce(&mut Engine, &[u8], &mut [u8]) -> Result<()> + Send + 'static,
+) -> JobFn {
+    let i = (
+        SendPtr(input.as_ptr().cast_mut().cast()),
+        std::mem::size_of_val(input),
+    );
+    let o = (
+        SendPtr(output.as_mut_ptr().cast()),
+        std::mem::size_of_val(output),
+    );
+    Box::new(move |e: &mut Engine| {
+        let (i, o) = (i, o);
+        // SAFETY: both buffers outlive the job and nothing else touches them meanwhile
+        // (the `job_*` contract); the input is only read, and the two do not overlap
+        // (one was borrowed shared and the other exclusively).
+        let (input, output) = unsafe {
+            (
+                std::slice::from_raw_parts(i.0 .0.cast_const(), i.1),
+                std::slice::from_raw_parts_mut(o.0 .0, o.1),
+            )
+        };
+        run(e, input, output)
     })
 }
 
@@ -125,7 +167,40 @@ impl Communicator {
     }
 }
 
-/// An operation on an owned buffer in flight ([`Communicator::all_reduce_start`]).
+impl Communicator {
+    /// Starts a send of an owned buffer to `peer` with `tag` and returns at once (see
+    /// [`Communicator::send`]); the buffer comes back from [`Pending::wait`] once the
+    /// message has left. For a pipeline stage that must keep computing across code
+    /// that cannot sit inside a [`Scope`].
+    pub fn send_start<T: Element>(&self, buf: Vec<T>, peer: usize, tag: u32) -> Result<Pending<T>> {
+        // The operation reads through the heap pointer, which does not move with the
+        // Vec.
+        let p = self.prepare(true, buf.as_ptr().cast_mut(), buf.len(), peer, tag)?;
+        Ok(Pending {
+            done: self.post_one(p),
+            buf: Some(buf),
+        })
+    }
+
+    /// Starts a receive into an owned buffer from `peer` with `tag` (see
+    /// [`Communicator::recv`]); [`Pending::wait`] hands the buffer back with the
+    /// message.
+    pub fn recv_start<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        peer: usize,
+        tag: u32,
+    ) -> Result<Pending<T>> {
+        let p = self.prepare(false, buf.as_mut_ptr(), buf.len(), peer, tag)?;
+        Ok(Pending {
+            done: self.post_one(p),
+            buf: Some(buf),
+        })
+    }
+}
+
+/// An operation on an owned buffer in flight ([`Communicator::all_reduce_start`],
+/// [`Communicator::send_start`], [`Communicator::recv_start`]).
 /// Dropping it without waiting blocks until the operation is over (its buffer cannot be
 /// freed while the communicator writes it); the result is then lost.
 #[must_use = "a pending operation's result (and its buffer) come back from wait()"]
@@ -244,7 +319,7 @@ impl<'s, 'c> Scope<'s, 'c> {
     /// Builds a job over `buf` with `make` and queues it. The buffer's pointer is taken
     /// once; the job and the handle both derive from it, and no reference to the
     /// buffer outlives this call (the worker writes through the job's pointer).
-    fn start<T>(
+    pub(super) fn start<T>(
         &self,
         buf: &'s mut [T],
         make: impl FnOnce(&mut [T]) -> Result<JobFn>,
@@ -303,5 +378,38 @@ impl<'s, 'c> Scope<'s, 'c> {
     /// Non-blocking [`Communicator::barrier`].
     pub fn barrier(&self) -> Result<Handle<'s, ()>> {
         self.start(&mut [], |_| Ok(self.comm.job_barrier()))
+    }
+
+    /// Non-blocking [`Communicator::send`]: posted at once, it progresses with every
+    /// other send and receive posted (in this scope or not), apart from the
+    /// collectives; its handle hands back an empty slice.
+    pub fn send<T: Element>(&self, buf: &'s [T], peer: usize, tag: u32) -> Result<Handle<'s, ()>> {
+        let p = self
+            .comm
+            .prepare(true, buf.as_ptr().cast_mut(), buf.len(), peer, tag)?;
+        Ok(Handle {
+            done: self.comm.post_one(p),
+            ptr: std::ptr::NonNull::dangling().as_ptr(),
+            len: 0,
+            _buf: PhantomData,
+        })
+    }
+
+    /// Non-blocking [`Communicator::recv`] (see [`Scope::send`]); its handle hands back
+    /// the buffer with the message.
+    pub fn recv<T: Element>(
+        &self,
+        buf: &'s mut [T],
+        peer: usize,
+        tag: u32,
+    ) -> Result<Handle<'s, T>> {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        let p = self.comm.prepare(false, ptr, len, peer, tag)?;
+        Ok(Handle {
+            done: self.comm.post_one(p),
+            ptr,
+            len,
+            _buf: PhantomData,
+        })
     }
 }

@@ -19,22 +19,86 @@
 //! The engine owns the buffers while an operation runs and hands out only slices;
 //! algorithms never see a buffer, a socket or a device.
 
+mod p2p;
 mod pacer;
 mod pull;
 mod stream;
 
+pub(crate) use p2p::{OpBuffer, P2pOp, P2pSource};
 pub(crate) use pacer::Pacer;
 pub(crate) use pull::PullCall;
 pub(crate) use stream::Data;
 
 use crate::config::Tuning;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::trace::{PeerCounts, RecHead, Recorder};
-use crate::transport::{Beacon, Channel, Connector, Links, MemPeers, Waiter};
+use crate::transport::{Beacon, Channel, Connector, GroupSpec, Links, MemPeers, Waiter, Waker};
 use crate::wire::{Fingerprint, OpKind, Peer, WireStats};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// What the engines of one communicator share (its collectives' and its
+/// point-to-point operations'): the abort flag, and whether (and why) the
+/// communicator is poisoned. A failure in either engine poisons both: each shuts its
+/// links, telling its peers why, so a rank waiting on any of them fails fast.
+#[derive(Default)]
+pub(crate) struct Health {
+    /// Set by `AbortHandle::abort` from any thread.
+    pub abort: Arc<AtomicBool>,
+    /// Raised once `poison` holds a reason (read without the lock on every wait).
+    poisoned: AtomicBool,
+    /// Why: the message every later call fails with, the rank where the failure
+    /// started and its cause there (what the notices to peers say).
+    poison: Mutex<Option<Poison>>,
+    /// Wakes the other engines' waits when one poisons (their waiters, and a worker
+    /// idle on its queue).
+    wakers: Mutex<Vec<Waker>>,
+}
+
+/// Why a communicator is poisoned.
+#[derive(Clone, Debug)]
+pub(crate) struct Poison {
+    pub why: String,
+    pub origin: usize,
+    pub cause: String,
+}
+
+impl Health {
+    /// Why the communicator is poisoned, if it is.
+    pub fn poisoned(&self) -> Option<Poison> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.poison).clone()
+    }
+
+    /// Whether it is poisoned (one atomic load).
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Records the first failure (later ones keep it) and wakes the other engines.
+    fn set(&self, p: Poison) {
+        {
+            let mut g = lock(&self.poison);
+            if g.is_some() {
+                return;
+            }
+            *g = Some(p);
+            self.poisoned.store(true, Ordering::Release);
+        }
+        for w in lock(&self.wakers).iter() {
+            w.wake();
+        }
+    }
+
+    /// Adds `w` to what a poisoning wakes.
+    pub fn on_poison(&self, w: Waker) {
+        lock(&self.wakers).push(w);
+    }
+}
 
 /// The longest single sleep in a wait: bounds how late an abort is noticed.
 const MAX_WAIT_SLICE: Duration = Duration::from_millis(100);
@@ -61,11 +125,12 @@ pub(crate) struct Engine {
     connector: Box<dyn Connector>,
     /// What this rank is doing, for peers that ask.
     beacon: Arc<Beacon>,
-    /// Set by `AbortHandle::abort` from any thread.
-    pub abort: Arc<AtomicBool>,
+    /// The abort flag and the poison, shared with the communicator's other engine.
+    pub health: Arc<Health>,
+    /// Whether this engine has told its peers of the poison and shut its links.
+    shut: bool,
     /// Receive buffer for frames that are reduced rather than stored.
     pub scratch: Vec<u64>,
-    pub poisoned: Option<String>,
     /// Peers whose memory this rank reads, for the pull executor.
     mem: Option<Box<dyn MemPeers>>,
     /// The pull executor's state between calls.
@@ -78,6 +143,9 @@ pub(crate) struct Engine {
     /// Whether a wait spins a little before it yields the CPU: not where this host
     /// runs more ranks than it gives them CPUs (set by the communicator).
     pub spin: bool,
+    /// For a child communicator: its id and the job rank of each of its ranks, which
+    /// its errors name beside its own ranks.
+    group: Option<(u64, Arc<[usize]>)>,
 }
 
 /// The flight recorder's view of the operation in flight, kept by the engine so that
@@ -118,6 +186,17 @@ fn names(
     )
 }
 
+/// A flight recorder for rank `rank` of `world_size` over `transport`, keeping
+/// `capacity` operations; the engines of one communicator share it.
+pub(crate) fn recorder(
+    rank: usize,
+    world_size: usize,
+    transport: &str,
+    capacity: usize,
+) -> Arc<Recorder> {
+    Recorder::new(rank, world_size, transport, capacity, names)
+}
+
 fn ch_index(ch: Channel) -> usize {
     match ch {
         Channel::Collective => 0,
@@ -127,7 +206,14 @@ fn ch_index(ch: Channel) -> usize {
 }
 
 impl Engine {
-    pub fn new(rank: usize, world_size: usize, cfg: Tuning, links: Links, transport: &str) -> Self {
+    pub fn new(
+        rank: usize,
+        world_size: usize,
+        cfg: Tuning,
+        links: Links,
+        rec: Arc<Recorder>,
+        health: Arc<Health>,
+    ) -> Self {
         let n = world_size;
         Engine {
             rank,
@@ -140,15 +226,16 @@ impl Engine {
             waiter: links.waiter,
             connector: links.connector,
             beacon: links.beacon,
-            abort: Arc::new(AtomicBool::new(false)),
+            health,
+            shut: false,
             scratch: Vec::new(),
-            poisoned: None,
             mem: links.mem,
             pull: pull::PullState::default(),
-            rec: Recorder::new(rank, n, transport, cfg.trace_capacity, names),
+            rec,
             track: None,
             enqueued_ns: 0,
             spin: true,
+            group: None,
             cfg,
         }
     }
@@ -270,6 +357,11 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether the link to `peer` on `ch` exists.
+    pub fn linked_now(&self, ch: Channel, peer: usize) -> bool {
+        self.links[ch_index(ch)][peer].is_some()
+    }
+
     /// The link to `peer` on `ch`, connecting it first if needed.
     pub fn link(&mut self, ch: Channel, peer: usize) -> Result<&mut Peer> {
         if self.links[ch_index(ch)][peer].is_none() {
@@ -326,10 +418,11 @@ impl Engine {
         op: impl FnOnce(&mut Engine) -> Result<()>,
     ) -> Result<()> {
         self.enqueued_ns = enqueued_ns;
-        if let Some(why) = &self.poisoned {
-            return Err(Error::Poisoned(why.clone()));
+        if let Some(p) = self.health.poisoned() {
+            self.shut_after(&p);
+            return Err(Error::Poisoned(p.why));
         }
-        if self.abort.load(Ordering::Relaxed) {
+        if self.health.abort.load(Ordering::Relaxed) {
             // Aborted before this operation started: the same event for the caller as an
             // abort during it.
             let e = Error::Aborted {
@@ -339,7 +432,7 @@ impl Engine {
             self.poison(e.to_string());
             return Err(e);
         }
-        let r = op(self);
+        let r = op(self).map_err(|e| self.in_group(e));
         if let Err(e) = &r {
             let (origin, cause) = self.origin_of(e);
             self.poison_with(origin, &cause, e.to_string());
@@ -349,9 +442,12 @@ impl Engine {
     }
 
     /// Where a failure started, and the cause to tell the peers: a notice received is
-    /// passed on as it came; a lost peer is named as the origin; anything else started
-    /// here.
+    /// passed on as it came; a lost peer is named as the origin; the poison of the
+    /// communicator's other engine keeps its origin; anything else started here.
     fn origin_of(&self, e: &Error) -> (usize, String) {
+        if let (Error::Poisoned(_), Some(p)) = (e, self.health.poisoned()) {
+            return (p.origin, p.cause);
+        }
         match e {
             Error::PeerFailed { origin, cause, .. } => (*origin, cause.clone()),
             Error::PeerClosed { rank, peer, op } => (
@@ -368,7 +464,7 @@ impl Engine {
     /// is between frames why (a [`FrameError::Notice`](crate::wire::FrameError) that
     /// the peer reports as [`Error::PeerFailed`]), without waiting for any of them.
     fn notify_peers(&mut self, origin: usize, cause: &str) {
-        if self.poisoned.is_some() {
+        if self.shut {
             return; // told them already
         }
         let notice = crate::wire::encode_notice(origin, cause);
@@ -400,12 +496,56 @@ impl Engine {
     /// [`Engine::poison`] for a failure that started at rank `origin` with `cause`.
     fn poison_with(&mut self, origin: usize, cause: &str, why: String) {
         self.notify_peers(origin, cause);
-        if self.poisoned.is_none() {
+        if !self.health.is_poisoned() {
             // The failure is returned to the caller, who reports it; log quietly.
             tracing::debug!(rank = self.rank, "communicator poisoned: {why}");
-            self.poisoned = Some(why);
         }
+        self.health.set(Poison {
+            why,
+            origin,
+            cause: cause.to_string(),
+        });
+        self.shut = true;
         self.shutdown();
+    }
+
+    /// The communicator was poisoned elsewhere (its other engine): tells this engine's
+    /// peers why and shuts its links, once.
+    pub fn shut_after(&mut self, p: &Poison) {
+        if !self.shut {
+            self.notify_peers(p.origin, &p.cause);
+            self.shut = true;
+            self.shutdown();
+        }
+    }
+
+    /// Makes this the engine of communicator `id` (0: the job's own, whose ranks are
+    /// the job's) whose rank `r` is job rank `global[r]`.
+    pub fn set_group(&mut self, id: u64, global: Arc<[usize]>) {
+        self.group = (id != 0).then_some((id, global));
+    }
+
+    /// `e` naming the job ranks of the ranks it names, on a child communicator.
+    fn in_group(&self, e: Error) -> Error {
+        match &self.group {
+            Some((id, global)) => crate::error::in_group(e, *id, global),
+            None => e,
+        }
+    }
+
+    /// Why the communicator is poisoned, if it is.
+    pub fn poisoned(&self) -> Option<String> {
+        self.health.poisoned().map(|p| p.why)
+    }
+
+    /// The links of a group of this engine's ranks ([`crate::transport::Connector::group`]).
+    pub fn group_links(&mut self, spec: &GroupSpec) -> Result<Links> {
+        self.connector.group(spec)
+    }
+
+    /// A waker for this engine's waiter, if its transport has one.
+    pub fn waker(&self) -> Option<Waker> {
+        self.waiter.waker()
     }
 
     /// Closes every link.

@@ -1,11 +1,11 @@
 //! Waiting with a deadline: what every executor does when nothing can move.
 
-use super::MAX_WAIT_SLICE;
+use super::{Health, MAX_WAIT_SLICE};
 use crate::config::{Clock, Tuning};
 use crate::error::{Error, Result};
 use crate::transport::{LinkError, Waiter};
 use crate::wire::{take_notice, Fingerprint, FrameError, Peer};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,18 @@ pub(crate) fn frame_error(
                     ours: expected.fp.to_string(),
                     theirs: h.fp.to_string(),
                 }
+            } else if (h.step, h.seg) == (expected.step, expected.seg) && h.len != expected.len {
+                // The same call, split otherwise between the ranks (a v-collective's
+                // counts that add up alike).
+                Error::Mismatch {
+                    rank,
+                    peer,
+                    ours: format!(
+                        "{} expecting {} bytes in segment {} of step {} from rank {peer}",
+                        expected.fp, expected.len, expected.seg, expected.step
+                    ),
+                    theirs: format!("{} sending {} bytes there", h.fp, h.len),
+                }
             } else {
                 Error::Protocol {
                     rank,
@@ -100,7 +112,7 @@ pub(crate) struct Pacer {
     timeout: Duration,
     busy_poll: Duration,
     clock: Clock,
-    abort: Arc<AtomicBool>,
+    health: Arc<Health>,
     /// Idle rounds spun since the last progress (up to `spin_rounds`).
     spins: u32,
     spin_rounds: u32,
@@ -109,14 +121,14 @@ pub(crate) struct Pacer {
 impl Pacer {
     /// A pacer for one operation; `spin`: whether an idle round spins before it
     /// yields (see [`SPIN_ROUNDS`]).
-    pub fn new(cfg: &Tuning, abort: Arc<AtomicBool>, spin: bool) -> Self {
+    pub fn new(cfg: &Tuning, health: Arc<Health>, spin: bool) -> Self {
         Pacer {
             last: cfg.clock.now(),
             last_real: Instant::now(),
             timeout: cfg.timeout,
             busy_poll: cfg.busy_poll,
             clock: cfg.clock.clone(),
-            abort,
+            health,
             spins: 0,
             spin_rounds: if spin { SPIN_ROUNDS } else { 0 },
         }
@@ -137,11 +149,15 @@ impl Pacer {
         fp: &Fingerprint,
         waiting_for: impl FnOnce() -> String,
     ) -> Result<(bool, Duration)> {
-        if self.abort.load(Ordering::Relaxed) {
+        if self.health.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted {
                 rank,
                 op: fp.to_string(),
             });
+        }
+        if let Some(p) = self.health.poisoned() {
+            // The communicator's other engine failed meanwhile.
+            return Err(Error::Poisoned(p.why));
         }
         let idle = self.clock.now().saturating_duration_since(self.last);
         if idle >= self.timeout {

@@ -158,7 +158,7 @@ impl Engine {
         let mut plan = |q: usize| -> Plan { plans.entry(q).or_insert_with(|| plan_of(q)).clone() };
         let span = (0..n).map(|q| plan(q).ins.len() + 1).max().unwrap_or(1) as u64;
         let base = self.pull.base;
-        let mut pacer = Pacer::new(&self.cfg, self.abort.clone(), self.spin);
+        let mut pacer = Pacer::new(&self.cfg, self.health.clone(), self.spin);
 
         // Whoever read our workspace last call has finished that call.
         let prev = std::mem::take(&mut self.pull.consumers);
@@ -323,6 +323,7 @@ impl Engine {
             outs: peers.iter().map(|&q| Out::check(q, u32::MAX)).collect(),
             ins: peers.iter().map(|&q| In::check(q, u32::MAX)).collect(),
             lanes: None,
+            counts: None,
         };
         self.stream(
             Channel::Collective,

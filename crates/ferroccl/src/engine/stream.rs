@@ -17,31 +17,60 @@ struct Sending {
     out: [Option<(usize, OutFrame)>; MAX_LANES],
 }
 
-/// The buffer an operation runs on: read-only for one that only sends.
+/// The buffer an operation runs on.
 pub(crate) enum Data<'a> {
-    /// Frames are only sent from it.
-    Read(&'a [u8]),
     /// Frames are sent from it and land in it.
     Write(&'a mut [u8]),
+    /// The plan's buffer is `[input | output]` (the direct exchanges, `algo/direct.rs`):
+    /// offsets below `in_len` are the input's, sends read them; the rest are the
+    /// output's (at `offset - in_len`), receives write them. `input` may be shorter
+    /// than `in_len` where the plan reads none of the rest.
+    Split {
+        input: &'a [u8],
+        in_len: usize,
+        output: &'a mut [u8],
+    },
+}
+
+/// A plan range outside its buffer: an internal error, never a panic.
+fn out_of_bounds(r: &Range<usize>, what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "internal: a plan {what} bytes {r:?} outside its buffer"
+    ))
 }
 
 impl Data<'_> {
-    fn read(&self, r: Range<usize>) -> &[u8] {
-        match self {
-            Data::Read(b) => &b[r],
-            Data::Write(b) => &b[r],
-        }
+    fn read(&self, r: Range<usize>) -> Result<&[u8]> {
+        let got = match self {
+            Data::Write(b) => b.get(r.clone()),
+            Data::Split { input, in_len, .. } if r.end <= *in_len => input.get(r.clone()),
+            Data::Split { in_len, output, .. } if r.start >= *in_len => {
+                output.get(r.start - in_len..r.end - in_len)
+            }
+            Data::Split { .. } => None,
+        };
+        got.ok_or_else(|| out_of_bounds(&r, "reads"))
     }
 
     fn write(&mut self, r: Range<usize>) -> Result<&mut [u8]> {
-        match self {
-            Data::Write(b) => Ok(&mut b[r]),
+        let got = match self {
+            // (An empty range keeps the buffer's alignment: a kernel may cast it.)
+            Data::Write(b) => b.get_mut(r.clone()),
             // An empty frame (a check) changes nothing.
-            Data::Read(_) if r.is_empty() => Ok(&mut []),
-            Data::Read(_) => Err(Error::InvalidArgument(
-                "internal: a plan receives into a read-only buffer".into(),
-            )),
-        }
+            Data::Split { in_len, output, .. } if r.is_empty() || r.start >= *in_len => {
+                if r.is_empty() {
+                    Some(&mut output[..0])
+                } else {
+                    output.get_mut(r.start - *in_len..r.end - *in_len)
+                }
+            }
+            Data::Split { .. } => {
+                return Err(Error::InvalidArgument(
+                    "internal: a plan receives into a read-only buffer".into(),
+                ))
+            }
+        };
+        got.ok_or_else(|| out_of_bounds(&r, "writes"))
     }
 }
 
@@ -136,7 +165,10 @@ impl Engine {
             // Give up after NOTICE_WAIT without progress (not in all: a loaded machine
             // may drain a large frame slowly, and the notice is worth the wait).
             let mut last = Instant::now();
-            while let Ok((moved, false)) = frame.progress(peer, data.read(o.off..o.off + o.len)) {
+            let Ok(bytes) = data.read(o.off..o.off + o.len) else {
+                continue;
+            };
+            while let Ok((moved, false)) = frame.progress(peer, bytes) {
                 if moved > 0 {
                     last = Instant::now();
                 } else if last.elapsed() >= NOTICE_WAIT {
@@ -166,12 +198,20 @@ impl Engine {
         let (outs, ins) = (&plan.outs, &plan.ins);
         let lanes = order.lanes();
         let rank = self.rank;
-        let header = |step: u32, seg: u32, len: usize| FrameHeader {
-            fp: *fp,
+        // A frame carries the call's fingerprint, with its pair's count where each pair
+        // moves its own amount.
+        let header = |step: u32, seg: u32, len: usize, count: Option<u64>| FrameHeader {
+            fp: Fingerprint {
+                count: count.unwrap_or(fp.count),
+                ..*fp
+            },
             step,
             seg,
             len: len as u32,
         };
+        let counts = plan.counts.as_deref();
+        let sent_count = |peer: usize| counts.and_then(|c| c.send.get(peer).copied());
+        let recv_count = |peer: usize| counts.and_then(|c| c.recv.get(peer).copied());
         // Per lane: `ai`, the position of the next receive, which is applied once
         // complete (or held in the lane's scratch, `held` its index, until what it
         // waits for has left or been applied); `inp`, that receive's frame once it has
@@ -179,7 +219,7 @@ impl Engine {
         let mut ai = [0usize; MAX_LANES];
         let mut held: [Option<usize>; MAX_LANES] = [None; MAX_LANES];
         let mut inp: [Option<InFrame>; MAX_LANES] = [None, None];
-        let mut pacer = Pacer::new(&self.cfg, self.abort.clone(), self.spin);
+        let mut pacer = Pacer::new(&self.cfg, self.health.clone(), self.spin);
         let done = |st: &Sending, ai: &[usize; MAX_LANES]| {
             (0..lanes).all(|l| order.lane_done(l, &st.si, ai))
         };
@@ -192,14 +232,18 @@ impl Engine {
                         if o.after_recv.is_some_and(|d| !order.applied(d, &ai)) {
                             break;
                         }
-                        st.out[l] = Some((x, OutFrame::new(&header(o.step, o.seg, o.len))));
+                        st.out[l] = Some((
+                            x,
+                            OutFrame::new(&header(o.step, o.seg, o.len, sent_count(o.peer))),
+                        ));
                     }
                     let Some((_, frame)) = st.out[l].as_mut() else {
                         break;
                     };
                     let peer = self.link(ch, o.peer)?;
+                    let bytes = data.read(o.off..o.off + o.len)?;
                     let (moved, sent) = frame
-                        .progress(peer, data.read(o.off..o.off + o.len))
+                        .progress(peer, bytes)
                         .map_err(|e| frame_error(rank, e, peer, o.peer, fp))?;
                     progressed |= moved > 0;
                     if !sent {
@@ -228,7 +272,12 @@ impl Engine {
                         if lands_in_place && !order.may_apply(x, &st.si, &ai) {
                             break;
                         }
-                        inp[l] = Some(InFrame::new(header(i.step, i.seg, i.len)));
+                        inp[l] = Some(InFrame::new(header(
+                            i.step,
+                            i.seg,
+                            i.len,
+                            recv_count(i.peer),
+                        )));
                     }
                     let Some(frame) = inp[l].as_mut() else { break };
                     let dst = if lands_in_place {

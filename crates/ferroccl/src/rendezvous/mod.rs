@@ -53,7 +53,7 @@
 //! A JOIN that names a job other than the store's is refused (ERROR code 10, "other
 //! job"): two jobs given one `MASTER_PORT` fail at once, each naming the other.
 //!
-//! `env.rs` reads the launcher environment; `proto.rs` is the wire protocol above, pure
+//! `env.rs` reads the launcher environment; `hosts.rs` trades which host each rank is on; `proto.rs` is the wire protocol above, pure
 //! encoding and decoding; `server.rs` is the [`StoreServer`] and `client.rs` the
 //! [`StoreClient`]; `auth.rs` is the job-token challenge-response that both of them, and
 //! the TCP transport between ranks, use; `torch.rs` is a client of PyTorch's
@@ -63,6 +63,7 @@
 pub(crate) mod auth;
 mod client;
 mod env;
+pub(crate) mod hosts;
 mod proto;
 mod server;
 mod torch;

@@ -6,7 +6,9 @@
 //! link, and how long it waited on each peer. Recording costs a few clock reads per
 //! operation; nothing is written anywhere until a dump.
 //!
-//! A dump writes the ring as one JSON-lines file per rank, `DIR/rank-<rank>.jsonl`:
+//! A dump writes the ring as one JSON-lines file per rank, `DIR/rank-<rank>.jsonl` (a
+//! child communicator's, made by `split` or `group`, in `DIR/comm-<id>/`, so that
+//! `ferroccl trace DIR/comm-<id>` reads that communicator's ranks):
 //! the first line is a [`Line::Rank`] (who, where, the clock offset to rank 0's host
 //! and why the dump was taken), each further line a [`Line::Op`], oldest first. Dumps
 //! happen
@@ -75,6 +77,14 @@ pub struct RankInfo {
     pub dropped: u64,
     /// When the dump was taken, nanoseconds since the Unix epoch on this rank's clock.
     pub dumped_ns: u64,
+    /// The communicator: 0 for the job's own, a child's id (`split`, `group`)
+    /// otherwise. A child's dumps go to `DIR/comm-<id as 16 hex digits>/`.
+    #[serde(default)]
+    pub comm: u64,
+    /// This rank's rank in the job, for a child communicator (`rank` is its rank in
+    /// the child).
+    #[serde(default)]
+    pub job_rank: Option<usize>,
 }
 
 /// Bytes one operation moved on the link to one peer (headers included).

@@ -217,6 +217,8 @@ impl Recorder {
                     capacity,
                     dropped: 0,
                     dumped_ns: 0,
+                    comm: 0,
+                    job_rank: None,
                 },
                 ops: VecDeque::with_capacity(capacity.min(4096)),
                 active: None,
@@ -233,6 +235,14 @@ impl Recorder {
         let mut g = lock(&self.ring);
         g.info.clock_offset_ns = offset_ns;
         g.info.clock_error_ns = error_ns;
+    }
+
+    /// Makes this the recorder of communicator `id` (0: the job's own), where this
+    /// rank is job rank `job_rank`.
+    pub fn set_group(&self, id: u64, job_rank: usize) {
+        let mut g = lock(&self.ring);
+        g.info.comm = id;
+        g.info.job_rank = (id != 0).then_some(job_rank);
     }
 
     /// The operation in flight, for a dump taken while it runs. The engine says so
@@ -294,13 +304,21 @@ impl Recorder {
         lines
     }
 
-    /// Writes the ring to `dir/rank-<rank>.jsonl` (atomically: a temporary file renamed
-    /// into place). Returns the path.
+    /// Writes the ring to `dir/rank-<rank>.jsonl` (a child communicator's to
+    /// `dir/comm-<id>/rank-<rank>.jsonl`; atomically: a temporary file renamed into
+    /// place). Returns the path.
     pub fn dump(&self, dir: &Path, reason: &str) -> Result<PathBuf> {
         let lines = self.snapshot(reason);
-        let rank = match &lines[0] {
-            Line::Rank(i) => i.rank,
-            Line::Op(_) => 0,
+        let (rank, comm) = match &lines[0] {
+            Line::Rank(i) => (i.rank, i.comm),
+            Line::Op(_) => (0, 0),
+        };
+        let sub;
+        let dir = if comm == 0 {
+            dir
+        } else {
+            sub = dir.join(format!("comm-{comm:016x}"));
+            &sub
         };
         let mut text = String::new();
         for l in &lines {

@@ -4,7 +4,7 @@
 //! full), so the algorithms exercise the same partial-write and would-block paths as
 //! over TCP, deterministically and without ports.
 
-use super::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
+use super::{Beacon, Channel, Connector, GroupSpec, Link, LinkError, Links, Waiter, Waker};
 use crate::sync::{lock, wait_timeout_while};
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
@@ -141,31 +141,71 @@ impl Waiter for LocalWaiter {
         self.seen = *g;
         Ok(())
     }
+
+    fn waker(&self) -> Option<Waker> {
+        let bell = self.bell.clone();
+        Some(Waker::new(move || bell.ring()))
+    }
 }
 
-type PipeMap = HashMap<(usize, usize, Channel), Arc<Mutex<Pipe>>>;
+/// Which stream a pipe is: (group, from rank, to rank, channel), ranks of the fabric.
+type PipeKey = (u64, usize, usize, Channel);
+type PipeMap = HashMap<PipeKey, Arc<Mutex<Pipe>>>;
 
-/// The pipes of one in-process group, made on first use. `pipes[(a, b, ch)]` carries
-/// bytes from rank `a` to rank `b` on channel `ch`.
+/// The pipes of one in-process job, made on first use. `pipes[(g, a, b, ch)]` carries
+/// bytes from rank `a` to rank `b` on channel `ch` of group `g` (0: the job's own
+/// links). A rank's bell rings for its pipes of every group: its waiters (one per
+/// communicator) may wake for another's bytes, which a waiter is allowed to.
 struct Fabric {
     bells: Vec<Arc<Bell>>,
-    beacons: Vec<Arc<Beacon>>,
+    beacons: Mutex<HashMap<(u64, usize), Arc<Beacon>>>,
     capacity: usize,
     pipes: Mutex<PipeMap>,
 }
 
 impl Fabric {
-    fn pipe(&self, from: usize, to: usize, ch: Channel) -> Arc<Mutex<Pipe>> {
+    fn pipe(&self, key: PipeKey) -> Arc<Mutex<Pipe>> {
         lock(&self.pipes)
-            .entry((from, to, ch))
+            .entry(key)
             .or_insert_with(|| Arc::new(Mutex::new(Pipe::default())))
+            .clone()
+    }
+
+    fn beacon(&self, group: u64, rank: usize) -> Arc<Beacon> {
+        lock(&self.beacons)
+            .entry((group, rank))
+            .or_default()
             .clone()
     }
 }
 
 struct LocalConnector {
+    /// This rank, in this connector's order.
     rank: usize,
+    /// The fabric rank of each of this connector's ranks.
+    members: Arc<[usize]>,
+    group: u64,
     fabric: Arc<Fabric>,
+}
+
+impl LocalConnector {
+    fn links(fabric: &Arc<Fabric>, group: u64, members: Arc<[usize]>, rank: usize) -> Links {
+        let me = members[rank];
+        let seen = *lock(&fabric.bells[me].generation);
+        Links::new(
+            Box::new(LocalConnector {
+                rank,
+                members,
+                group,
+                fabric: fabric.clone(),
+            }),
+            Box::new(LocalWaiter {
+                bell: fabric.bells[me].clone(),
+                seen,
+            }),
+            fabric.beacon(group, me),
+        )
+    }
 }
 
 impl Connector for LocalConnector {
@@ -174,25 +214,33 @@ impl Connector for LocalConnector {
         peer: usize,
         channel: Channel,
         _deadline: Instant,
-    ) -> crate::Result<Box<dyn Link>> {
-        super::check_peer(self.rank, peer, self.fabric.bells.len())?;
+    ) -> crate::error::Result<Box<dyn Link>> {
+        super::check_peer(self.rank, peer, self.members.len())?;
+        let (me, p) = (self.members[self.rank], self.members[peer]);
         Ok(Box::new(LocalLink {
             peer,
-            tx: self.fabric.pipe(self.rank, peer, channel),
-            rx: self.fabric.pipe(peer, self.rank, channel),
-            peer_bell: self.fabric.bells[peer].clone(),
+            tx: self.fabric.pipe((self.group, me, p, channel)),
+            rx: self.fabric.pipe((self.group, p, me, channel)),
+            peer_bell: self.fabric.bells[p].clone(),
             capacity: self.fabric.capacity,
             sent: 0,
             received: 0,
         }))
     }
 
-    fn peer_status(&mut self, peer: usize, _deadline: Instant) -> crate::Result<Option<(u64, u8)>> {
-        self.fabric
-            .beacons
-            .get(peer)
-            .map(|b| b.get())
-            .ok_or_else(|| crate::Error::InvalidArgument(format!("no rank {peer} in this group")))
+    fn peer_status(
+        &mut self,
+        peer: usize,
+        _deadline: Instant,
+    ) -> crate::error::Result<Option<(u64, u8)>> {
+        super::check_peer(self.rank, peer, self.members.len())?;
+        Ok(self.fabric.beacon(self.group, self.members[peer]).get())
+    }
+
+    fn group(&mut self, spec: &GroupSpec) -> crate::error::Result<Links> {
+        let rank = spec.check(self.rank, self.members.len(), self.group)?;
+        let members: Arc<[usize]> = spec.members.iter().map(|&m| self.members[m]).collect();
+        Ok(LocalConnector::links(&self.fabric, spec.id, members, rank))
     }
 }
 
@@ -201,25 +249,13 @@ impl Connector for LocalConnector {
 pub fn group(n: usize, capacity: usize) -> Vec<Links> {
     let fabric = Arc::new(Fabric {
         bells: (0..n).map(|_| Arc::new(Bell::default())).collect(),
-        beacons: (0..n).map(|_| Arc::new(Beacon::default())).collect(),
+        beacons: Mutex::new(HashMap::new()),
         capacity,
         pipes: Mutex::new(HashMap::new()),
     });
+    let members: Arc<[usize]> = (0..n).collect();
     (0..n)
-        .map(|r| {
-            let seen = *lock(&fabric.bells[r].generation);
-            Links::new(
-                Box::new(LocalConnector {
-                    rank: r,
-                    fabric: fabric.clone(),
-                }),
-                Box::new(LocalWaiter {
-                    bell: fabric.bells[r].clone(),
-                    seen,
-                }),
-                fabric.beacons[r].clone(),
-            )
-        })
+        .map(|r| LocalConnector::links(&fabric, 0, members.clone(), r))
         .collect()
 }
 

@@ -117,6 +117,86 @@ pub trait Waiter: Send {
     /// Blocks for at most `timeout`. Returning early, even spuriously, is allowed:
     /// callers retry their links and call again.
     fn wait(&mut self, timeout: Duration) -> std::io::Result<()>;
+
+    /// A way for another thread to end a [`Waiter::wait`] in progress (or make the
+    /// next one return at once): how the point-to-point engine, asleep on its links,
+    /// hears of a send or receive just posted. `None` (the default): such news waits
+    /// for the wait's end, at most a millisecond there.
+    fn waker(&self) -> Option<Waker> {
+        None
+    }
+}
+
+/// Ends a [`Waiter::wait`] early, from any thread ([`Waiter::waker`]).
+#[derive(Clone)]
+pub struct Waker(Arc<dyn Fn() + Send + Sync>);
+
+impl Waker {
+    /// A waker that calls `wake` (which must make the waiter's current or next wait
+    /// return soon, and never block).
+    pub fn new(wake: impl Fn() + Send + Sync + 'static) -> Self {
+        Waker(Arc::new(wake))
+    }
+
+    /// Wakes the waiter.
+    pub fn wake(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
+}
+
+/// A group of a connector's ranks, for the links of a sub-communicator
+/// ([`Connector::group`]; `Communicator::split` and friends).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// The group's id: the same on every member, different from every other group of
+    /// the job, never 0 (the job's own links). Handshakes carry it, so a group's links
+    /// are streams of their own.
+    pub id: u64,
+    /// The connector's ranks that belong to the group, in the group's rank order:
+    /// `members[r]` is the group's rank `r`.
+    pub members: Vec<usize>,
+}
+
+impl GroupSpec {
+    /// This rank's place in the group, checking the spec against a connector whose
+    /// rank is `rank` of `world_size`, itself of group `parent`: an id of its own,
+    /// members distinct, in range, and this rank among them.
+    pub fn check(
+        &self,
+        rank: usize,
+        world_size: usize,
+        parent: u64,
+    ) -> crate::error::Result<usize> {
+        let bad = |why: String| {
+            Err(crate::error::Error::InvalidArgument(format!(
+                "group {:#x} of ranks {:?}: {why}",
+                self.id, self.members
+            )))
+        };
+        if self.id == 0 || self.id == parent {
+            return bad(format!("id {:#x} is its parent's or the job's", self.id));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(&m) = self
+            .members
+            .iter()
+            .find(|&&m| m >= world_size || !seen.insert(m))
+        {
+            return bad(format!(
+                "rank {m} is out of range or listed twice (world size {world_size})"
+            ));
+        }
+        match self.members.iter().position(|&m| m == rank) {
+            Some(r) => Ok(r),
+            None => bad(format!("rank {rank} is not a member")),
+        }
+    }
 }
 
 /// Which stream between two ranks. Collectives and point-to-point messages never share
@@ -191,11 +271,40 @@ pub trait Connector: Send {
         peer: usize,
         channel: Channel,
         deadline: Instant,
-    ) -> crate::Result<Box<dyn Link>>;
+    ) -> crate::error::Result<Box<dyn Link>>;
 
     /// Asks `peer` which operation it is in (its [`Beacon`]), giving up at `deadline`.
     /// `Ok(None)`: the peer has not started any operation.
-    fn peer_status(&mut self, peer: usize, deadline: Instant) -> crate::Result<Option<(u64, u8)>>;
+    fn peer_status(
+        &mut self,
+        peer: usize,
+        deadline: Instant,
+    ) -> crate::error::Result<Option<(u64, u8)>>;
+
+    /// Whether [`Connector::connect`] to `peer` on `channel` would return without
+    /// waiting for the peer (it has dialled in already, or this rank dials): the
+    /// point-to-point engine links a peer only then, so a peer that has posted
+    /// nothing yet holds up no other. The default says yes.
+    fn ready(&mut self, peer: usize, channel: Channel) -> bool {
+        let _ = (peer, channel);
+        true
+    }
+
+    /// The links of a group of this connector's ranks (a sub-communicator): a
+    /// connector numbering the group's ranks `0..members.len()`, whose links are
+    /// streams of their own beside this connector's (the same two ranks may be linked
+    /// in both, and in any number of groups), a waiter over them, and the group's
+    /// beacon (what peers asking about the group are told). Every member calls it with
+    /// the same spec; the group's connector can make groups of its own. Made through
+    /// what this connector already has (addresses, store, listener): no new
+    /// rendezvous. The default refuses, and a communicator over such a transport
+    /// cannot be split.
+    fn group(&mut self, spec: &GroupSpec) -> crate::error::Result<Links> {
+        Err(crate::error::Error::Unavailable {
+            what: format!("group {:#x} (a sub-communicator)", spec.id),
+            why: "this transport's connector does not make groups (Connector::group)".into(),
+        })
+    }
 }
 
 /// Refuses a `peer` that is not another rank of a job of `world_size`, for
@@ -205,13 +314,13 @@ pub trait Connector: Send {
 /// default is BBR): what a tool prints next to its TCP links.
 pub fn tcp_congestion_in_effect(
     want: &crate::config::TcpCongestion,
-) -> crate::Result<(String, String)> {
+) -> crate::error::Result<(String, String)> {
     tcp::congestion_in_effect(want)
 }
 
-pub(crate) fn check_peer(rank: usize, peer: usize, world_size: usize) -> crate::Result<()> {
+pub(crate) fn check_peer(rank: usize, peer: usize, world_size: usize) -> crate::error::Result<()> {
     if peer >= world_size || peer == rank {
-        return Err(crate::Error::InvalidArgument(format!(
+        return Err(crate::error::Error::InvalidArgument(format!(
             "rank {rank} has no peer rank {peer} in a job of {world_size}"
         )));
     }
@@ -282,13 +391,13 @@ pub trait Transport: Send + Sync {
     /// Checks, before any rendezvous, that this transport can run here: a missing
     /// device or feature fails at once, without touching the store. The default
     /// accepts.
-    fn probe(&self, cfg: &Config) -> crate::Result<()> {
+    fn probe(&self, cfg: &Config) -> crate::error::Result<()> {
         let _ = cfg;
         Ok(())
     }
 
     /// Makes this rank's links.
-    fn connect(&self, job: Joined) -> crate::Result<Links>;
+    fn connect(&self, job: Joined) -> crate::error::Result<Links>;
 }
 
 /// What a [`Transport`] gets to link a rank: the rank's config, the job's communicator
@@ -299,7 +408,9 @@ pub struct Joined {
     pub config: Config,
     /// The job's communicator id, for handshakes that must refuse other jobs.
     pub comm_id: u64,
-    /// A connection to the job's store, for exchanging addresses.
+    /// A connection to the job's store, for exchanging addresses. Every rank has said
+    /// which host it is on there before `connect` (`host/<rank>`: see
+    /// [`crate::rendezvous`]).
     pub store: StoreClient,
 }
 
@@ -316,7 +427,7 @@ impl Joined {
 
     /// Another connection to the job's store, for a transport that exchanges more
     /// later (CUDA IPC trades memory handles at its first device call).
-    pub fn store_connection(&self) -> crate::Result<StoreClient> {
+    pub fn store_connection(&self) -> crate::error::Result<StoreClient> {
         StoreClient::connect_with_token(
             &self.config.job.master_addr,
             self.config.tuning.connect_timeout,
@@ -325,15 +436,15 @@ impl Joined {
     }
 }
 
-/// The transport of this library named `kind`, or [`crate::Error::Unavailable`] when
+/// The transport of this library named `kind`, or [`crate::error::Error::Unavailable`] when
 /// this build lacks it (`rdma`, `cuda-ipc` are cargo features) and a configuration
 /// error for `local`, which links threads ([`crate::Communicator::local_group`]).
-pub fn builtin(kind: TransportKind) -> crate::Result<Box<dyn Transport>> {
+pub fn builtin(kind: TransportKind) -> crate::error::Result<Box<dyn Transport>> {
     match kind {
         TransportKind::Auto => Ok(Box::new(shm::Shm { strict: false })),
         TransportKind::Tcp => Ok(Box::new(tcp::Tcp)),
         TransportKind::Shm => Ok(Box::new(shm::Shm { strict: true })),
-        TransportKind::Local => Err(crate::Error::Config(
+        TransportKind::Local => Err(crate::error::Error::Config(
             "the local transport links threads of one process: use Communicator::local_group"
                 .into(),
         )),
@@ -341,7 +452,7 @@ pub fn builtin(kind: TransportKind) -> crate::Result<Box<dyn Transport>> {
         #[cfg(feature = "cuda")]
         TransportKind::CudaIpc => Ok(Box::new(cuda_ipc::CudaIpc)),
         #[cfg(not(feature = "cuda"))]
-        TransportKind::CudaIpc => Err(crate::Error::Unavailable {
+        TransportKind::CudaIpc => Err(crate::error::Error::Unavailable {
             what: "transport cuda-ipc".into(),
             why: "this build has no CUDA IPC transport (it arrives with the \"cuda\" feature)"
                 .into(),
@@ -402,10 +513,10 @@ pub trait MemPeers: Send {
     /// Starts a call on `mem`: this rank's workspace holds at least `bytes`, and the
     /// workspaces of `peers` are mapped. Every rank calls it at the same call with the
     /// same `bytes` (growing may trade handles through the store).
-    fn begin(&mut self, mem: &CallMem, bytes: usize, peers: &[usize]) -> crate::Result<()>;
+    fn begin(&mut self, mem: &CallMem, bytes: usize, peers: &[usize]) -> crate::error::Result<()>;
 
     /// Enqueues `dst = src` for `len` bytes.
-    fn copy(&mut self, dst: Region, src: Region, len: usize) -> crate::Result<()>;
+    fn copy(&mut self, dst: Region, src: Region, len: usize) -> crate::error::Result<()>;
 
     /// Enqueues `dst = a op b` for `len` bytes (the call's dtype and op; `Avg` combines
     /// as `Sum`), then, when `finish`, `Avg`'s division of `dst`, then `also = dst`.
@@ -417,18 +528,18 @@ pub trait MemPeers: Send {
         b: Region,
         len: usize,
         finish: bool,
-    ) -> crate::Result<()>;
+    ) -> crate::error::Result<()>;
 
     /// Publishes `value` as this rank's progress, ordered after everything enqueued.
-    fn publish(&mut self, value: u64) -> crate::Result<()>;
+    fn publish(&mut self, value: u64) -> crate::error::Result<()>;
 
     /// `peer`'s published progress (0 before its first call).
     fn progress(&self, peer: usize) -> u64;
 
     /// Orders this rank's later work after the work `peer` had enqueued when it
     /// published the value last seen.
-    fn order_after(&mut self, peer: usize) -> crate::Result<()>;
+    fn order_after(&mut self, peer: usize) -> crate::error::Result<()>;
 
     /// Waits until everything enqueued has completed.
-    fn end(&mut self) -> crate::Result<()>;
+    fn end(&mut self) -> crate::error::Result<()>;
 }

@@ -4,14 +4,29 @@
 //! ephemeral port of the interface it reaches the store through, publishes
 //! `addr/<rank>`, and for each pair of linked ranks the lower rank connects to the
 //! higher. The first bytes each way are a [`Hello`]: magic number, protocol version,
-//! communicator id, the sender's rank and world size, and the rank it means to reach.
-//! Anything else is rejected — a stranger or a leftover process from an earlier job gets
-//! a refusal and a log line, and does not disturb the job.
+//! communicator id, the sender's rank and world size, the rank it means to reach, the
+//! channel and the group. Anything else is rejected — a stranger or a leftover process
+//! from an earlier job gets a refusal and a log line, and does not disturb the job.
+//!
+//! # Groups
+//!
+//! A sub-communicator (`Communicator::split`) gets connections of its own, made by a
+//! connector that shares this rank's listener, acceptor, address book and store
+//! connection ([`Connector::group`]): its hellos carry the group's id, and the acceptor
+//! files each connection under (group, rank, channel), so the same two ranks may be
+//! linked in the job and in any number of groups at once, each link a stream of its
+//! own. A TCP stream cannot carry two communicators' frames without a demultiplexer
+//! (one communicator's large frame would hold the other's behind it, and a rank
+//! waiting in one for a frame stuck behind the other's would wait forever), so groups
+//! do not share the job's links: they share everything that made them. Ranks in the
+//! hello stay the job's; a group's connector maps its own ranks to them.
 //!
 //! Data sockets get `TCP_NODELAY` and large kernel buffers (see
 //! [`crate::config::TcpOptions::socket_buffer`]).
 
-use super::{Beacon, Channel, Connector, Joined, Link, LinkError, Links, Transport, Waiter};
+use super::{
+    Beacon, Channel, Connector, GroupSpec, Joined, Link, LinkError, Links, Transport, Waiter,
+};
 use crate::config::TcpCongestion;
 use crate::error::{Error, Result};
 use crate::rendezvous::{auth, StoreClient};
@@ -26,9 +41,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Protocol version carried in every handshake; bumped on any wire change.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 const HELLO_MAGIC: [u8; 4] = *b"FCCH";
-const HELLO_LEN: usize = 32;
+const HELLO_LEN: usize = 40;
 
 /// The TCP transport (the default): see the module docs.
 pub(crate) struct Tcp;
@@ -74,6 +89,9 @@ pub struct Hello {
     pub channel: u16,
     /// [`FLAG_AUTH`]: the sender's job has a token and a proof exchange follows.
     pub flags: u16,
+    /// The group the connection belongs to: 0 for the job's own links, a
+    /// sub-communicator's id otherwise ([`super::GroupSpec::id`]).
+    pub group: u64,
 }
 
 /// [`Hello::flags`] bit: the sender authenticates with the job token (HMAC
@@ -113,6 +131,7 @@ impl Hello {
         b[24..28].copy_from_slice(&self.to_rank.to_le_bytes());
         b[28..30].copy_from_slice(&self.channel.to_le_bytes());
         b[30..32].copy_from_slice(&self.flags.to_le_bytes());
+        b[32..40].copy_from_slice(&self.group.to_le_bytes());
         b
     }
 
@@ -128,17 +147,21 @@ impl Hello {
         }
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&b[8..16]);
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(x)
+        };
         Ok(Hello {
             version: u16_at(4),
             status: u16_at(6),
-            comm_id: u64::from_le_bytes(id),
+            comm_id: u64_at(8),
             rank: u32_at(16),
             world_size: u32_at(20),
             to_rank: u32_at(24),
             channel: u16_at(28),
             flags: u16_at(30),
+            group: u64_at(32),
         })
     }
 }
@@ -206,6 +229,31 @@ impl Link for TcpLink {
 struct TcpWaiter {
     poll: Poll,
     events: Events,
+    waker: Option<Arc<mio::Waker>>,
+}
+
+/// The poller token of a waiter's waker (links use `2·peer + channel`).
+pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
+
+/// A [`super::Waker`] ending a wait in `poll` (which it registers); `None` if the
+/// poller refuses one (the waits then end on their own, at the latest after their
+/// timeout slice).
+pub(crate) fn poll_waker(poll: &Poll) -> Option<Arc<mio::Waker>> {
+    mio::Waker::new(poll.registry(), WAKER_TOKEN)
+        .map(Arc::new)
+        .map_err(|e| tracing::debug!("no waker for the poller: {e}"))
+        .ok()
+}
+
+impl TcpWaiter {
+    fn new(poll: Poll) -> Self {
+        let waker = poll_waker(&poll);
+        TcpWaiter {
+            poll,
+            events: Events::with_capacity(64),
+            waker,
+        }
+    }
 }
 
 impl Waiter for TcpWaiter {
@@ -214,6 +262,13 @@ impl Waiter for TcpWaiter {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
             r => r,
         }
+    }
+
+    fn waker(&self) -> Option<super::Waker> {
+        let w = self.waker.clone()?;
+        Some(super::Waker::new(move || {
+            let _ = w.wake();
+        }))
     }
 }
 
@@ -385,13 +440,19 @@ pub(crate) fn listen(ip: IpAddr, opts: &SocketOpts) -> Result<TcpListener> {
     Ok(l)
 }
 
+/// Reads a hello: its magic first, so that a stranger that sends a few bytes of
+/// something else and hangs up is named as one (the decoder refuses the magic), not
+/// as a short read.
 fn read_hello(s: &mut TcpStream, deadline: Instant) -> io::Result<[u8; HELLO_LEN]> {
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
     s.set_read_timeout(Some(left))?;
     let mut b = [0u8; HELLO_LEN];
-    s.read_exact(&mut b)?;
+    s.read_exact(&mut b[..4])?;
+    if b[..4] == HELLO_MAGIC {
+        s.read_exact(&mut b[4..])?;
+    }
     Ok(b)
 }
 
@@ -402,10 +463,7 @@ pub(crate) fn endpoint(ctx: ConnectCtx) -> Result<Links> {
     let (connector, poll, beacon) = endpoint_parts(ctx)?;
     Ok(Links::new(
         Box::new(connector),
-        Box::new(TcpWaiter {
-            poll,
-            events: Events::with_capacity(64),
-        }),
+        Box::new(TcpWaiter::new(poll)),
         beacon,
     ))
 }
@@ -427,40 +485,82 @@ pub(crate) fn endpoint_parts(mut ctx: ConnectCtx) -> Result<(TcpConnector, Poll,
         .map_err(|e| Error::io("cloning the poller's registry", e))?;
     let accepted = Arc::new(Accepted::default());
     let beacon = Arc::new(Beacon::default());
+    lock(&accepted.beacons).insert(0, beacon.clone());
+    let me = Identity::of(&ctx);
     {
-        let (acc, me, b) = (accepted.clone(), Identity::of(&ctx), beacon.clone());
+        let (acc, me) = (accepted.clone(), me.clone());
         std::thread::Builder::new()
             .name(format!("ferroccl-accept{}", ctx.rank))
-            .spawn(move || accept_loop(listener, me, &acc, &b))
+            .spawn(move || accept_loop(listener, me, &acc))
             .map_err(|e| Error::io("starting the connection acceptor", e))?;
     }
+    let members: Arc<[usize]> = (0..ctx.world_size).collect();
+    let ep = Arc::new(Endpoint {
+        me,
+        opts: ctx.opts,
+        store: Mutex::new(ctx.store),
+        addrs: Mutex::new(HashMap::new()),
+        accepted,
+    });
     Ok((
         TcpConnector {
-            ctx,
+            rank: ep.me.rank,
+            ep,
+            group: 0,
+            members,
             registry,
-            addrs: HashMap::new(),
-            accepted,
         },
         poll,
         beacon,
     ))
 }
 
-/// Makes TCP links (see the module docs); `shm` also uses it for control connections.
-pub(crate) struct TcpConnector {
-    ctx: ConnectCtx,
-    registry: mio::Registry,
-    addrs: HashMap<usize, SocketAddr>,
+/// What every connector of one rank shares, the job's own and its groups': who the
+/// rank is in the job, its socket settings, the store, the peers' addresses, and the
+/// acceptor (stopped when the last connector goes).
+struct Endpoint {
+    me: Identity,
+    opts: SocketOpts,
+    store: Mutex<StoreClient>,
+    addrs: Mutex<HashMap<usize, SocketAddr>>,
     accepted: Arc<Accepted>,
 }
 
-impl Drop for TcpConnector {
+impl Drop for Endpoint {
     fn drop(&mut self) {
         self.accepted.stop.store(true, Ordering::Relaxed);
     }
 }
 
-/// Who this rank is, as its handshakes say.
+/// Makes TCP links (see the module docs) for the job or for one of its groups; `shm`
+/// also uses it for control connections.
+pub(crate) struct TcpConnector {
+    ep: Arc<Endpoint>,
+    /// The group this connector's links belong to (0: the job's own).
+    group: u64,
+    /// The job rank of each of this connector's ranks, in its order.
+    members: Arc<[usize]>,
+    /// This rank, in this connector's order.
+    rank: usize,
+    registry: mio::Registry,
+}
+
+impl Drop for TcpConnector {
+    fn drop(&mut self) {
+        if self.group == 0 {
+            return;
+        }
+        // A group's connector goes with its communicator: peers asking about the group
+        // hear that this rank is in no operation of it, and connections filed for it
+        // and never taken are closed.
+        lock(&self.ep.accepted.beacons).remove(&self.group);
+        let mut st = lock_state(&self.ep.accepted);
+        st.ready.retain(|k, _| k.0 != self.group);
+        st.taken.retain(|k| k.0 != self.group);
+    }
+}
+
+/// Who this rank is in the job, as its handshakes say.
 #[derive(Clone)]
 struct Identity {
     rank: usize,
@@ -479,7 +579,8 @@ impl Identity {
         }
     }
 
-    fn hello(&self, to: usize, channel: Channel, status: u16) -> Hello {
+    /// A hello to job rank `to` on `channel` of `group`.
+    fn hello(&self, to: usize, channel: Channel, group: u64, status: u16) -> Hello {
         Hello {
             version: PROTOCOL_VERSION,
             status,
@@ -489,6 +590,7 @@ impl Identity {
             to_rank: to as u32,
             channel: channel.code() as u16,
             flags: if self.token.is_some() { FLAG_AUTH } else { 0 },
+            group,
         }
     }
 }
@@ -542,20 +644,26 @@ fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Re
     s.read_exact(buf)
 }
 
+/// Which stream an accepted connection is: (group, the dialer's job rank, channel).
+type LinkKey = (u64, usize, Channel);
+
 /// Connections from lower ranks, accepted and acknowledged by the acceptor thread
-/// whatever this rank is doing, so a peer dialling it never waits on its main thread.
+/// whatever this rank is doing, so a peer dialling it never waits on its main thread;
+/// and the beacons of this rank's communicators, by group, which it answers status
+/// queries from.
 #[derive(Default)]
 struct Accepted {
     state: Mutex<AcceptState>,
     cv: Condvar,
     stop: AtomicBool,
+    beacons: Mutex<HashMap<u64, Arc<Beacon>>>,
 }
 
 #[derive(Default)]
 struct AcceptState {
-    ready: HashMap<(usize, Channel), TcpStream>,
+    ready: HashMap<LinkKey, TcpStream>,
     /// Links already handed out (a second connection for one is refused).
-    taken: HashSet<(usize, Channel)>,
+    taken: HashSet<LinkKey>,
     /// Strangers turned away, for the error if an awaited peer never comes.
     refused: Vec<String>,
 }
@@ -566,7 +674,7 @@ fn lock_state(a: &Accepted) -> MutexGuard<'_, AcceptState> {
 
 /// Accepts until told to stop; each connection's handshake runs on its own short-lived
 /// thread so a silent stranger delays nobody.
-fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>, beacon: &Arc<Beacon>) {
+fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>) {
     use std::os::fd::AsRawFd;
     while !acc.stop.load(Ordering::Relaxed) {
         let mut pfd = libc::pollfd {
@@ -582,10 +690,10 @@ fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>, beacon:
         loop {
             match listener.accept() {
                 Ok((s, from)) => {
-                    let (acc, beacon, who) = (acc.clone(), beacon.clone(), me.clone());
+                    let (acc, who) = (acc.clone(), me.clone());
                     let spawned = std::thread::Builder::new()
                         .name("ferroccl-handshake".into())
-                        .spawn(move || handshake_incoming(s, from, who, &acc, &beacon));
+                        .spawn(move || handshake_incoming(s, from, who, &acc));
                     if let Err(e) = spawned {
                         tracing::warn!("rank {}: cannot start a handshake thread: {e}", me.rank);
                     }
@@ -604,13 +712,7 @@ fn accept_loop(listener: TcpListener, me: Identity, acc: &Arc<Accepted>, beacon:
 
 /// Checks an incoming connection's handshake and, if it is a lower rank of this job,
 /// acknowledges it and files it for [`TcpConnector::accept_from`].
-fn handshake_incoming(
-    mut s: TcpStream,
-    from: SocketAddr,
-    me: Identity,
-    acc: &Accepted,
-    beacon: &Beacon,
-) {
+fn handshake_incoming(mut s: TcpStream, from: SocketAddr, me: Identity, acc: &Accepted) {
     let refuse_with = |acc: &Accepted, why: String| {
         tracing::warn!("rank {}: refused a connection from {why}", me.rank);
         lock_state(acc).refused.push(why);
@@ -638,7 +740,7 @@ fn handshake_incoming(
         }
     }
     let ch = Channel::from_code(h.channel as u32);
-    let key = (h.rank as usize, ch.unwrap_or(Channel::Collective));
+    let key: LinkKey = (h.group, h.rank as usize, ch.unwrap_or(Channel::Collective));
     let status_query = ch == Some(Channel::Status);
     let code = if h.version != PROTOCOL_VERSION {
         refuse::VERSION
@@ -662,35 +764,39 @@ fn handshake_incoming(
         0
     };
     if code != 0 {
-        let _ = s.write_all(&me.hello(key.0, key.1, code).encode());
+        let _ = s.write_all(&me.hello(key.1, key.2, key.0, code).encode());
         return refuse_with(
             acc,
             format!(
-                "{from} claiming rank {} of {} (comm {:#018x}, version {}, channel {}): {}",
+                "{from} claiming rank {} of {} (comm {:#018x}, version {}, channel {}, \
+                 group {:#x}): {}",
                 h.rank,
                 h.world_size,
                 h.comm_id,
                 h.version,
                 h.channel,
+                h.group,
                 refuse::text(code)
             ),
         );
     }
     // No lock is held during the exchange: a slow or hostile dialer delays nobody.
-    let reply = me.hello(key.0, key.1, 0).encode();
+    let reply = me.hello(key.1, key.2, key.0, 0).encode();
     if let Err(why) = accept_with_proof(&mut s, &me, &raw, &dialer_nonce, &reply, deadline) {
-        return refuse_with(acc, format!("{from} (rank {}): {why}", key.0));
+        return refuse_with(acc, format!("{from} (rank {}): {why}", key.1));
     }
     if status_query {
-        // A peer asks what this rank is doing: answer from the beacon, whatever this
-        // rank's own thread is doing, and hang up.
-        let _ = s.write_all(&beacon.raw().to_le_bytes());
+        // A peer asks what this rank is doing in the group: answer from its beacon,
+        // whatever this rank's own thread is doing, and hang up. A group this rank
+        // has no communicator of (yet, or any more) answers "no operation".
+        let raw = lock(&acc.beacons).get(&h.group).map_or(0, |b| b.raw());
+        let _ = s.write_all(&raw.to_le_bytes());
         return;
     }
     let mut st = lock_state(acc);
     if st.taken.contains(&key) || st.ready.contains_key(&key) {
         drop(st);
-        return refuse_with(acc, format!("{from}: rank {} connected twice", key.0));
+        return refuse_with(acc, format!("{from}: rank {} connected twice", key.1));
     }
     st.ready.insert(key, s);
     drop(st);
@@ -698,19 +804,24 @@ fn handshake_incoming(
 }
 
 impl TcpConnector {
-    fn hello(&self, to: usize, channel: Channel, status: u16) -> Hello {
-        Identity::of(&self.ctx).hello(to, channel, status)
+    /// The job rank of this connector's rank `p`.
+    fn job_rank(&self, p: usize) -> usize {
+        self.members[p]
     }
 
-    fn peer_addr(&mut self, p: usize, deadline: Instant) -> Result<SocketAddr> {
-        if let Some(a) = self.addrs.get(&p) {
+    fn hello(&self, to_job_rank: usize, channel: Channel, status: u16) -> Hello {
+        self.ep.me.hello(to_job_rank, channel, self.group, status)
+    }
+
+    /// Where job rank `p` listens (asked of the store once per rank, for every
+    /// connector of this rank).
+    fn peer_addr(&self, p: usize, deadline: Instant) -> Result<SocketAddr> {
+        if let Some(a) = lock(&self.ep.addrs).get(&p) {
             return Ok(*a);
         }
-        let me = self.ctx.rank;
+        let me = self.ep.me.rank;
         let wait = deadline.saturating_duration_since(Instant::now());
-        let raw = self
-            .ctx
-            .store
+        let raw = lock(&self.ep.store)
             .get(&format!("addr/{p}"), wait)
             .map_err(|e| {
                 Error::Rendezvous(format!(
@@ -722,15 +833,15 @@ impl TcpConnector {
         let addr: SocketAddr = text.parse().map_err(|_| {
             Error::Rendezvous(format!("rank {p} published an unparsable address {text:?}"))
         })?;
-        self.addrs.insert(p, addr);
+        lock(&self.ep.addrs).insert(p, addr);
         Ok(addr)
     }
 
-    /// Connects to higher rank `p` and completes the handshake.
-    fn dial(&mut self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
+    /// Connects to higher job rank `p` and completes the handshake.
+    fn dial(&self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
         let addr = self.peer_addr(p, deadline)?;
         let who = format!("rank {p} at {addr}");
-        let mut s = connect_with_retry(&addr, &self.ctx.opts, deadline).map_err(|e| match e {
+        let mut s = connect_with_retry(&addr, &self.ep.opts, deadline).map_err(|e| match e {
             Error::Io { source, .. } => hs_err(&who, format!("could not connect: {source}")),
             e => e,
         })?;
@@ -738,9 +849,10 @@ impl TcpConnector {
         Ok(s)
     }
 
-    /// The dialer's half of the handshake on a fresh connection to rank `p`: hello (and
-    /// nonce), the reply checked field by field, and for a job with a token the proof
-    /// exchange (the acceptor's proof checked, ours sent, the acceptor's verdict read).
+    /// The dialer's half of the handshake on a fresh connection to job rank `p`: hello
+    /// (and nonce), the reply checked field by field, and for a job with a token the
+    /// proof exchange (the acceptor's proof checked, ours sent, the acceptor's verdict
+    /// read).
     fn handshake_out(
         &self,
         s: &mut TcpStream,
@@ -749,12 +861,12 @@ impl TcpConnector {
         deadline: Instant,
         who: &str,
     ) -> Result<()> {
-        let me = self.ctx.rank;
+        let me = &self.ep.me;
         let io = |e: io::Error| hs_err(who, format!("handshake I/O failed: {e}"));
         let request = self.hello(p, ch, 0).encode();
         let ours = auth::nonce();
         let mut out = request.to_vec();
-        if self.ctx.token.is_some() {
+        if me.token.is_some() {
             out.extend_from_slice(&ours);
         }
         s.write_all(&out).map_err(io)?;
@@ -775,29 +887,31 @@ impl TcpConnector {
                 ),
             ));
         }
-        if h.comm_id != self.ctx.comm_id {
+        if h.comm_id != me.comm_id {
             return Err(hs_err(
                 who,
                 format!(
                     "communicator id {:#018x} differs from ours {:#018x}",
-                    h.comm_id, self.ctx.comm_id
+                    h.comm_id, me.comm_id
                 ),
             ));
         }
         if h.rank as usize != p
-            || h.world_size as usize != self.ctx.world_size
-            || h.to_rank as usize != me
+            || h.world_size as usize != me.world_size
+            || h.to_rank as usize != me.rank
             || h.channel as u32 != ch.code()
+            || h.group != self.group
         {
             return Err(hs_err(
                 who,
                 format!(
-                    "answered as rank {} of {} (to rank {}, channel {}), expected rank {p} of {}",
-                    h.rank, h.world_size, h.to_rank, h.channel, self.ctx.world_size
+                    "answered as rank {} of {} (to rank {}, channel {}, group {:#x}), \
+                     expected rank {p} of {} (group {:#x})",
+                    h.rank, h.world_size, h.to_rank, h.channel, h.group, me.world_size, self.group
                 ),
             ));
         }
-        let Some(token) = &self.ctx.token else {
+        let Some(token) = &me.token else {
             return Ok(());
         };
         if h.flags & FLAG_AUTH == 0 {
@@ -827,54 +941,83 @@ impl TcpConnector {
         Ok(())
     }
 
-    /// Waits for lower rank `p`'s connection on `ch`, accepted by the acceptor thread.
-    fn accept_from(&mut self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
-        let me = self.ctx.rank;
-        let mut st = lock_state(&self.accepted);
+    /// Waits for lower job rank `p`'s connection on `ch` of this connector's group,
+    /// accepted by the acceptor thread.
+    fn accept_from(&self, p: usize, ch: Channel, deadline: Instant) -> Result<TcpStream> {
+        let me = self.ep.me.rank;
+        let key = (self.group, p, ch);
+        let acc = &self.ep.accepted;
+        let mut st = lock_state(acc);
         loop {
-            if let Some(s) = st.ready.remove(&(p, ch)) {
-                st.taken.insert((p, ch));
+            if let Some(s) = st.ready.remove(&key) {
+                st.taken.insert(key);
                 return Ok(s);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                let group = match self.group {
+                    0 => String::new(),
+                    g => format!(" of group {g:#x}"),
+                };
                 let mut detail = format!(
-                    "rank {me}: rank {p} did not connect ({ch:?} channel) within {:?}",
-                    self.ctx.opts.connect_timeout
+                    "rank {me}: rank {p} did not connect ({ch:?} channel{group}) within {:?}",
+                    self.ep.opts.connect_timeout
                 );
                 if !st.refused.is_empty() {
                     detail.push_str(&format!("; refused meanwhile: {}", st.refused.join("; ")));
                 }
                 return Err(hs_err(format!("rank {p}"), detail));
             }
-            st = self
-                .accepted
+            st = acc
                 .cv
                 .wait_timeout(st, left)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
     }
-}
 
-impl TcpConnector {
-    /// Asks rank `p`'s acceptor for its beacon.
-    fn ask_status(&mut self, p: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
+    /// Asks job rank `p`'s acceptor for its beacon in this connector's group.
+    fn ask_status(&self, p: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
         let addr = self.peer_addr(p, deadline)?;
         let who = format!("rank {p} at {addr}");
-        let mut s = connect_with_retry(&addr, &self.ctx.opts, deadline)?;
+        let mut s = connect_with_retry(&addr, &self.ep.opts, deadline)?;
         let io = |e: io::Error| hs_err(&who, format!("status query failed: {e}"));
         self.handshake_out(&mut s, p, Channel::Status, deadline, &who)?;
         let mut b = [0u8; 8];
         s.read_exact(&mut b).map_err(io)?;
         Ok(Beacon::decode(u64::from_le_bytes(b)))
     }
+
+    /// The connector of a group of this connector's ranks (see [`Connector::group`]):
+    /// the same listener, addresses and store, its own poller (the parts of
+    /// [`endpoint_parts`]).
+    pub(crate) fn subgroup(&self, spec: &GroupSpec) -> Result<(TcpConnector, Poll, Arc<Beacon>)> {
+        let rank = spec.check(self.rank, self.members.len(), self.group)?;
+        let poll = Poll::new().map_err(|e| Error::io("creating the poller", e))?;
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(|e| Error::io("cloning the poller's registry", e))?;
+        let beacon = Arc::new(Beacon::default());
+        lock(&self.ep.accepted.beacons).insert(spec.id, beacon.clone());
+        Ok((
+            TcpConnector {
+                ep: self.ep.clone(),
+                group: spec.id,
+                members: spec.members.iter().map(|&m| self.members[m]).collect(),
+                rank,
+                registry,
+            },
+            poll,
+            beacon,
+        ))
+    }
 }
 
 impl Connector for TcpConnector {
     fn peer_status(&mut self, peer: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
-        super::check_peer(self.ctx.rank, peer, self.ctx.world_size)?;
-        self.ask_status(peer, deadline)
+        super::check_peer(self.rank, peer, self.members.len())?;
+        self.ask_status(self.job_rank(peer), deadline)
     }
 
     fn connect(
@@ -892,23 +1035,37 @@ impl Connector for TcpConnector {
             received: 0,
         }))
     }
+
+    fn ready(&mut self, peer: usize, channel: Channel) -> bool {
+        self.ready_now(peer, channel)
+    }
+
+    fn group(&mut self, spec: &GroupSpec) -> Result<Links> {
+        let (connector, poll, beacon) = self.subgroup(spec)?;
+        Ok(Links::new(
+            Box::new(connector),
+            Box::new(TcpWaiter::new(poll)),
+            beacon,
+        ))
+    }
 }
 
 impl TcpConnector {
     /// The connected, handshaken (and, with a job token, authenticated) stream to
-    /// `peer` on `channel`, still blocking: the lower rank dials, the higher accepts.
+    /// `peer` (this connector's rank) on `channel`, still blocking: the lower job rank
+    /// dials, the higher accepts.
     pub(crate) fn stream(
         &mut self,
         peer: usize,
         channel: Channel,
         deadline: Instant,
     ) -> Result<TcpStream> {
-        let me = self.ctx.rank;
-        super::check_peer(me, peer, self.ctx.world_size)?;
-        if peer > me {
-            self.dial(peer, channel, deadline)
+        super::check_peer(self.rank, peer, self.members.len())?;
+        let (me, p) = (self.ep.me.rank, self.job_rank(peer));
+        if p > me {
+            self.dial(p, channel, deadline)
         } else {
-            self.accept_from(peer, channel, deadline)
+            self.accept_from(p, channel, deadline)
         }
     }
 
@@ -935,8 +1092,35 @@ impl TcpConnector {
     }
 
     /// The job's store, for a transport that trades more through it.
-    pub(crate) fn store(&mut self) -> &mut StoreClient {
-        &mut self.ctx.store
+    pub(crate) fn store(&self) -> MutexGuard<'_, StoreClient> {
+        lock(&self.ep.store)
+    }
+
+    /// Whether [`TcpConnector::stream`] to `peer` returns without waiting for it: this
+    /// rank dials it, or its connection has been accepted already.
+    pub(crate) fn ready_now(&self, peer: usize, channel: Channel) -> bool {
+        let Some(&p) = self.members.get(peer) else {
+            return true; // connect says why
+        };
+        p > self.ep.me.rank
+            || lock_state(&self.ep.accepted)
+                .ready
+                .contains_key(&(self.group, p, channel))
+    }
+
+    /// This rank, in this connector's order.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The job rank of each of this connector's ranks.
+    pub(crate) fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// This connector's group (0: the job's own links).
+    pub(crate) fn group_id(&self) -> u64 {
+        self.group
     }
 }
 
@@ -1081,6 +1265,7 @@ mod tests {
             to_rank: 4,
             channel: 1,
             flags: FLAG_AUTH,
+            group: 0xfeed_0000_0000_0001,
         };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
         let mut b = h.encode();

@@ -423,7 +423,7 @@ fn check_ring_law(net: Net, n: usize, count: usize) -> Result<(), String> {
         if raw.0 != s.payload_sent + s.header_sent || raw.1 != s.payload_recv + s.header_recv {
             return fail(format!("link counts {raw:?} != payload + headers {s:?}"));
         }
-        if s.header_sent % 40 != 0 {
+        if s.header_sent % ferroccl::testing::internals::HEADER_LEN as u64 != 0 {
             return fail(format!(
                 "{} header bytes is not whole headers",
                 s.header_sent

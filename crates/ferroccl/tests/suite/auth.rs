@@ -130,6 +130,8 @@ fn a_peer_that_cannot_prove_the_token_is_refused() {
     )
     .unwrap();
     let comm_id = client.join(1, 2).unwrap();
+    // Rank 0 gathers every rank's host once it has linked.
+    client.set("host/1", b"the fake rank's host").unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     client
         .set(
@@ -140,9 +142,9 @@ fn a_peer_that_cannot_prove_the_token_is_refused() {
     let fake = std::thread::spawn(move || {
         let mut s = common::accept_within(&listener, Duration::from_secs(20));
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut hello = [0u8; 32 + 16];
+        let mut hello = [0u8; 40 + 16];
         s.read_exact(&mut hello).unwrap();
-        let h = Hello::decode(hello[..32].try_into().unwrap()).unwrap();
+        let h = Hello::decode(hello[..40].try_into().unwrap()).unwrap();
         assert_eq!(
             h.flags & FLAG_AUTH,
             FLAG_AUTH,
@@ -157,6 +159,7 @@ fn a_peer_that_cannot_prove_the_token_is_refused() {
             to_rank: 0,
             channel: h.channel,
             flags: FLAG_AUTH,
+            group: 0,
         };
         let mut out = reply.encode().to_vec();
         out.extend_from_slice(&[7u8; 16]); // a nonce
@@ -235,14 +238,15 @@ fn stranger_with_a_wrong_proof(kind: ferroccl::TransportKind) {
         to_rank: 1,
         channel: 0,
         flags: FLAG_AUTH,
+        group: 0,
     };
     let mut out = hello.encode().to_vec();
     out.extend_from_slice(&[1u8; 16]);
     s.write_all(&out).unwrap();
-    let mut reply = [0u8; 32 + 16 + 32];
+    let mut reply = [0u8; 40 + 16 + 32];
     s.read_exact(&mut reply).unwrap();
     assert_eq!(
-        Hello::decode(reply[..32].try_into().unwrap())
+        Hello::decode(reply[..40].try_into().unwrap())
             .unwrap()
             .status,
         0

@@ -151,6 +151,7 @@ fn forged_header() -> impl Strategy<Value = Vec<u8>> {
                         Algorithm::Chain,
                         Algorithm::Direct,
                     ][(k as usize / 16) % 4],
+                    comm: 0,
                 },
                 step: step % 4,
                 seg: seg % 3,
@@ -186,7 +187,7 @@ fn the_handshake_decoder_takes_any_bytes() {
     use ferroccl::testing::internals::Hello;
     let mut x = 0x243F_6A88_85A3_08D3u64;
     for _ in 0..20_000 {
-        let mut b = [0u8; 32];
+        let mut b = [0u8; 40];
         for v in b.iter_mut() {
             x ^= x << 13;
             x ^= x >> 7;
@@ -197,5 +198,5 @@ fn the_handshake_decoder_takes_any_bytes() {
             assert_eq!(Hello::decode(&h.encode()), Ok(h));
         }
     }
-    assert_eq!(HEADER_LEN, 40);
+    assert_eq!(HEADER_LEN, 48);
 }

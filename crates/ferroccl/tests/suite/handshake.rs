@@ -34,6 +34,8 @@ fn rank0_against_fake(
     let mut client =
         StoreClient::connect(&store.local_addr().to_string(), Duration::from_secs(5)).unwrap();
     let comm_id = client.join(1, 2).unwrap();
+    // Rank 0 gathers every rank's host once it has linked.
+    client.set("host/1", b"the fake rank's host").unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     client
         .set(
@@ -59,7 +61,7 @@ fn rank0_against_fake(
 }
 
 fn read_hello(s: &mut TcpStream) -> Hello {
-    let mut b = [0u8; 32];
+    let mut b = [0u8; 40];
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.read_exact(&mut b).unwrap();
     Hello::decode(&b).unwrap()
@@ -94,6 +96,7 @@ fn peer_with_wrong_communicator_id_is_rejected() {
             to_rank: h.rank,
             channel: h.channel,
             flags: 0,
+            group: 0,
         };
         s.write_all(&reply.encode()).unwrap();
     });
@@ -118,6 +121,7 @@ fn peer_with_other_protocol_version_is_rejected() {
             to_rank: h.rank,
             channel: h.channel,
             flags: 0,
+            group: 0,
         };
         s.write_all(&reply.encode()).unwrap();
     });
@@ -164,9 +168,9 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
 
     // 1: garbage. The connection is dropped.
     let mut s = TcpStream::connect(&addr).unwrap();
-    s.write_all(&[0xAB; 32]).unwrap();
+    s.write_all(&[0xAB; 40]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut b = [0u8; 32];
+    let mut b = [0u8; 40];
     let got = s.read(&mut b).unwrap_or(0);
     assert_eq!(
         got, 0,
@@ -184,6 +188,7 @@ fn strangers_are_refused_and_do_not_disturb_the_job() {
         to_rank: 1,
         channel: 0,
         flags: 0,
+        group: 0,
     };
     s.write_all(&stranger.encode()).unwrap();
     let reply = read_hello(&mut s);

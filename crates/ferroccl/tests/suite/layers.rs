@@ -1,6 +1,10 @@
-//! The layer rules of docs/ARCHITECTURE.md, checked on the source: every `crate::X`
-//! a module of the library names (outside comments) must be a layer it may use. A new
-//! import that breaks a rule fails here, naming the file, the line and the rule.
+//! The layer rules of docs/ARCHITECTURE.md, checked on the source: every module of the
+//! library a file names — `crate::X`, a grouped `crate::{X, Y::..}`, a `super::` path
+//! that climbs to the crate root (`super::X` in `src/wire.rs`, `super::super::X` in
+//! `src/engine/pull.rs`, inline `mod`s counted), and items of the crate root that
+//! re-export a module's (`crate::Result` is `error`'s) — must be a layer it may use.
+//! Comments, strings and character literals are skipped. A new import that breaks a
+//! rule fails here, naming the file, the line and the rule.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,17 +13,18 @@ use std::path::{Path, PathBuf};
 /// table in docs/ARCHITECTURE.md.
 fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
     let mut m: BTreeMap<&'static str, &'static [&'static str]> = BTreeMap::new();
-    // The error enum names the element type and operator it refuses (UnsupportedOp):
-    // error and reduce's types sit at the bottom together.
-    m.insert("error", &["reduce"]);
+    // The element types and operators sit at the very bottom: the error enum names
+    // them (UnsupportedOp), and `reduce` gives them meaning.
+    m.insert("dtype", &[]);
+    m.insert("error", &["dtype"]);
     m.insert("sync", &[]);
     m.insert("sys", &["error"]);
-    m.insert("reduce", &["error"]);
+    m.insert("reduce", &["error", "dtype"]);
     m.insert("algo", &[]);
     m.insert("trace", &["error", "sync"]);
     m.insert("rendezvous", &["error", "sync", "sys"]);
-    m.insert("config", &["error", "rendezvous"]);
-    m.insert("cuda", &["error", "sync", "reduce"]);
+    m.insert("config", &["error", "rendezvous", "algo"]);
+    m.insert("cuda", &["error", "sync", "reduce", "dtype"]);
     m.insert(
         "transport",
         &[
@@ -28,11 +33,12 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "sys",
             "config",
             "reduce",
+            "dtype",
             "rendezvous",
             "cuda",
         ],
     );
-    m.insert("wire", &["error", "algo", "reduce", "transport"]);
+    m.insert("wire", &["error", "algo", "reduce", "dtype", "transport"]);
     m.insert(
         "engine",
         &[
@@ -40,6 +46,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "sync",
             "config",
             "reduce",
+            "dtype",
             "algo",
             "transport",
             "wire",
@@ -54,6 +61,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "sys",
             "config",
             "reduce",
+            "dtype",
             "algo",
             "transport",
             "wire",
@@ -63,7 +71,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "trace",
         ],
     );
-    m.insert("ddp", &["error", "sync", "reduce", "comm"]);
+    m.insert("ddp", &["error", "sync", "reduce", "dtype", "comm"]);
     m
 }
 
@@ -78,33 +86,313 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a source file belongs to (`src/engine/pull.rs` → `engine`).
-fn layer_of(src: &Path, file: &Path) -> String {
+/// The module path of a source file (`src/engine/pull.rs` → `["engine", "pull"]`,
+/// `src/engine/mod.rs` → `["engine"]`, `src/lib.rs` → `[]`).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
     let rel = file.strip_prefix(src).expect("under src");
-    let first = rel.components().next().expect("a component");
-    first
-        .as_os_str()
-        .to_string_lossy()
-        .trim_end_matches(".rs")
-        .to_string()
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().expect("a file name");
+    let stem = last.trim_end_matches(".rs");
+    if !["mod", "lib", "main"].contains(&stem) {
+        parts.push(stem.to_string());
+    }
+    parts
 }
 
-/// Every `crate::name` in `line`, as `name`.
-fn crate_paths(line: &str) -> Vec<String> {
-    let mut v = Vec::new();
-    let mut rest = line;
-    while let Some(i) = rest.find("crate::") {
-        let tail = &rest[i + "crate::".len()..];
-        let name: String = tail
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        rest = &tail[name.len()..];
-        if !name.is_empty() {
-            v.push(name);
+/// A token of Rust source, enough to follow paths: identifiers, `::`, braces, commas,
+/// `;` and anything else as one character. Comments, strings and character literals
+/// are dropped; each token keeps its line number.
+#[derive(Clone, Debug, PartialEq)]
+enum Tok {
+    Ident(String),
+    Path,
+    Open,
+    Close,
+    Comma,
+    Other,
+}
+
+fn tokens(text: &str) -> Vec<(Tok, usize)> {
+    let b: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let (mut i, mut line) = (0, 1);
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        if c == '\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_whitespace() {
+            i += 1;
+        } else if c == '/' && next == Some('/') {
+            while i < b.len() && b[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i] == '/' && b.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if b[i] == '*' && b.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    line += usize::from(b[i] == '\n');
+                    i += 1;
+                }
+            }
+        } else if c == '"' || (c == 'b' && next == Some('"')) {
+            i += if c == 'b' { 2 } else { 1 };
+            while i < b.len() && b[i] != '"' {
+                line += usize::from(b[i] == '\n');
+                i += if b[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+        } else if (c == 'r' || c == 'b') && matches!(next, Some('#') | Some('"') | Some('r')) && {
+            // A raw string: r"..", r#".."#, br#".."#.
+            let mut j = i + 1;
+            if c == 'b' && b.get(j) == Some(&'r') {
+                j += 1;
+            }
+            while b.get(j) == Some(&'#') {
+                j += 1;
+            }
+            b.get(j) == Some(&'"') && (c == 'r' || b.get(i + 1) == Some(&'r'))
+        } {
+            let mut j = i + 1 + usize::from(c == 'b');
+            let mut hashes = 0;
+            while b[j] == '#' {
+                hashes += 1;
+                j += 1;
+            }
+            j += 1;
+            loop {
+                if b[j] == '"' && (1..=hashes).all(|k| b.get(j + k) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                line += usize::from(b[j] == '\n');
+                j += 1;
+            }
+            i = j;
+        } else if c == '\'' {
+            // A char literal ('x', '\n', '\u{..}') or a lifetime ('a): a literal closes
+            // within a few characters.
+            let close = (i + 2..(i + 12).min(b.len())).find(|&j| b[j] == '\'');
+            let is_char = next == Some('\\') || close == Some(i + 2);
+            if is_char {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != '\'' {
+                    j += if b[j] == '\\' { 2 } else { 1 };
+                }
+                i = j + 1;
+            } else {
+                out.push((Tok::Other, line));
+                i += 1;
+            }
+        } else if c.is_alphabetic() || c == '_' {
+            let s = i;
+            while i < b.len() && (b[i].is_alphanumeric() || b[i] == '_') {
+                i += 1;
+            }
+            out.push((Tok::Ident(b[s..i].iter().collect()), line));
+        } else if c == ':' && next == Some(':') {
+            out.push((Tok::Path, line));
+            i += 2;
+        } else {
+            out.push((
+                match c {
+                    '{' => Tok::Open,
+                    '}' => Tok::Close,
+                    ',' => Tok::Comma,
+                    _ => Tok::Other,
+                },
+                line,
+            ));
+            i += 1;
         }
     }
-    v
+    out
+}
+
+/// Every top-level module `text` (the source of module `module`) names, with its
+/// line: the first segment after the crate root, however the path reaches it.
+/// Items of the root itself (`crate::Result`) are mapped through `root_items`.
+fn named_layers(
+    text: &str,
+    module: &[String],
+    root_items: &BTreeMap<String, String>,
+) -> Vec<(String, usize)> {
+    let toks = tokens(text);
+    let mut out = Vec::new();
+    // Inline modules open here: (name, brace depth inside them).
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
+    let mut pending_mod: Option<String> = None;
+    let mut i = 0;
+    let ident = |k: usize| match toks.get(k) {
+        Some((Tok::Ident(s), _)) => Some(s.as_str()),
+        _ => None,
+    };
+    let path_at = |k: usize| matches!(toks.get(k), Some((Tok::Path, _)));
+    while i < toks.len() {
+        match &toks[i].0 {
+            Tok::Open => {
+                depth += 1;
+                if let Some(name) = pending_mod.take() {
+                    inline.push((name, depth));
+                }
+            }
+            Tok::Close => {
+                if inline.last().is_some_and(|(_, d)| *d == depth) {
+                    inline.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            Tok::Ident(s) if s == "mod" => {
+                // `mod name {` opens an inline module; `mod name;` does not.
+                if let Some(name) = ident(i + 1) {
+                    if matches!(toks.get(i + 2), Some((Tok::Open, _))) {
+                        pending_mod = Some(name.to_string());
+                    }
+                }
+            }
+            Tok::Ident(s) if (s == "crate" || s == "super") && path_at(i + 1) => {
+                // A path from the root, or climbing from here. Skip one preceded by
+                // `::` (a segment of another path, e.g. `$crate`-less macros).
+                let after_path = i > 0 && matches!(toks[i - 1].0, Tok::Path);
+                if !after_path {
+                    let line = toks[i].1;
+                    let mut here: Vec<String> = module
+                        .iter()
+                        .cloned()
+                        .chain(inline.iter().map(|(n, _)| n.clone()))
+                        .collect();
+                    let mut k = i;
+                    let mut at_root = false;
+                    if s == "crate" {
+                        at_root = true;
+                        k += 2;
+                    } else {
+                        while ident(k) == Some("super") && path_at(k + 1) {
+                            here.pop();
+                            k += 2;
+                        }
+                        if here.is_empty() {
+                            at_root = true;
+                        }
+                    }
+                    if at_root {
+                        let mut names = Vec::new();
+                        if let Some(n) = ident(k) {
+                            names.push((n.to_string(), line));
+                        } else if matches!(toks.get(k), Some((Tok::Open, _))) {
+                            // A group: the names at its top level.
+                            let mut d = 0;
+                            let mut expect_name = true;
+                            let mut j = k;
+                            while j < toks.len() {
+                                match &toks[j].0 {
+                                    Tok::Open => d += 1,
+                                    Tok::Close => {
+                                        d -= 1;
+                                        if d == 0 {
+                                            break;
+                                        }
+                                    }
+                                    Tok::Comma if d == 1 => expect_name = true,
+                                    Tok::Ident(n) if d == 1 && expect_name => {
+                                        names.push((n.clone(), toks[j].1));
+                                        expect_name = false;
+                                    }
+                                    _ => {}
+                                }
+                                j += 1;
+                            }
+                        }
+                        for (n, at) in names {
+                            let layer = root_items.get(&n).cloned().unwrap_or(n);
+                            if layer != "self" {
+                                out.push((layer, at));
+                            }
+                        }
+                    }
+                    i = k;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The crate root's re-exported items and the module each comes from, read from
+/// `lib.rs`'s `pub use module::{..}` lines (`Result` → `error`).
+fn root_items(lib: &str) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let toks = tokens(lib);
+    let mut i = 0;
+    while i + 2 < toks.len() {
+        if toks[i].0 == Tok::Ident("use".into()) {
+            if let (Tok::Ident(module), Tok::Path) = (&toks[i + 1].0, &toks[i + 2].0) {
+                let mut j = i + 3;
+                let mut d = 0;
+                let mut last = None;
+                while j < toks.len() {
+                    match &toks[j].0 {
+                        Tok::Open => d += 1,
+                        Tok::Close => d -= 1,
+                        Tok::Ident(n) => last = Some(n.clone()),
+                        Tok::Comma if d >= 1 => {
+                            if let Some(n) = last.take() {
+                                m.insert(n, module.clone());
+                            }
+                        }
+                        Tok::Other => break, // `;`
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                if let Some(n) = last {
+                    m.insert(n, module.clone());
+                }
+                i = j;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    m
+}
+
+/// Every rule broken in `text` (module `module`, layer `module[0]`), as messages.
+fn broken_in(
+    text: &str,
+    module: &[String],
+    rules: &BTreeMap<&str, &[&str]>,
+    roots: &BTreeMap<String, String>,
+    file: &str,
+) -> Vec<String> {
+    let layer = module.first().map_or("lib", String::as_str);
+    let Some(ok) = rules.get(layer) else {
+        return Vec::new();
+    };
+    named_layers(text, module, roots)
+        .into_iter()
+        .filter(|(used, _)| used != layer && !ok.contains(&used.as_str()))
+        .map(|(used, line)| {
+            format!("{file}:{line}: {layer} uses crate::{used} ({layer} may use {ok:?})")
+        })
+        .collect()
 }
 
 #[test]
@@ -118,40 +406,24 @@ fn no_module_uses_a_layer_above_it() {
         files.len()
     );
     let rules = allowed();
-    // Items of lib.rs every layer may name: the crate's Result and Error, re-exported.
-    let root_items = ["Result", "Error"];
+    let roots = root_items(&std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs"));
+    assert_eq!(roots.get("Result").map(String::as_str), Some("error"));
     let mut broken = Vec::new();
     for f in &files {
-        let layer = layer_of(&src, f);
-        let Some(ok) = rules.get(layer.as_str()) else {
+        let module = module_of(&src, f);
+        let layer = module.first().map_or("lib", String::as_str);
+        if !rules.contains_key(layer) {
             // lib.rs and testing.rs see everything.
             assert!(
-                ["lib", "testing"].contains(&layer.as_str()),
+                ["lib", "testing"].contains(&layer),
                 "{}: module {layer} has no row in the layer table",
                 f.display()
             );
             continue;
-        };
-        let text = std::fs::read_to_string(f).expect("read source");
-        for (n, line) in text.lines().enumerate() {
-            let code = line.trim_start();
-            if code.starts_with("//") {
-                continue;
-            }
-            for used in crate_paths(code) {
-                if used == layer
-                    || ok.contains(&used.as_str())
-                    || root_items.contains(&used.as_str())
-                {
-                    continue;
-                }
-                broken.push(format!(
-                    "{}:{}: {layer} uses crate::{used} ({layer} may use {ok:?})",
-                    f.strip_prefix(&src).unwrap_or(f).display(),
-                    n + 1
-                ));
-            }
         }
+        let text = std::fs::read_to_string(f).expect("read source");
+        let name = f.strip_prefix(&src).unwrap_or(f).display().to_string();
+        broken.extend(broken_in(&text, &module, &rules, &roots, &name));
     }
     assert!(
         broken.is_empty(),
@@ -162,14 +434,64 @@ fn no_module_uses_a_layer_above_it() {
 
 #[test]
 fn the_checker_sees_a_violation() {
-    // The scanner finds paths wherever they are on a line.
-    assert_eq!(
-        crate_paths("use crate::comm::Communicator; let x = crate::engine::Engine::new();"),
-        ["comm", "engine"]
-    );
     let rules = allowed();
+    let roots: BTreeMap<String, String> = [("Result", "error"), ("Communicator", "comm")]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let m = |p: &str| -> Vec<String> { p.split('/').map(String::from).collect() };
+    let found = |text: &str, module: &str| broken_in(text, &m(module), &rules, &roots, "f.rs");
+    // Paths wherever they are on a line.
+    assert_eq!(
+        found(
+            "use crate::comm::Communicator; let x = crate::engine::Engine::new();",
+            "wire"
+        )
+        .len(),
+        2
+    );
+    // Grouped imports, over several lines and nested; each top-level name counts.
+    let grouped =
+        "use crate::{\n    error::Result,\n    comm::{Communicator, Scope},\n    trace,\n};";
+    let e = found(grouped, "engine");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].starts_with("f.rs:3: engine uses crate::comm"), "{e:?}");
+    // `super::` climbing to the root: one level from a top-level file, two from a
+    // file of a folder, one more inside an inline module.
+    assert_eq!(found("use super::comm::Communicator;", "wire").len(), 1);
+    assert_eq!(found("use super::super::comm::X;", "engine/pull").len(), 1);
+    assert!(found("use super::super::comm::X;", "engine/pull/deep").is_empty());
+    assert!(found("use super::stream::Data;", "engine/pull").is_empty());
+    assert_eq!(
+        found(
+            "mod tests {\n use super::super::super::comm::X;\n}",
+            "engine/pull"
+        )
+        .len(),
+        1
+    );
+    assert!(found("mod tests {\n use super::super::comm::X;\n}", "engine/pull").is_empty());
+    // Items of the root count as the module they come from.
+    assert_eq!(
+        found("fn f() -> crate::Result<()> { todo!() }", "algo").len(),
+        1
+    );
+    assert!(found("fn f() -> crate::Result<()> { todo!() }", "transport").is_empty());
+    assert_eq!(
+        found("use crate::{Communicator, Result};", "engine").len(),
+        1
+    );
+    // Comments, strings and char literals are not code.
+    assert!(found(
+        "// crate::comm\n/* crate::comm */ let s = \"crate::comm\";",
+        "wire"
+    )
+    .is_empty());
+    assert!(found("let c = '{'; let s = r#\"crate::comm\"#;", "wire").is_empty());
+    // The rules themselves.
     assert!(!rules["engine"].contains(&"comm"));
     assert!(!rules["transport"].contains(&"algo") && !rules["transport"].contains(&"comm"));
     assert!(!rules["cuda"].contains(&"transport"));
     assert!(!rules["algo"].contains(&"engine"));
+    assert!(!rules["dtype"].contains(&"error") && !rules["error"].contains(&"reduce"));
 }

@@ -243,14 +243,19 @@ fn auto_runs_the_halves_hierarchical_on_hosts_of_two_and_their_bytes_follow_the_
 
 /// Forcing the hierarchical algorithm where it cannot run is an error on every rank,
 /// never a quiet fallback, for all-reduce, reduce-scatter and all-gather: hosts of
-/// different sizes, or a transport that does not say which ranks share a host.
+/// different sizes, or links made elsewhere that do not say which ranks share a host
+/// (every communicator `init` makes knows, over any transport).
 #[test]
 fn forced_hierarchical_on_a_layout_it_cannot_serve_is_unavailable() {
     let mut c = test_config();
     c.tuning.all_reduce_algo = AllReduceAlgo::Hierarchical;
     for (net, n, why) in [
         (Net::Hosts(2), 3, "different numbers of ranks (2, 1)"),
-        (Net::Tcp, 2, "does not say which ranks share a host"),
+        (
+            Net::RdmaSim(ferroccl::testing::SimParams::default()),
+            2,
+            "does not say which ranks share a host",
+        ),
     ] {
         for coll in 0..3 {
             let out = common::run_all(n, net, &c, Duration::from_secs(30), move |c| {

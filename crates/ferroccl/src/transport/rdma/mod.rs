@@ -49,11 +49,11 @@ impl super::Transport for Rdma {
         "rdma"
     }
 
-    fn probe(&self, _cfg: &crate::config::Config) -> crate::Result<()> {
+    fn probe(&self, _cfg: &crate::config::Config) -> crate::error::Result<()> {
         probe().map(|_| ())
     }
 
-    fn connect(&self, job: super::Joined) -> crate::Result<super::Links> {
+    fn connect(&self, job: super::Joined) -> crate::error::Result<super::Links> {
         verbs::endpoint(verbs::VerbsCtx {
             rank: job.rank(),
             world_size: job.world_size(),
@@ -66,7 +66,7 @@ impl super::Transport for Rdma {
 }
 
 /// The RDMA transport, or why this build has none.
-pub(crate) fn transport() -> crate::Result<Box<dyn super::Transport>> {
+pub(crate) fn transport() -> crate::error::Result<Box<dyn super::Transport>> {
     #[cfg(feature = "rdma")]
     {
         Ok(Box::new(Rdma))
@@ -78,9 +78,9 @@ pub(crate) fn transport() -> crate::Result<Box<dyn super::Transport>> {
 }
 
 /// Finds and opens an RDMA device, returning its name; the error says why there is
-/// none ([`crate::Error::Unavailable`]: not built with the `rdma` feature, no kernel
+/// none ([`crate::error::Error::Unavailable`]: not built with the `rdma` feature, no kernel
 /// support, or no device).
-pub fn probe() -> crate::Result<String> {
+pub fn probe() -> crate::error::Result<String> {
     #[cfg(feature = "rdma")]
     {
         verbs::probe()

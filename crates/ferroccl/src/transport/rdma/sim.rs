@@ -42,7 +42,9 @@
 use super::proto::{Completion, Endpoint, Params, WorkRequest};
 use super::{QueuePair, RdmaLink};
 use crate::sync::{lock, wait_timeout_while};
-use crate::transport::{Beacon, Channel, Connector, Link, LinkError, Links, Waiter};
+use crate::transport::{
+    Beacon, Channel, Connector, GroupSpec, Link, LinkError, Links, Waiter, Waker,
+};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -263,11 +265,12 @@ impl Bell {
     }
 }
 
-type WireMap = HashMap<(usize, usize, Channel), Arc<Mutex<Wire>>>;
+type WireMap = HashMap<(u64, usize, usize, Channel), Arc<Mutex<Wire>>>;
 
 struct Fabric {
-    /// Each rank's current operation, read directly by its peers' status queries.
-    beacons: Vec<Arc<Beacon>>,
+    /// Each rank's current operation per group (0: the job's own links), read
+    /// directly by its peers' status queries.
+    beacons: Mutex<HashMap<(u64, usize), Arc<Beacon>>>,
     params: SimParams,
     bells: Vec<Arc<Bell>>,
     wires: Mutex<WireMap>,
@@ -446,11 +449,50 @@ impl Waiter for SimWaiter {
         self.seen = *g;
         Ok(())
     }
+
+    fn waker(&self) -> Option<Waker> {
+        let bell = self.fabric.bells[self.rank].clone();
+        Some(Waker::new(move || bell.ring()))
+    }
 }
 
 struct SimConnector {
+    /// This rank, in this connector's order.
     rank: usize,
+    /// The fabric rank of each of this connector's ranks.
+    members: Arc<[usize]>,
+    /// Its group (0: the job's own links): each group's queue pairs are their own.
+    group: u64,
     fabric: Arc<Fabric>,
+}
+
+impl Fabric {
+    fn beacon(&self, group: u64, rank: usize) -> Arc<Beacon> {
+        lock(&self.beacons)
+            .entry((group, rank))
+            .or_default()
+            .clone()
+    }
+}
+
+impl SimConnector {
+    fn links(fabric: &Arc<Fabric>, group: u64, members: Arc<[usize]>, rank: usize) -> Links {
+        let me = members[rank];
+        Links::new(
+            Box::new(SimConnector {
+                rank,
+                members,
+                group,
+                fabric: fabric.clone(),
+            }),
+            Box::new(SimWaiter {
+                rank: me,
+                fabric: fabric.clone(),
+                seen: 0,
+            }),
+            fabric.beacon(group, me),
+        )
+    }
 }
 
 impl Connector for SimConnector {
@@ -459,24 +501,26 @@ impl Connector for SimConnector {
         peer: usize,
         channel: Channel,
         _deadline: Instant,
-    ) -> crate::Result<Box<dyn Link>> {
+    ) -> crate::error::Result<Box<dyn Link>> {
         let f = &self.fabric;
-        let n = f.bells.len();
+        let n = self.members.len();
         if peer >= n || peer == self.rank {
-            return Err(crate::Error::InvalidArgument(format!(
+            return Err(crate::error::Error::InvalidArgument(format!(
                 "rank {} cannot link to rank {peer} in a group of {n}",
                 self.rank
             )));
         }
-        let (lo, hi) = (self.rank.min(peer), self.rank.max(peer));
-        let side = usize::from(self.rank > peer);
+        let (me, p) = (self.members[self.rank], self.members[peer]);
+        let (lo, hi) = (me.min(p), me.max(p));
+        let side = usize::from(me > p);
         let p = f.params.ring;
         let mut seed = f.params.seed
             ^ ((lo as u64) << 40)
             ^ ((hi as u64) << 20)
-            ^ u64::from(channel.code()) << 60;
+            ^ u64::from(channel.code()) << 60
+            ^ self.group;
         let wire = lock(&f.wires)
-            .entry((lo, hi, channel))
+            .entry((self.group, lo, hi, channel))
             .or_insert_with(|| {
                 let end = || End {
                     ring: vec![0; p.ring_bytes()],
@@ -496,7 +540,7 @@ impl Connector for SimConnector {
                 }))
             })
             .clone();
-        lock(&f.of_rank[self.rank]).push(wire.clone());
+        lock(&f.of_rank[me]).push(wire.clone());
         // Side 0 is the lower rank.
         let bells = [f.bells[lo].clone(), f.bells[hi].clone()];
         let qp = SimQp {
@@ -508,40 +552,42 @@ impl Connector for SimConnector {
         Ok(Box::new(RdmaLink::new(peer, qp, p)))
     }
 
-    fn peer_status(&mut self, peer: usize, _deadline: Instant) -> crate::Result<Option<(u64, u8)>> {
-        self.fabric
-            .beacons
-            .get(peer)
-            .map(|b| b.get())
-            .ok_or_else(|| crate::Error::InvalidArgument(format!("no rank {peer} in this group")))
+    fn peer_status(
+        &mut self,
+        peer: usize,
+        _deadline: Instant,
+    ) -> crate::error::Result<Option<(u64, u8)>> {
+        match self.members.get(peer) {
+            Some(&p) => Ok(self.fabric.beacon(self.group, p).get()),
+            None => Err(crate::error::Error::InvalidArgument(format!(
+                "no rank {peer} in this group"
+            ))),
+        }
+    }
+
+    fn group(&mut self, spec: &GroupSpec) -> crate::error::Result<Links> {
+        let rank = spec.check(self.rank, self.members.len(), self.group)?;
+        let members: Arc<[usize]> = spec.members.iter().map(|&m| self.members[m]).collect();
+        Ok(SimConnector::links(&self.fabric, spec.id, members, rank))
     }
 }
 
 /// Builds the connectors and waiters of `n` ranks in one process linked by simulated
 /// RDMA queue pairs, rank order (like the in-process transport).
-pub fn group(n: usize, params: SimParams) -> crate::Result<Vec<Links>> {
-    params.ring.validate().map_err(crate::Error::Config)?;
+pub fn group(n: usize, params: SimParams) -> crate::error::Result<Vec<Links>> {
+    params
+        .ring
+        .validate()
+        .map_err(crate::error::Error::Config)?;
     let fabric = Arc::new(Fabric {
         params,
         bells: (0..n).map(|_| Arc::new(Bell::default())).collect(),
-        beacons: (0..n).map(|_| Arc::new(Beacon::default())).collect(),
+        beacons: Mutex::new(HashMap::new()),
         wires: Mutex::new(HashMap::new()),
         of_rank: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
     });
+    let members: Arc<[usize]> = (0..n).collect();
     Ok((0..n)
-        .map(|r| {
-            Links::new(
-                Box::new(SimConnector {
-                    rank: r,
-                    fabric: fabric.clone(),
-                }),
-                Box::new(SimWaiter {
-                    rank: r,
-                    fabric: fabric.clone(),
-                    seen: 0,
-                }),
-                fabric.beacons[r].clone(),
-            )
-        })
+        .map(|r| SimConnector::links(&fabric, 0, members.clone(), r))
         .collect())
 }

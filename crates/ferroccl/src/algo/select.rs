@@ -1,0 +1,449 @@
+//! Every decision a call takes before it runs, in one pure place: which algorithm,
+//! whether the hierarchical algorithms can run on the hosts, how segments are cut,
+//! which peers a rank links to when it starts, and whether a call reads its peers'
+//! memory (pull) or streams bytes over links (push).
+//!
+//! The communicator (`comm/`) only builds a [`Policy`] from its configuration and its
+//! links, checks the call, fingerprints it and runs what this module decides; every
+//! rank decides alike because every input here is the same on every rank (the
+//! algorithm is in every frame's fingerprint, so a disagreement is a mismatch, not a
+//! hang). Tested without a communicator (the tests at the bottom).
+
+use super::sim::{choose_by_model, Network};
+use super::{doubling, schedule, Algorithm, HostLayout};
+
+/// Which algorithm an all-reduce uses (`Tuning::all_reduce_algo`, `FERROCCL_ALGO`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AllReduceAlgo {
+    /// Recursive doubling up to `Tuning::small_message_bytes`, the ring above
+    /// (hierarchical above on jobs of two or more hosts with the same number `k >= 2`
+    /// of ranks each; with `Tuning::cost_model`, the least predicted time).
+    #[default]
+    Auto,
+    /// The ring: `2(n-1)` steps, `2(n-1)/n·S` bytes per rank.
+    Ring,
+    /// Recursive doubling: `log2 n` steps, the whole buffer at each (one frame, so
+    /// buffers over 4 GiB run the ring).
+    RecursiveDoubling,
+    /// Rabenseifner: the ring's bytes in `2·log2 n` steps (host buffers streamed over
+    /// links; a transport that reads peers' memory runs the ring).
+    Rabenseifner,
+    /// The pipelined double binary tree: `O(log n)` latency for any `n`, half the
+    /// buffer up and down each of two trees (host buffers streamed over links; a
+    /// transport that reads peers' memory runs the ring).
+    Tree,
+    /// Hierarchical: within each host a reduce-scatter, between hosts `k` rings on
+    /// `1/k` each, within each host an all-gather. Needs the job's host list (every
+    /// communicator made by `Communicator::init` has one) and the same number of
+    /// ranks on every host; otherwise an all-reduce fails with `Error::Unavailable`.
+    Hierarchical,
+}
+
+/// A network model for choosing by predicted time (`Tuning::cost_model`): a message
+/// costs `alpha + S / bandwidth` seconds, combining `S` bytes `S / reduce`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Model {
+    pub alpha: f64,
+    pub bandwidth: f64,
+    pub reduce: f64,
+    /// `(alpha, bandwidth)` within a host, where it differs.
+    pub within_host: Option<(f64, f64)>,
+}
+
+/// What the decisions depend on: the communicator's shape, its links and its tuning.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy<'a> {
+    pub world_size: usize,
+    /// Host-memory calls read the peers' memory (a transport whose memory peers read
+    /// host memory) instead of streaming over links.
+    pub host_pull: bool,
+    /// Which ranks share a host, the same on every rank, if known.
+    pub layout: Option<&'a HostLayout>,
+    pub forced: AllReduceAlgo,
+    pub small_message_bytes: usize,
+    pub segment_bytes: usize,
+    pub model: Option<Model>,
+}
+
+/// What a frame's fixed cost (its header, a system call, a wake-up) is worth in bytes
+/// on the links a chain is cut for: about 5 µs at 12.5 GB/s.
+pub(crate) const CHAIN_FRAME_COST_BYTES: f64 = 64.0 * 1024.0;
+
+/// `(hosts, ranks per host)` of a layout the hierarchical algorithms improve on: two
+/// hosts or more, of the same number `k >= 2` of ranks.
+pub(crate) fn hierarchical_shape(l: &HostLayout) -> Option<(usize, usize)> {
+    l.shape().filter(|&(h, k)| h >= 2 && k >= 2)
+}
+
+/// The ranks a rank links to when it starts: its ring neighbours, its
+/// recursive-doubling partners (at most `2 + log2 n`) and, on hosts of several ranks
+/// each, its hierarchical neighbours (at most 4 more). Other peers are linked on first
+/// use.
+pub(crate) fn link_peers(rank: usize, n: usize, layout: Option<&HostLayout>) -> Vec<usize> {
+    if n <= 1 {
+        return vec![];
+    }
+    let mut v = vec![schedule::left(rank, n), schedule::right(rank, n)];
+    v.extend(doubling::peers(rank, n));
+    if let Some(l) = layout.filter(|l| hierarchical_shape(l).is_some()) {
+        v.extend(l.peers(rank));
+    }
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl Policy<'_> {
+    /// Whether a call on host memory with data runs on the memory peers (pull) rather
+    /// than over the links (push). A call without data (a barrier) always streams.
+    pub fn pull(&self) -> bool {
+        self.host_pull
+    }
+
+    /// The algorithm an all-reduce of `bytes` bytes of host memory uses. Forced
+    /// [`AllReduceAlgo::Hierarchical`] is said as such even where it cannot run
+    /// ([`Policy::runnable`] refuses it then).
+    pub fn all_reduce(&self, bytes: usize) -> Algorithm {
+        let n = self.world_size;
+        let streams = n > 1 && !self.host_pull;
+        // Recursive doubling sends the whole buffer as one frame.
+        let rd_fits = streams && bytes <= u32::MAX as usize;
+        let hier = self.hierarchical_shape();
+        match self.forced {
+            AllReduceAlgo::RecursiveDoubling if rd_fits => Algorithm::RecursiveDoubling,
+            AllReduceAlgo::Rabenseifner if streams => Algorithm::Rabenseifner,
+            AllReduceAlgo::Tree if streams => Algorithm::Tree,
+            AllReduceAlgo::Hierarchical => Algorithm::Hierarchical,
+            AllReduceAlgo::Auto if streams => match self.model {
+                // The least predicted time on the configured network.
+                Some(m) => {
+                    let mut net = Network::flat(m.alpha, m.bandwidth, 1.0 / m.reduce);
+                    if let Some((_, k)) = hier {
+                        net.ranks_per_host = k;
+                        (net.intra_alpha, net.intra_beta) =
+                            m.within_host.unwrap_or((m.alpha, m.bandwidth));
+                    }
+                    // Bytes as one-byte elements: the model needs no alignment.
+                    choose_by_model(n, bytes, 1, self.segment_bytes, &net)
+                }
+                None if bytes <= self.small_message_bytes && rd_fits => {
+                    Algorithm::RecursiveDoubling
+                }
+                None if hier.is_some() => Algorithm::Hierarchical,
+                None => Algorithm::Ring,
+            },
+            _ => Algorithm::Ring,
+        }
+    }
+
+    /// The algorithm a broadcast or reduce uses: a pipelined binary tree from the root
+    /// when [`AllReduceAlgo::Tree`] is forced and the buffers stream over links, the
+    /// chain otherwise. Both keep the root agreement (`chain.rs`).
+    pub fn rooted(&self) -> Algorithm {
+        match self.forced {
+            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
+            _ => Algorithm::Chain,
+        }
+    }
+
+    /// The algorithm a reduce-scatter or all-gather of host memory uses: the
+    /// hierarchical one where `auto` finds hosts of `k >= 2` ranks, at least two of
+    /// them, all alike, and wherever [`AllReduceAlgo::Hierarchical`] is forced; the ring
+    /// otherwise. It moves `(H-1)/H·S` over each host's link instead of the flat
+    /// ring's `(N-1)/N·S`, so it is taken at every size.
+    pub fn reduce_scatter(&self) -> Algorithm {
+        match self.forced {
+            AllReduceAlgo::Hierarchical => Algorithm::Hierarchical,
+            AllReduceAlgo::Auto if self.hierarchical_shape().is_some() => Algorithm::Hierarchical,
+            _ => Algorithm::Ring,
+        }
+    }
+
+    /// The algorithm an all-to-all, gather or scatter uses: direct exchanges with every
+    /// peer (see `alltoall.rs` and `direct.rs`); a transport that reads peers' memory
+    /// reads them the same way.
+    pub fn direct(&self) -> Algorithm {
+        Algorithm::Direct
+    }
+
+    /// `(hosts, ranks per host)` where the hierarchical algorithms can run here: hosts
+    /// of `k >= 2` ranks, at least two of them, all alike, over links (not memory
+    /// peers).
+    pub fn hierarchical_shape(&self) -> Option<(usize, usize)> {
+        self.layout
+            .filter(|_| !self.host_pull)
+            .and_then(hierarchical_shape)
+    }
+
+    /// `(algo, the layout it runs on)`, or why the hierarchical algorithm cannot run
+    /// here when `algo` is it.
+    pub fn runnable(&self, algo: Algorithm) -> Result<(Algorithm, HostLayout), String> {
+        if algo != Algorithm::Hierarchical {
+            return Ok((algo, HostLayout::flat(self.world_size)));
+        }
+        match (self.layout, self.host_pull) {
+            (_, true) => Err("this transport reads peers' memory (it runs the ring)".into()),
+            (None, _) => Err("the transport does not say which ranks share a host \
+                              (links made with Communicator::with_links and no host list)"
+                .into()),
+            (Some(l), _) if l.shape().is_none() => Err(format!(
+                "the hosts have different numbers of ranks ({})",
+                l.hosts()
+                    .iter()
+                    .map(|h| h.len().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            (Some(l), _) => Ok((algo, l.clone())),
+        }
+    }
+}
+
+/// Segment bytes of a chain over `len` bytes on `n` ranks.
+///
+/// Cut in `k` segments of `g` bytes, a chain takes `k + n - 2` segment times plus `k`
+/// frames' fixed cost `E`: `S/B + (n-2)·g/B + (S/g)·E/B`, least at
+/// `g = sqrt(S·E/(n-2))` (with `E` = [`CHAIN_FRAME_COST_BYTES`]), kept between 64 KiB
+/// ([`schedule::MIN_AUTO_SEGMENT_BYTES`], the auto-sized segments' floor elsewhere
+/// too; or the configured segment, if smaller) and the configured segment. Two ranks
+/// have no rank in between to fill, and take the configured segment. With the
+/// configured 512 KiB alone, a 1 MiB broadcast over 8 ranks was 2 segments taking 8
+/// segment times, 4x `S/B`; this cuts it in 10 (1.6x). Pulled, it is `n` segments, so
+/// that the chain is `n` deep.
+pub(crate) fn chain_segment(
+    pulled: bool,
+    len: usize,
+    n: usize,
+    esize: usize,
+    configured: usize,
+) -> usize {
+    if pulled {
+        return super::segment_bytes(len.div_ceil(n.max(1)).max(esize), esize);
+    }
+    if n <= 2 {
+        return super::segment_bytes(configured, esize);
+    }
+    let best = (len as f64 * CHAIN_FRAME_COST_BYTES / (n - 2) as f64).sqrt();
+    let floor = schedule::MIN_AUTO_SEGMENT_BYTES.min(configured);
+    // Whole elements in `k` even segments, none above the configured segment nor below
+    // the floor; of the counts around the continuous optimum, the one the model
+    // prefers (the floor can leave a short last segment).
+    let es = esize.max(1);
+    let elems = len.div_ceil(es);
+    let fewest = elems.div_ceil((configured / es).max(1)).max(1);
+    let segment =
+        |k: usize| (elems.div_ceil(k.max(fewest)) * es).clamp(floor, configured.max(floor));
+    let x = len as f64 / best;
+    let at_floor = len / floor.max(1);
+    [
+        x.floor() as usize,
+        x.ceil() as usize,
+        fewest,
+        at_floor,
+        at_floor + 1,
+    ]
+    .into_iter()
+    .map(segment)
+    .min_by(|&a, &b| chain_cost(len, n, a).total_cmp(&chain_cost(len, n, b)))
+    .map_or(configured, |g| super::segment_bytes(g, esize))
+}
+
+/// A chain's time under the model [`chain_segment`] minimises, in byte-times: `k`
+/// segments of `g` bytes over `n` ranks take `k + n - 2` segment times plus `k` frames'
+/// fixed cost.
+fn chain_cost(len: usize, n: usize, g: usize) -> f64 {
+    let k = len.div_ceil(g.max(1)) as f64;
+    (k + n as f64 - 2.0) * g as f64 + k * CHAIN_FRAME_COST_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEG: usize = 512 << 10;
+
+    fn policy(n: usize, layout: Option<&HostLayout>) -> Policy<'_> {
+        Policy {
+            world_size: n,
+            host_pull: false,
+            layout,
+            forced: AllReduceAlgo::Auto,
+            small_message_bytes: 64 << 10,
+            segment_bytes: SEG,
+            model: None,
+        }
+    }
+
+    #[test]
+    fn auto_takes_doubling_for_small_messages_and_the_ring_above() {
+        let p = policy(4, None);
+        assert_eq!(p.all_reduce(1024), Algorithm::RecursiveDoubling);
+        assert_eq!(p.all_reduce(64 << 10), Algorithm::RecursiveDoubling);
+        assert_eq!(p.all_reduce((64 << 10) + 1), Algorithm::Ring);
+        // One frame of the whole buffer: never above 4 GiB.
+        let big = Policy {
+            small_message_bytes: usize::MAX,
+            ..p
+        };
+        assert_eq!(big.all_reduce(u32::MAX as usize + 1), Algorithm::Ring);
+        // One rank: nothing to choose.
+        assert_eq!(policy(1, None).all_reduce(8), Algorithm::Ring);
+        assert_eq!(p.rooted(), Algorithm::Chain);
+        assert_eq!(p.reduce_scatter(), Algorithm::Ring);
+    }
+
+    #[test]
+    fn hosts_of_equal_size_take_the_hierarchical_algorithms_and_others_refuse_them() {
+        let even = HostLayout::from_hosts(&["a", "a", "b", "b"]);
+        let p = policy(4, Some(&even));
+        assert_eq!(p.hierarchical_shape(), Some((2, 2)));
+        assert_eq!(p.all_reduce(1 << 20), Algorithm::Hierarchical);
+        assert_eq!(p.all_reduce(1024), Algorithm::RecursiveDoubling);
+        assert_eq!(p.reduce_scatter(), Algorithm::Hierarchical);
+        assert!(p.runnable(Algorithm::Hierarchical).is_ok());
+        // Hosts of one rank, or one host: the flat algorithms.
+        let singles = HostLayout::from_hosts(&["a", "b", "c"]);
+        assert_eq!(
+            policy(3, Some(&singles)).all_reduce(1 << 20),
+            Algorithm::Ring
+        );
+        // Uneven hosts: auto takes the ring; forced, it is refused saying why.
+        let uneven = HostLayout::from_hosts(&["a", "a", "b"]);
+        let mut p = policy(3, Some(&uneven));
+        assert_eq!(p.all_reduce(1 << 20), Algorithm::Ring);
+        p.forced = AllReduceAlgo::Hierarchical;
+        assert_eq!(p.all_reduce(1 << 20), Algorithm::Hierarchical);
+        let why = p.runnable(Algorithm::Hierarchical).unwrap_err();
+        assert!(why.contains("different numbers of ranks (2, 1)"), "{why}");
+        // No layout, and memory peers: refused too.
+        assert!(policy(3, None)
+            .runnable(Algorithm::Hierarchical)
+            .unwrap_err()
+            .contains("share a host"));
+        let pulled = Policy {
+            host_pull: true,
+            ..policy(4, Some(&even))
+        };
+        assert_eq!(pulled.hierarchical_shape(), None);
+        assert_eq!(pulled.all_reduce(1 << 20), Algorithm::Ring);
+        assert!(pulled.runnable(Algorithm::Hierarchical).is_err());
+        // Any other algorithm runs flat.
+        assert_eq!(
+            pulled.runnable(Algorithm::Ring).unwrap().1,
+            HostLayout::flat(4)
+        );
+    }
+
+    #[test]
+    fn forced_algorithms_hold_where_they_can_run() {
+        for (forced, want) in [
+            (AllReduceAlgo::Ring, Algorithm::Ring),
+            (
+                AllReduceAlgo::RecursiveDoubling,
+                Algorithm::RecursiveDoubling,
+            ),
+            (AllReduceAlgo::Rabenseifner, Algorithm::Rabenseifner),
+            (AllReduceAlgo::Tree, Algorithm::Tree),
+        ] {
+            let p = Policy {
+                forced,
+                ..policy(5, None)
+            };
+            assert_eq!(p.all_reduce(1 << 20), want, "{forced:?}");
+            // Memory peers run the ring's plan whatever is forced.
+            let pulled = Policy {
+                host_pull: true,
+                ..p
+            };
+            assert_eq!(pulled.all_reduce(1 << 20), Algorithm::Ring, "{forced:?}");
+            assert_eq!(pulled.rooted(), Algorithm::Chain);
+            assert!(pulled.pull() && !p.pull());
+        }
+        let tree = Policy {
+            forced: AllReduceAlgo::Tree,
+            ..policy(5, None)
+        };
+        assert_eq!(tree.rooted(), Algorithm::Tree);
+    }
+
+    #[test]
+    fn a_cost_model_chooses_by_predicted_time() {
+        // 1 Gbit/s links with 50 µs per message: latency rules small messages,
+        // bandwidth large ones.
+        let p = Policy {
+            model: Some(Model {
+                alpha: 50e-6,
+                bandwidth: 125e6,
+                reduce: 10e9,
+                within_host: None,
+            }),
+            ..policy(16, None)
+        };
+        let small = p.all_reduce(256);
+        assert!(
+            matches!(small, Algorithm::RecursiveDoubling | Algorithm::Tree),
+            "{small:?}"
+        );
+        let large = p.all_reduce(256 << 20);
+        assert!(
+            matches!(large, Algorithm::Ring | Algorithm::Rabenseifner),
+            "{large:?}"
+        );
+    }
+
+    #[test]
+    fn link_peers_are_the_neighbours_and_partners_once_each() {
+        assert!(link_peers(0, 1, None).is_empty());
+        assert_eq!(link_peers(0, 2, None), vec![1]);
+        let p = link_peers(3, 8, None);
+        assert_eq!(p, vec![1, 2, 4, 7]);
+        let l = HostLayout::from_hosts(&["a", "a", "b", "b"]);
+        for r in 0..4 {
+            let p = link_peers(r, 4, Some(&l));
+            assert!(
+                !p.contains(&r) && p.windows(2).all(|w| w[0] < w[1]),
+                "{p:?}"
+            );
+            assert!(p.contains(&schedule::left(r, 4)) && p.contains(&schedule::right(r, 4)));
+        }
+    }
+
+    #[test]
+    fn chain_segments_shorten_the_fill_and_stay_in_bounds() {
+        let configured = SEG;
+        for n in [2usize, 3, 4, 5, 7, 8, 16, 33, 64, 1000] {
+            for shift in 10..=28 {
+                for len in [1usize << shift, (1 << shift) + 24, 3 << (shift - 2)] {
+                    // The best segment in bounds under the model.
+                    let min = schedule::MIN_AUTO_SEGMENT_BYTES;
+                    let best = (1..=len.div_ceil(min))
+                        .map(|k| chain_cost(len, n, len.div_ceil(k).clamp(min, configured)))
+                        .fold(f64::INFINITY, f64::min);
+                    for es in [1usize, 2, 8] {
+                        let g = chain_segment(false, len, n, es, configured);
+                        assert_eq!(g % es, 0, "n {n} len {len} es {es}: {g}");
+                        if n == 2 {
+                            assert_eq!(g, configured, "two ranks keep the configured segment");
+                            continue;
+                        }
+                        assert!((min..=configured).contains(&g), "n {n} len {len}: {g}");
+                        // Never worse than the configured segment under the model, and
+                        // within 3% of the best segment in bounds.
+                        let got = chain_cost(len, n, g);
+                        assert!(got <= chain_cost(len, n, configured) * (1.0 + 1e-9));
+                        assert!(got <= best * 1.03, "n {n} len {len}: {got} vs {best}");
+                    }
+                }
+            }
+        }
+        // The case that was 4x S/B: 1 MiB over 8 ranks in 2 segments of 512 KiB took
+        // 8 segment times; now its segment times add up to less than half of that.
+        let g = chain_segment(false, 1 << 20, 8, 4, configured);
+        let k = (1usize << 20).div_ceil(g);
+        assert!(2 * (k + 6) * g < 8 * configured, "{k} segments of {g}");
+        // A configured segment below the floor is kept; pulled chains are `n` deep.
+        assert_eq!(chain_segment(false, 1 << 20, 8, 4, 4096), 4096);
+        assert_eq!(chain_segment(true, 1 << 20, 8, 4, configured), 1 << 17);
+    }
+}
