@@ -2,8 +2,14 @@
 //!
 //! algbw = S/t and busbw = algbw × factor, with nccl-tests' factors: all-reduce
 //! 2(n-1)/n; reduce-scatter and all-gather (n-1)/n with S the full (gathered) size;
-//! broadcast and reduce 1. One more column, `wire`: the payload bytes each rank sent
-//! (the most any rank sent), counted by its links, over the law for that collective.
+//! all-to-all, gather and scatter (n-1)/n with S the whole buffer of `n` blocks;
+//! broadcast, reduce and sendrecv 1. One more column, `wire`: the payload bytes each
+//! rank sent (the most any rank sent), counted by its links, over the law for that
+//! collective.
+//!
+//! `--split K` benches every group of `K` consecutive ranks as a child communicator
+//! (`Communicator::split`), all at once, each group's first rank printing its table;
+//! `--group 0,1` benches the child of the ranks listed while the others wait.
 //!
 //! Under a launcher (`ferroccl launch`, `mpirun`, `srun`, `torchrun`) each process is one
 //! rank and rank 0 prints. Started bare, it runs `--ranks N` local ranks itself: as
@@ -23,7 +29,9 @@ use std::time::{Duration, Instant};
 /// Arguments of `ferroccl bench` (the nccl-tests flags, plus ours).
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Collective to measure: all_reduce, reduce_scatter, all_gather, broadcast, reduce.
+    /// Collective to measure: all_reduce, reduce_scatter, all_gather, broadcast,
+    /// reduce, all_to_all, gather, scatter, sendrecv (each rank sends to the next and
+    /// receives from the one before).
     #[arg(default_value = "all_reduce")]
     pub collective: String,
     /// Smallest message size in bytes (suffixes K, M, G).
@@ -130,6 +138,15 @@ pub struct BenchArgs {
     /// FERROCCL_TRACE_CAPACITY); 0 records nothing (to measure what recording costs).
     #[arg(long = "trace-capacity", value_name = "N")]
     pub trace_capacity: Option<usize>,
+    /// Bench child communicators of K consecutive ranks each (`split`), all at once;
+    /// each group's first rank prints its table. The job's world size must be a
+    /// multiple of K.
+    #[arg(long = "split", value_name = "K", conflicts_with = "group")]
+    pub split: Option<usize>,
+    /// Bench the child communicator of the ranks listed (`group`, e.g. `0,1`), in that
+    /// order; the other ranks wait until it is done. Its first rank prints.
+    #[arg(long = "group", value_name = "RANKS", value_delimiter = ',')]
+    pub group: Option<Vec<usize>>,
 }
 
 fn parse_law_rate(s: &str) -> Result<f64, String> {
@@ -223,6 +240,10 @@ enum Coll {
     AllGather,
     Broadcast,
     Reduce,
+    AllToAll,
+    Gather,
+    Scatter,
+    SendRecv,
 }
 
 impl Coll {
@@ -233,9 +254,14 @@ impl Coll {
             "all_gather" | "allgather" => Coll::AllGather,
             "broadcast" | "bcast" => Coll::Broadcast,
             "reduce" => Coll::Reduce,
+            "all_to_all" | "alltoall" => Coll::AllToAll,
+            "gather" => Coll::Gather,
+            "scatter" => Coll::Scatter,
+            "sendrecv" | "send_recv" => Coll::SendRecv,
             _ => {
                 return Err(ferroccl::Error::InvalidArgument(format!(
-                    "unknown collective {s:?}: expected all_reduce, reduce_scatter, all_gather, broadcast or reduce"
+                    "unknown collective {s:?}: expected all_reduce, reduce_scatter, all_gather, \
+                     broadcast, reduce, all_to_all, gather, scatter or sendrecv"
                 )))
             }
         })
@@ -248,6 +274,10 @@ impl Coll {
             Coll::AllGather => "all_gather",
             Coll::Broadcast => "broadcast",
             Coll::Reduce => "reduce",
+            Coll::AllToAll => "all_to_all",
+            Coll::Gather => "gather",
+            Coll::Scatter => "scatter",
+            Coll::SendRecv => "sendrecv",
         }
     }
 
@@ -256,19 +286,25 @@ impl Coll {
         let n = n as f64;
         match self {
             Coll::AllReduce => 2.0 * (n - 1.0) / n,
-            Coll::ReduceScatter | Coll::AllGather => (n - 1.0) / n,
-            Coll::Broadcast | Coll::Reduce => 1.0,
+            Coll::ReduceScatter
+            | Coll::AllGather
+            | Coll::AllToAll
+            | Coll::Gather
+            | Coll::Scatter => (n - 1.0) / n,
+            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
         }
     }
 
     /// The most payload bytes any rank sends for a size of `bytes`, by the algorithm's
-    /// law: the ring's 2(n-1)/n·S or (n-1)/n·S, the chain's S.
+    /// law: the ring's 2(n-1)/n·S or (n-1)/n·S, the chain's S, all-to-all's and a
+    /// scatter root's (n-1)/n·S, a gathered rank's S/n, sendrecv's S.
     fn wire_law(self, n: usize, bytes: usize) -> f64 {
         if n == 1 {
             return 0.0;
         }
         match self {
-            Coll::Broadcast | Coll::Reduce => bytes as f64,
+            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => bytes as f64,
+            Coll::Gather => bytes as f64 / n as f64,
             c => c.bus_factor(n) * bytes as f64,
         }
     }
@@ -278,7 +314,7 @@ impl Coll {
         match self {
             Coll::AllReduce => Some(RingLaw::all_reduce(n)),
             Coll::ReduceScatter | Coll::AllGather => Some(RingLaw::half(n)),
-            Coll::Broadcast | Coll::Reduce => None,
+            _ => None,
         }
     }
 
@@ -287,12 +323,40 @@ impl Coll {
     }
 
     fn rooted(self) -> bool {
-        matches!(self, Coll::Broadcast | Coll::Reduce)
+        matches!(
+            self,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+        )
     }
 
     /// Elements of the whole buffer are split in equal blocks per rank.
     fn blocked(self) -> bool {
-        matches!(self, Coll::ReduceScatter | Coll::AllGather)
+        matches!(
+            self,
+            Coll::ReduceScatter | Coll::AllGather | Coll::AllToAll | Coll::Gather | Coll::Scatter
+        )
+    }
+
+    /// What the busbw factor says, for the header.
+    fn factor_text(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "2(n-1)/n",
+            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => "1",
+            _ => "(n-1)/n",
+        }
+    }
+
+    /// The law the `wire` column divides by, for the header.
+    fn law_text(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "the ring law 2(n-1)/n*S",
+            Coll::ReduceScatter | Coll::AllGather => "the ring law (n-1)/n*S",
+            Coll::AllToAll => "the all-to-all law (n-1)/n*S (every rank)",
+            Coll::Gather => "the gather law S/n (every rank but the root)",
+            Coll::Scatter => "the scatter law (n-1)/n*S (the root)",
+            Coll::SendRecv => "S (every rank sends its buffer to the next)",
+            Coll::Broadcast | Coll::Reduce => "the chain law S",
+        }
     }
 }
 
@@ -384,7 +448,9 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             )));
         }
         let comm = Communicator::init(cfg)?;
-        let r = rank_main(&a, coll, dtype, op, &comm, transport.name());
+        let r = on_group(&a, &comm, |c| {
+            rank_main(&a, coll, dtype, op, c, transport.name())
+        });
         return crate::trace::finish(&comm, a.trace.as_deref(), r);
     }
     if a.ranks == 0 {
@@ -408,7 +474,7 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
                     .map(|c| {
                         let a = &a;
                         s.spawn(move || {
-                            let r = rank_main(a, coll, dtype, op, &c, "local");
+                            let r = on_group(a, &c, |c| rank_main(a, coll, dtype, op, c, "local"));
                             crate::trace::finish(&c, a.trace.as_deref(), r)
                         })
                     })
@@ -449,6 +515,69 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             }
         }
     }
+}
+
+/// Runs `body` on the communicator the bench measures: `comm` itself; with `--split
+/// K`, the child of this rank's K consecutive ranks (every group at once); with
+/// `--group LIST`, the child of the ranks listed, while the others wait for it in a
+/// barrier of the job.
+fn on_group(
+    a: &BenchArgs,
+    comm: &Communicator,
+    body: impl FnOnce(&Communicator) -> ferroccl::Result<bool>,
+) -> ferroccl::Result<bool> {
+    let (n, rank) = (comm.world_size(), comm.rank());
+    let check_root = |c: &Communicator| {
+        if a.root >= c.world_size() {
+            return Err(ferroccl::Error::InvalidArgument(format!(
+                "-r {} is not a rank of the group of {} ranks",
+                a.root,
+                c.world_size()
+            )));
+        }
+        Ok(())
+    };
+    if let Some(k) = a.split {
+        if k == 0 || !n.is_multiple_of(k) {
+            return Err(ferroccl::Error::InvalidArgument(format!(
+                "--split {k}: the job's {n} ranks do not split into groups of {k}"
+            )));
+        }
+        let g = rank / k;
+        let child = comm
+            .split(Some(g as u32), rank as i64)?
+            .ok_or_else(|| ferroccl::Error::InvalidArgument("--split: no group".into()))?;
+        check_root(&child)?;
+        if child.rank() == 0 {
+            println!(
+                "# group {g} of {}: job ranks {:?}, communicator {:#018x}",
+                n / k,
+                child.job_ranks(),
+                child.id()
+            );
+        }
+        return body(&child);
+    }
+    if let Some(list) = &a.group {
+        let r = match comm.group(list)? {
+            Some(child) => {
+                check_root(&child)?;
+                if child.rank() == 0 {
+                    println!(
+                        "# group of job ranks {:?} (the others wait), communicator {:#018x}",
+                        child.job_ranks(),
+                        child.id()
+                    );
+                }
+                body(&child)
+            }
+            None => Ok(true),
+        };
+        // The ranks outside the group wait for it; a failure inside it fails them too.
+        comm.barrier()?;
+        return r;
+    }
+    body(comm)
 }
 
 /// `--device cuda` and `--transport cuda-ipc` need the `cuda` feature and a GPU: say
@@ -580,6 +709,24 @@ fn count_wrong<T: Element>(
             .enumerate()
             .map(|(i, &x)| (x, expected(op, n, i)))),
         Coll::Reduce => 0,
+        // Block q came from rank q's block for this rank.
+        Coll::AllToAll => bad(&mut res[..count].iter().enumerate().map(|(i, &x)| {
+            let (q, k) = (i / block.max(1), i % block.max(1));
+            (x, value(ReduceOp::Sum, q, rank * block + k))
+        })),
+        Coll::Gather if rank == root => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, value(ReduceOp::Sum, i / block.max(1), i % block.max(1))))),
+        Coll::Gather => 0,
+        Coll::Scatter => bad(&mut res[..block]
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| (x, value(ReduceOp::Sum, root, rank * block + k)))),
+        Coll::SendRecv => bad(&mut res[..count]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, value(ReduceOp::Sum, (rank + n - 1) % n, i)))),
     }
 }
 
@@ -646,8 +793,12 @@ impl<T: Element> Bufs<T> {
     fn prepare(&mut self, coll: Coll, op: ReduceOp, n: usize, rank: usize, count: usize) {
         match coll {
             // This rank's block of the gathered buffer.
-            Coll::AllGather => fill(&mut self.send[..count / n], ReduceOp::Sum, rank, 0),
-            Coll::Broadcast => fill(&mut self.send[..count], ReduceOp::Sum, rank, 0),
+            Coll::AllGather | Coll::Gather => {
+                fill(&mut self.send[..count / n], ReduceOp::Sum, rank, 0)
+            }
+            Coll::Broadcast | Coll::AllToAll | Coll::Scatter | Coll::SendRecv => {
+                fill(&mut self.send[..count], ReduceOp::Sum, rank, 0)
+            }
             _ => fill(&mut self.send[..count], op, rank, 0),
         }
     }
@@ -672,13 +823,28 @@ impl<T: Element> Bufs<T> {
                 c.broadcast(&mut recv[..count], root)
             }
             Coll::Reduce => c.reduce_into(&send[..count], &mut recv[..count], op, root),
+            Coll::AllToAll => c.all_to_all(&send[..count], &mut recv[..count]),
+            Coll::Gather => c.gather(&send[..count / n], &mut recv[..count], root),
+            Coll::Scatter => c.scatter(&send[..count], &mut recv[..count / n], root),
+            Coll::SendRecv => {
+                let r = c.rank();
+                c.p2p_batch(|b| {
+                    b.send(&send[..count], (r + 1) % n, 0).recv(
+                        &mut recv[..count],
+                        (r + n - 1) % n,
+                        0,
+                    );
+                })
+            }
         }
     }
 
     /// Refills `recv` as the in-place form's input.
     fn reset_in_place(&mut self, coll: Coll, n: usize, rank: usize, count: usize) {
         match coll {
-            Coll::AllGather => {
+            // The in-place exchange receives into `send`: refill `recv` anew.
+            Coll::SendRecv => fill(&mut self.recv[..count], ReduceOp::Sum, rank, 0),
+            Coll::AllGather | Coll::Gather => {
                 let b = count / n;
                 let (send, recv) = (&self.send, &mut self.recv);
                 recv[rank * b..(rank + 1) * b].copy_from_slice(&send[..b]);
@@ -703,16 +869,32 @@ impl<T: Element> Bufs<T> {
             Coll::AllGather => c.all_gather_in_place(buf),
             Coll::Broadcast => c.broadcast(buf, root),
             Coll::Reduce => c.reduce(buf, op, root),
+            Coll::AllToAll => c.all_to_all_in_place(buf),
+            Coll::Gather => c.gather_in_place(buf, root),
+            Coll::Scatter => c.scatter_in_place(buf, root),
+            Coll::SendRecv => {
+                // The other buffer: what `recv` holds goes right, `send` receives.
+                let (r, n) = (c.rank(), c.world_size());
+                let (send, recv) = (&mut self.send, &self.recv);
+                c.p2p_batch(|b| {
+                    b.send(&recv[..count], (r + 1) % n, 0).recv(
+                        &mut send[..count],
+                        (r + n - 1) % n,
+                        0,
+                    );
+                })
+            }
         }
     }
 
     /// The in-place result laid out as the out-of-place one (this rank's block first).
     fn in_place_result(&self, coll: Coll, n: usize, rank: usize, count: usize) -> Vec<T> {
         match coll {
-            Coll::ReduceScatter => {
+            Coll::ReduceScatter | Coll::Scatter => {
                 let b = count / n;
                 self.recv[rank * b..(rank + 1) * b].to_vec()
             }
+            Coll::SendRecv => self.send[..count].to_vec(),
             _ => self.recv[..count].to_vec(),
         }
     }
@@ -767,19 +949,16 @@ fn bench_typed<T: Element>(
         println!("#");
         println!(
             "# busbw = algbw x {}; wire: payload bytes the busiest rank sent per operation, counted by its links, over {}",
-            match coll {
-                Coll::AllReduce => "2(n-1)/n",
-                Coll::ReduceScatter | Coll::AllGather => "(n-1)/n",
-                _ => "1",
-            },
+            coll.factor_text(),
             match coll {
                 Coll::AllReduce if c.host_layout().and_then(|l| l.shape()).is_some_and(|(h, k)| h >= 2 && k >= 2) =>
                     "the ring law 2(n-1)/n*S (hier: 2(k-1)/k*S + 2(H-1)/H*S/k, H hosts of k ranks)",
-                Coll::AllReduce => "the ring law 2(n-1)/n*S",
-                Coll::ReduceScatter | Coll::AllGather => "the ring law (n-1)/n*S",
-                _ => "the chain law S",
+                c => c.law_text(),
             }
         );
+        if coll == Coll::SendRecv {
+            println!("# in-place: the same exchange from the other buffer (a batch borrows its send and receive buffers apart)");
+        }
         if let Some(rate) = a.law {
             println!(
                 "# law: ring on links of {:.4} Gbit/s ({} B/s){}",
@@ -927,6 +1106,9 @@ fn bench_typed<T: Element>(
                     ferroccl::Algorithm::Hierarchical => "hier",
                     _ => "ring",
                 },
+                Coll::AllToAll => "pair",
+                Coll::Gather | Coll::Scatter => "star",
+                Coll::SendRecv => "p2p",
                 _ if c.rooted_algorithm() == ferroccl::Algorithm::Tree => "tree",
                 _ => "chain",
             };
@@ -1049,7 +1231,7 @@ fn hier_shape(c: &Communicator, coll: Coll, bytes: usize) -> Option<(usize, usiz
     let algo = match coll {
         Coll::AllReduce => c.all_reduce_algorithm(bytes),
         Coll::ReduceScatter | Coll::AllGather => c.reduce_scatter_algorithm(),
-        Coll::Broadcast | Coll::Reduce => return None,
+        _ => return None,
     };
     (algo == ferroccl::Algorithm::Hierarchical)
         .then(|| c.host_layout().and_then(|l| l.shape()))

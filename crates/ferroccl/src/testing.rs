@@ -34,7 +34,7 @@ pub enum Net {
     ShmPull,
     /// A real rendezvous store, the ranks split into emulated hosts of this many
     /// consecutive ranks each, with `auto` (shared memory within a host, TCP between
-    /// them) unless the config asks for `shm` (which must then refuse).
+    /// them) unless the config asks for `shm` (which must then refuse) or `tcp`.
     Hosts(usize),
     /// Simulated RDMA queue pairs (the RDMA protocol without hardware).
     RdmaSim(SimParams),
@@ -211,7 +211,10 @@ where
                         cfg.transport.shm.single_copy_min = 1;
                     }
                     Net::Hosts(k) => {
-                        if cfg.transport.kind != crate::TransportKind::Shm {
+                        if !matches!(
+                            cfg.transport.kind,
+                            crate::TransportKind::Shm | crate::TransportKind::Tcp
+                        ) {
                             cfg.transport.kind = crate::TransportKind::Auto;
                         }
                         cfg.transport.shm.host_tag = format!("emulated-host-{}", r / k.max(1));

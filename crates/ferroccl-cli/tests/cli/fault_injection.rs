@@ -547,3 +547,127 @@ fn sigusr1_dumps_a_running_rank() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Rank `r`'s stdout lines as they come, each with when it came.
+fn lines_of(child: &mut Child) -> mpsc::Receiver<(Instant, String)> {
+    let out = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(out);
+        let mut line = String::new();
+        while std::io::BufRead::read_line(&mut r, &mut line).unwrap_or(0) > 0 {
+            let _ = tx.send((Instant::now(), line.clone()));
+            line.clear();
+        }
+    });
+    rx
+}
+
+/// Whether a bench output line is a data row.
+fn is_row(l: &str) -> bool {
+    !l.starts_with('#') && l.split_whitespace().count() > 10
+}
+
+/// A rank killed (-9) in one half of a split: the other rank of that half fails
+/// within the timeout with an error naming it by its job rank; the other half goes on
+/// and finishes its table (rows of at least 100 all-reduces each after the kill), and
+/// exits 0: a dead rank poisons the communicators it belongs to, and only those.
+#[test]
+fn a_rank_killed_in_one_half_of_a_split_fails_that_half_only() {
+    for (transport, env) in TRANSPORTS.into_iter().take(2) {
+        let port = free_port().to_string();
+        let args = [
+            "bench",
+            "all_reduce",
+            "--split",
+            "2",
+            "-b",
+            "16K",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "-n",
+            "50",
+            "-w",
+            "1",
+            "--timeout",
+            "20",
+            "--transport",
+            transport,
+        ];
+        let mut ranks: Vec<Child> = (0..4)
+            .map(|r| {
+                let mut c = Command::new(EXE);
+                c.args(args);
+                for v in common::proc::LAUNCHER_VARS {
+                    c.env_remove(v);
+                }
+                c.env("RANK", r.to_string())
+                    .env("WORLD_SIZE", "4")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", &port)
+                    .envs(env.iter().copied())
+                    // Each half's first rank (job ranks 0 and 2) prints its table.
+                    .stdout(if r % 2 == 0 {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn rank")
+            })
+            .collect();
+        let (out0, out2) = (lines_of(&mut ranks[0]), lines_of(&mut ranks[2]));
+        // Once the second half has printed its first row, kill its second rank.
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, l) = out2
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("{transport}: job rank 2 printed no row in 60 s"));
+            if is_row(&l) {
+                break;
+            }
+        }
+        signal(&ranks[3], libc::SIGKILL);
+        let killed = Instant::now();
+        let victim = ranks.remove(3);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let done: Vec<Option<(i32, String)>> =
+            ranks.into_iter().map(|c| finish(c, deadline)).collect();
+        let _ = finish(victim, deadline);
+        // The second half: its survivor names the dead rank by its job rank, in time.
+        let (code, err) = done[2].clone().expect("job rank 2 finished");
+        assert_ne!(code, 0, "{transport}: job rank 2 went on: {err}");
+        assert!(is_typed_failure(&err), "{transport}: {err}");
+        assert!(err.contains("is job rank 3"), "{transport}: {err}");
+        assert!(!err.contains("panicked"), "{transport}: {err}");
+        // The first half: done, all right, with rows finished after the kill.
+        for (r, d) in done.iter().enumerate().take(2) {
+            let (code, err) = d.clone().expect("finished");
+            assert_eq!(code, 0, "{transport}: job rank {r} failed: {err}");
+        }
+        let lines: Vec<(Instant, String)> = out0.try_iter().collect();
+        let rows_after = lines
+            .iter()
+            .filter(|(t, l)| is_row(l) && *t > killed)
+            .count();
+        assert!(
+            lines
+                .iter()
+                .any(|(_, l)| l.contains("# Out of bounds values : 0 OK")),
+            "{transport}: {lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|(_, l)| l.contains("# group 0 of 2: job ranks [0, 1]")),
+            "{transport}: {lines:?}"
+        );
+        assert!(
+            rows_after >= 1,
+            "{transport}: no row after the kill: {lines:?}"
+        );
+    }
+}

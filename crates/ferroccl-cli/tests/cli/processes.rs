@@ -139,7 +139,7 @@ fn bench_refuses_bad_flags_clearly() {
         (&["bench", "--transport", "rdma"], "not available"),
         (&["bench", "--transport", "cuda-ipc"], "not available"),
         (&["bench", "-b", "1M", "-e", "1K"], "larger than"),
-        (&["bench", "alltoall"], "unknown collective"),
+        (&["bench", "scan"], "unknown collective"),
         (
             &["bench", "broadcast", "--ranks", "2", "-r", "2"],
             "not a rank",

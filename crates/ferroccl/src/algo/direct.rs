@@ -19,6 +19,15 @@
 //! receive lands. `n - 1` steps of `S/n` each: `(n-1)/n·S` bytes out of every rank,
 //! the least an all-to-all can move.
 //!
+//! With per-peer counts (all-to-allv) a rank hears only from its own pairs whether
+//! they agree, so the plan ends with an empty frame from every rank to every other,
+//! sent once all its receives are in (`agree`): a rank returns Ok only once every rank
+//! has had everything it expected, and a pair that disagrees fails every rank in the
+//! call (the pair's receiver on the header, everyone else waiting for its last frame,
+//! through its notice). Equal blocks need none: every pair's first frame carries the
+//! count both ranks called with, so a rank whose call differs from anyone's is seen by
+//! everyone it exchanges with, which is everyone.
+//!
 //! What the others do: NCCL posts all `n - 1` sends and receives of every rank at once
 //! inside one group call and lets its channels progress them (its all-to-all is
 //! grouped point-to-point); MPICH and Open MPI's tuned component use Bruck's algorithm
@@ -56,15 +65,20 @@ pub(crate) struct Block {
     pub count: usize,
 }
 
+/// The step of the frames that end an all-to-allv (data frames are steps `1..n`).
+const DONE_STEP: u32 = u32::MAX - 1;
+
 /// The all-to-all plan of `rank` of `n`: `send[q]` is its block for rank `q` (in the
 /// input part of the buffer), `recv[q]` where rank `q`'s block for it lands (in the
-/// output part), both indexed by rank; segments of at most `seg` bytes.
+/// output part), both indexed by rank; segments of at most `seg` bytes. `agree`: end
+/// with the frames that vouch for every pair (the module docs).
 pub(crate) fn all_to_all(
     rank: usize,
     n: usize,
     send: &[Block],
     recv: &[Block],
     seg: usize,
+    agree: bool,
 ) -> Plan {
     let mut plan = Plan::default();
     if n <= 1 {
@@ -84,6 +98,17 @@ pub(crate) fn all_to_all(
             step,
             ..In::segment(from, j, shift(b, r.bytes.start), Land::Copy)
         }));
+    }
+    if agree {
+        let last = plan.ins.len().checked_sub(1);
+        for k in 1..n {
+            let (to, from) = ((rank + k) % n, (rank + n - k) % n);
+            plan.outs.push(Out {
+                after_recv: last,
+                ..Out::check(to, DONE_STEP)
+            });
+            plan.ins.push(In::check(from, DONE_STEP));
+        }
     }
     plan.counts = Some(Box::new(PairCounts {
         send: send.iter().map(|b| b.count as u64).collect(),
@@ -258,7 +283,7 @@ mod tests {
                 for seg in [8usize, 24, 1 << 20] {
                     let (send, recv) = equal(n, count);
                     let plans: Vec<Plan> = (0..n)
-                        .map(|r| all_to_all(r, n, &send, &recv, seg))
+                        .map(|r| all_to_all(r, n, &send, &recv, seg, seg == 24))
                         .collect();
                     check_plans(&plans);
                     for (r, p) in plans.iter().enumerate() {
@@ -284,7 +309,9 @@ mod tests {
     fn every_step_of_all_to_all_is_a_permutation() {
         let n = 7;
         let (send, recv) = equal(n, 2);
-        let plans: Vec<Plan> = (0..n).map(|r| all_to_all(r, n, &send, &recv, 16)).collect();
+        let plans: Vec<Plan> = (0..n)
+            .map(|r| all_to_all(r, n, &send, &recv, 16, false))
+            .collect();
         for k in 1..n as u32 {
             let mut targets: Vec<usize> = plans
                 .iter()
@@ -325,7 +352,7 @@ mod tests {
                         b
                     })
                     .collect();
-                all_to_all(r, n, &send, &recv, 8)
+                all_to_all(r, n, &send, &recv, 8, true)
             })
             .collect();
         check_plans(&plans);
@@ -453,7 +480,7 @@ mod tests {
     #[test]
     fn frames_carry_their_pairs_counts() {
         let (send, recv) = equal(3, 4);
-        let p = all_to_all(1, 3, &send, &recv, 8);
+        let p = all_to_all(1, 3, &send, &recv, 8, false);
         let c = p.counts.expect("pair counts");
         assert_eq!((c.send, c.recv), (vec![4, 4, 4], vec![4, 4, 4]));
         let mine = Block {

@@ -166,7 +166,7 @@ impl Communicator {
         recv[recv_displs[r]..recv_displs[r] + recv_counts[r]]
             .copy_from_slice(&send[send_displs[r]..send_displs[r] + send_counts[r]]);
         let seg = self.direct_segment(es);
-        let plan_of: PlanOf = Arc::new(move |q| direct::all_to_all(q, n, &sb, &rb, seg));
+        let plan_of: PlanOf = Arc::new(move |q| direct::all_to_all(q, n, &sb, &rb, seg, true));
         let call =
             self.direct_call::<T>(OpKind::AllToAll, 0, None, plan_of, in_len, out_len, false);
         self.run_now(job_over_split(send, recv, move |e, i, o| {
@@ -350,7 +350,7 @@ impl Communicator {
         let plan_of: PlanOf = Arc::new(move |q| {
             let sb = equal_blocks(n, count, es, 0);
             let rb = equal_blocks(n, count, es, bytes);
-            direct::all_to_all(q, n, &sb, &rb, seg)
+            direct::all_to_all(q, n, &sb, &rb, seg, false)
         });
         let call = self.direct_call::<T>(
             OpKind::AllToAll,

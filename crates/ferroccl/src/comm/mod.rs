@@ -322,18 +322,14 @@ impl Communicator {
         // Point-to-point runs on links of its own (a group of the same ranks), so that
         // it progresses whatever the collectives do; a transport that cannot make
         // groups runs it on the collectives' engine, in turn with them.
-        let p2p_links = if n > 1 {
-            let spec = transport::GroupSpec {
-                id: group::derive(family.base, b"p2p", &[]),
-                members: (0..n).collect(),
-            };
-            match links.connector.group(&spec) {
-                Ok(l) => Some(l),
-                Err(Error::Unavailable { .. }) => None,
-                Err(e) => return Err(e),
-            }
-        } else {
-            None
+        let spec = transport::GroupSpec {
+            id: group::derive(family.base, b"p2p", &[]),
+            members: (0..n).collect(),
+        };
+        let p2p_links = match links.connector.group(&spec) {
+            Ok(l) => Some(l),
+            Err(Error::Unavailable { .. }) => None,
+            Err(e) => return Err(e),
         };
         let spin = !local_ranks.is_some_and(oversubscribed);
         let mut engine = Engine::new(
@@ -415,7 +411,9 @@ impl Communicator {
     /// background operations to finish first.
     pub fn wire_stats(&self) -> WireStats {
         self.wait_idle();
-        lock(&self.shared.engine).wire_stats()
+        let mut s = lock(&self.shared.engine).wire_stats();
+        s.add(&self.p2p.wire_stats_to(|_| true));
+        s
     }
 
     /// [`Self::wire_stats`] split by where the peer is: `(within this host, between
@@ -424,19 +422,26 @@ impl Communicator {
     pub fn wire_stats_by_host(&self) -> Option<(WireStats, WireStats)> {
         let l = self.layout.as_ref()?;
         self.wait_idle();
-        let e = lock(&self.shared.engine);
         let me = self.rank;
-        Some((
-            e.wire_stats_to(|p| l.same_host(me, p)),
-            e.wire_stats_to(|p| !l.same_host(me, p)),
-        ))
+        let (mut within, mut between) = {
+            let e = lock(&self.shared.engine);
+            (
+                e.wire_stats_to(|p| l.same_host(me, p)),
+                e.wire_stats_to(|p| !l.same_host(me, p)),
+            )
+        };
+        within.add(&self.p2p.wire_stats_to(|p| l.same_host(me, p)));
+        between.add(&self.p2p.wire_stats_to(|p| !l.same_host(me, p)));
+        Some((within, between))
     }
 
     /// Bytes the links themselves report writing and reading (for cross-checking
     /// [`Self::wire_stats`]: the two must agree).
     pub fn raw_byte_counts(&self) -> (u64, u64) {
         self.wait_idle();
-        lock(&self.shared.engine).raw_byte_counts()
+        let (a, b) = lock(&self.shared.engine).raw_byte_counts();
+        let (c, d) = self.p2p.raw_byte_counts();
+        (a + c, b + d)
     }
 
     /// This rank's collective links made so far, `(peer, class)` by peer: what carries

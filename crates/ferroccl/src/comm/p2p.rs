@@ -5,15 +5,21 @@
 //!
 //! Messages between two ranks are matched in the order they were posted: the
 //! receiver's next receive from a rank takes that rank's next send to it, which must
-//! carry the same tag, type and length, or both fail with [`Error::Mismatch`]. (Tags
-//! check; they do not reorder, unlike MPI's.) Sends and receives to and from different
-//! ranks, and the two directions with one rank, are not ordered at all: everything
-//! posted progresses at once, so any order of posting between any ranks completes.
+//! carry the same tag, type and length, or the receiver fails with [`Error::Mismatch`]
+//! (and, through its notice, the sender). Tags check; they do not reorder, unlike
+//! MPI's. Sends and receives to and from different ranks, and the two directions with
+//! one rank, are not ordered at all: everything posted progresses at once, so any
+//! order of posting between any ranks completes.
+//!
+//! A send completes when the transport holds the message (a message larger than the
+//! link's buffer, once the peer has taken the rest), so a rank may send, take part in
+//! a collective and then receive; a batch's sends complete only once their receiver
+//! has them, so two ranks that disagree in a batch both fail in it.
 
 use super::scope::{Completion, JobFn};
 use super::Communicator;
 use crate::algo::{self, Algorithm};
-use crate::engine::{Engine, Health, OpBuffer, P2pOp, P2pSource};
+use crate::engine::{Done, Engine, Health, OpBuffer, P2pOp, P2pSource};
 use crate::error::{Error, Result};
 use crate::reduce::Element;
 use crate::sync::{lock, wait};
@@ -61,7 +67,25 @@ impl P2pSource for P2pShared {
     fn take(&self, into: &mut Vec<P2pOp>) {
         into.append(&mut lock(&self.queue).ops);
     }
+}
 
+impl P2pShared {
+    /// The thread's loop: waits (holding nothing) for posted operations or a poison,
+    /// then serves them on the engine until none is in flight, until shut down.
+    fn serve(&self) {
+        while self.wait() {
+            let mut e = lock(&self.engine);
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.serve_p2p(self, true)));
+            if r.is_err() {
+                // Every operation it held was told (`Done`); so are the next ones.
+                e.poison("the point-to-point thread panicked".into());
+            }
+        }
+    }
+
+    /// Blocks until something was posted or the communicator poisoned (true), or the
+    /// communicator is going (false).
     fn wait(&self) -> bool {
         let mut q = lock(&self.queue);
         loop {
@@ -83,10 +107,6 @@ struct Fixed(Mutex<Vec<P2pOp>>);
 impl P2pSource for Fixed {
     fn take(&self, into: &mut Vec<P2pOp>) {
         into.append(&mut lock(&self.0));
-    }
-
-    fn wait(&self) -> bool {
-        false
     }
 }
 
@@ -157,6 +177,23 @@ impl P2p {
         }
     }
 
+    /// Bytes this communicator's point-to-point links moved (see
+    /// `Communicator::wire_stats`), and the links' own counts; after
+    /// [`P2p::wait_idle`].
+    pub(super) fn wire_stats_to(&self, to: impl Fn(usize) -> bool) -> crate::wire::WireStats {
+        self.own
+            .as_ref()
+            .map(|s| lock(&s.engine).wire_stats_to(to))
+            .unwrap_or_default()
+    }
+
+    /// The links' own byte counts (see `Communicator::raw_byte_counts`).
+    pub(super) fn raw_byte_counts(&self) -> (u64, u64) {
+        self.own
+            .as_ref()
+            .map_or((0, 0), |s| lock(&s.engine).raw_byte_counts())
+    }
+
     /// Stops the thread (after [`P2p::wait_idle`]).
     pub(super) fn shutdown(&self) {
         if let Some(s) = &self.own {
@@ -176,6 +213,8 @@ impl P2p {
 /// A message checked and numbered, not posted yet.
 pub(super) struct Prepared {
     send: bool,
+    /// Completes on its receipt (see [`Communicator::p2p_batch`]).
+    confirm: bool,
     peer: usize,
     fp: Fingerprint,
     seg: usize,
@@ -185,28 +224,34 @@ pub(super) struct Prepared {
 impl Communicator {
     /// Sends `buf` to rank `peer` with `tag` (any `u32` but `u32::MAX`). Messages
     /// between two ranks are matched in the order they were posted: the receiver's
-    /// next `recv` from this rank must name the same tag, type and length, or both
-    /// fail with [`Error::Mismatch`]. Returns once the peer has the message or the
-    /// transport holds it. A rank may send to itself (matched with its own `recv`).
+    /// next `recv` from this rank must name the same tag, type and length, or it fails
+    /// with [`Error::Mismatch`] (and this rank, at the latest in its next call, with
+    /// the receiver's notice). Returns once the transport holds the message (for a
+    /// message larger than the link's buffer, once the peer has taken the rest). A
+    /// rank may send to itself (matched with its own `recv`).
     pub fn send<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
-        self.p2p_batch(|b| {
-            b.send(buf, peer, tag);
-        })
+        let p = self.prepare(true, buf.as_ptr().cast_mut(), buf.len(), peer, tag)?;
+        self.post_one(p).wait()
     }
 
     /// Receives into `buf` the next message from rank `peer`, which must carry `tag`
     /// and exactly `buf.len()` elements of this type (see [`Self::send`]).
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
-        self.p2p_batch(|b| {
-            b.recv(buf, peer, tag);
-        })
+        let p = self.prepare(false, buf.as_mut_ptr(), buf.len(), peer, tag)?;
+        self.post_one(p).wait()
     }
 
     /// Posts every send and receive `f` adds to the [`Batch`] at once, and returns when
     /// all are done: they progress together, so any order of sends and receives
     /// between any ranks completes (`ncclGroupStart`/`ncclGroupEnd`,
     /// `torch.distributed.batch_isend_irecv`). Each operation is matched as
-    /// [`Self::send`] says. Returns the first failure in posting order, or Ok.
+    /// [`Self::send`] says, and a batch's send is done only once its receiver has the
+    /// message and found it to be the one it expected (a receipt comes back): two
+    /// ranks whose batches disagree on a message both fail in that call. So a batch
+    /// must not send to a rank that receives the message only after this batch is
+    /// over (post the two directions together). Returns Ok, or the failure that
+    /// started it (a mismatch, a lost peer) rather than the poison it left on the
+    /// batch's other operations.
     ///
     /// ```
     /// use ferroccl::{Communicator, Config};
@@ -234,17 +279,27 @@ impl Communicator {
             _bufs: PhantomData,
         };
         f(&mut b);
-        let Batch { ops, refused, .. } = b;
+        let Batch {
+            mut ops, refused, ..
+        } = b;
         if let Some(e) = refused {
             return Err(e);
         }
+        for op in &mut ops {
+            op.confirm = true;
+        }
         let done = self.post(ops);
-        // The buffers are the caller's until every operation is over.
-        let mut first = Ok(());
+        // The buffers are the caller's until every operation is over. Of the failures,
+        // the cause (the mismatch, the lost peer) rather than the poison it left on the
+        // others.
+        let mut first: Result<()> = Ok(());
         for d in done {
-            let r = d.wait();
-            if first.is_ok() {
-                first = r;
+            match (d.wait(), &first) {
+                (Err(e), Ok(())) => first = Err(e),
+                (Err(e), Err(Error::Poisoned(_))) if !matches!(e, Error::Poisoned(_)) => {
+                    first = Err(e)
+                }
+                _ => {}
             }
         }
         first
@@ -285,6 +340,7 @@ impl Communicator {
         };
         Ok(Prepared {
             send,
+            confirm: false,
             peer,
             fp,
             seg: algo::segment_bytes(self.cfg.tuning.segment_bytes, size_of::<T>()),
@@ -308,18 +364,19 @@ impl Communicator {
         for p in ops {
             let c = Arc::new(Completion::default());
             done.push(c.clone());
-            let tell: Box<dyn FnOnce(Result<()>) + Send> = match &own {
+            let tell = match &own {
                 Some(s) => {
                     let s = s.clone();
-                    Box::new(move |r| {
+                    Done::new(move |r| {
                         c.set(r);
                         lock(&s.queue).pending -= 1;
                         s.cv.notify_all();
                     })
                 }
-                None => Box::new(move |r| c.set(r)),
+                None => Done::new(move |r| c.set(r)),
             };
             posted.push(P2pOp {
+                confirm: p.confirm,
                 send: p.send,
                 peer: p.peer,
                 fp: p.fp,
@@ -347,7 +404,7 @@ impl Communicator {
                 // turn with the collectives.
                 let src = Fixed(Mutex::new(posted));
                 let job: JobFn = Box::new(move |e: &mut Engine| {
-                    e.serve_p2p(&src);
+                    e.serve_p2p(&src, false);
                     Ok(())
                 });
                 let _ = self.submit(job);
@@ -380,7 +437,7 @@ impl Communicator {
         let shared = s.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("ferroccl-p2p{}", self.rank))
-            .spawn(move || lock(&shared.engine).serve_p2p(&*shared));
+            .spawn(move || shared.serve());
         match spawned {
             Ok(h) => *w = Some(h),
             Err(e) => {
@@ -390,7 +447,7 @@ impl Communicator {
                 let why = format!("rank {}: no point-to-point thread: {e}", self.rank);
                 lock(&self.shared.engine).poison(why.clone());
                 for op in ops.drain(..) {
-                    (op.done)(Err(Error::Poisoned(why.clone())));
+                    op.done.tell(Err(Error::Poisoned(why.clone())));
                 }
             }
         }

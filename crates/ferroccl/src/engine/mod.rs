@@ -24,7 +24,7 @@ mod pacer;
 mod pull;
 mod stream;
 
-pub(crate) use p2p::{OpBuffer, P2pOp, P2pSource};
+pub(crate) use p2p::{Done, OpBuffer, P2pOp, P2pSource};
 pub(crate) use pacer::Pacer;
 pub(crate) use pull::PullCall;
 pub(crate) use stream::Data;
@@ -135,6 +135,8 @@ pub(crate) struct Engine {
     mem: Option<Box<dyn MemPeers>>,
     /// The pull executor's state between calls.
     pull: pull::PullState,
+    /// The point-to-point executor's state between calls.
+    p2p_state: p2p::P2pState,
     /// The flight recorder, and what it is told about the operation in flight.
     pub rec: Arc<Recorder>,
     track: Option<OpTrack>,
@@ -231,6 +233,7 @@ impl Engine {
             scratch: Vec::new(),
             mem: links.mem,
             pull: pull::PullState::default(),
+            p2p_state: p2p::P2pState::default(),
             rec,
             track: None,
             enqueued_ns: 0,
@@ -360,6 +363,17 @@ impl Engine {
     /// Whether the link to `peer` on `ch` exists.
     pub fn linked_now(&self, ch: Channel, peer: usize) -> bool {
         self.links[ch_index(ch)][peer].is_some()
+    }
+
+    /// The link to `peer` on `ch`, made now if that costs no wait for the peer
+    /// ([`crate::transport::Connector::ready`]); `None` while the peer has yet to dial
+    /// in. An executor that waits for one link keeps moving the others, so a peer
+    /// that failed before it linked never holds up the notices of the rest.
+    pub fn try_link(&mut self, ch: Channel, peer: usize) -> Result<Option<&mut Peer>> {
+        if !self.linked_now(ch, peer) && !self.connector.ready(peer, ch) {
+            return Ok(None);
+        }
+        self.link(ch, peer).map(Some)
     }
 
     /// The link to `peer` on `ch`, connecting it first if needed.
@@ -548,11 +562,13 @@ impl Engine {
         self.waiter.waker()
     }
 
-    /// Closes every link.
+    /// Closes every link, and the connector's (so that a peer linking to this rank
+    /// now, or linked through an acceptor but not taken up yet, sees it closed).
     pub fn shutdown(&mut self) {
         for p in self.links.iter_mut().flatten().flatten() {
             p.link.shutdown();
         }
+        self.connector.close();
     }
 
     /// Grows the scratch buffer to at least `bytes`.

@@ -13,6 +13,19 @@
 //! never wait on each other. A send or receive with this rank itself is matched with
 //! its counterpart here and copied.
 //!
+//! A send completes when the transport holds its message (as today's blocking `send`:
+//! a rank may send, then take part in a collective, then receive). The receiver
+//! answers every message with a receipt once it has checked it, on a stream of its
+//! own (the engine's collective channel, which point-to-point engines do not otherwise
+//! use), so a receipt never waits behind data the sender has not asked for yet. A send
+//! posted with `confirm` (every send of a [`crate::Communicator::p2p_batch`])
+//! completes only on its receipt: two ranks whose batches disagree on a message (tag,
+//! type, length) both fail in that call, the receiver with [`Error::Mismatch`] and the
+//! sender with the receiver's notice, never one of them with Ok. The receipts of the
+//! other sends are read as they come, to keep the stream in step. On an engine without
+//! links of its own (a transport that makes no groups) there are no receipts: every
+//! send completes when the transport holds it.
+//!
 //! A peer not linked yet is linked only once that costs no wait (the peer has dialled
 //! in, or this rank dials: [`crate::transport::Connector::ready`]), so one peer that
 //! has not posted anything yet holds up nobody else.
@@ -29,7 +42,7 @@ use crate::algo;
 use crate::error::{Error, Result};
 use crate::trace::{now_ns, PeerCounts, RecHead};
 use crate::transport::Channel;
-use crate::wire::{Fingerprint, FrameHeader, InFrame, OutFrame};
+use crate::wire::{take_notice, Fingerprint, FrameError, FrameHeader, InFrame, OutFrame};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -55,9 +68,38 @@ pub(crate) struct P2pOp {
     pub seg: usize,
     pub buf: Box<dyn OpBuffer>,
     /// Told the outcome, once, when the operation is over.
-    pub done: Box<dyn FnOnce(Result<()>) + Send>,
+    pub done: Done,
     /// When it was posted (ns since the Unix epoch), for the flight recorder.
     pub issued: u64,
+    /// A send that completes only on its receipt (a batch's).
+    pub confirm: bool,
+}
+
+/// Where an operation's outcome goes: called once; an operation dropped without an
+/// outcome (its executor failed) tells [`Error::Poisoned`], so no waiter waits forever.
+pub(crate) struct Done(Option<Box<dyn FnOnce(Result<()>) + Send>>);
+
+impl Done {
+    pub fn new(f: impl FnOnce(Result<()>) + Send + 'static) -> Self {
+        Done(Some(Box::new(f)))
+    }
+
+    /// Tells the outcome.
+    pub fn tell(mut self, r: Result<()>) {
+        if let Some(f) = self.0.take() {
+            f(r);
+        }
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Err(Error::Poisoned(
+                "internal: a point-to-point operation was dropped unfinished".into(),
+            )));
+        }
+    }
 }
 
 /// Where the executor takes its operations from.
@@ -65,9 +107,6 @@ pub(crate) trait P2pSource {
     /// Appends the operations posted since the last call, in posting order; never
     /// blocks.
     fn take(&self, into: &mut Vec<P2pOp>);
-    /// Called with nothing in flight: blocks until something was posted (true), or
-    /// returns false when the executor is to stop.
-    fn wait(&self) -> bool;
 }
 
 /// An operation in flight: its frames so far.
@@ -112,12 +151,63 @@ impl Active {
     }
 }
 
-/// Per peer: its sends and receives in posting order (the first of each moving).
+/// A send whose data has left, waiting for its receipt: the operation itself when it
+/// completes only then (`confirm`), else just what the receipt must say (its poster
+/// has been told already).
+struct Awaiting {
+    fp: Fingerprint,
+    op: Option<Active>,
+}
+
+/// Per peer: its sends and receives in posting order (the first of each moving), the
+/// sends whose data has left and whose receipts are to come, and the receipts this
+/// rank owes the peer.
 #[derive(Default)]
 struct Queues {
     sends: VecDeque<Active>,
     recvs: VecDeque<Active>,
+    awaiting: VecDeque<Awaiting>,
+    owed: VecDeque<FrameHeader>,
+    /// The receipt being written, and the one being read.
+    rcpt_out: Option<OutFrame>,
+    rcpt_in: Option<InFrame>,
 }
+
+impl Queues {
+    /// Whether something is to be told or written: what keeps the executor serving.
+    fn busy(&self) -> bool {
+        !self.sends.is_empty()
+            || !self.recvs.is_empty()
+            || !self.owed.is_empty()
+            || self.awaiting.iter().any(|a| a.op.is_some())
+    }
+
+    fn idle(&self) -> bool {
+        !self.busy() && self.awaiting.is_empty()
+    }
+}
+
+/// The executor's state between calls (receipts still to come for sends already told).
+#[derive(Default)]
+pub(crate) struct P2pState {
+    q: Vec<Queues>,
+}
+
+/// The step a receipt's header carries (data frames are step 0).
+const RECEIPT_STEP: u32 = 1;
+
+/// The receipt of a message `fp`: an empty frame whose header names it.
+fn receipt(fp: &Fingerprint) -> FrameHeader {
+    FrameHeader {
+        fp: *fp,
+        step: RECEIPT_STEP,
+        seg: 0,
+        len: 0,
+    }
+}
+
+/// Where receipts travel: apart from the data.
+const RECEIPTS: Channel = Channel::Collective;
 
 /// What a round of the executor ended with.
 enum Round {
@@ -128,12 +218,21 @@ enum Round {
 }
 
 impl Engine {
-    /// Runs the point-to-point operations `src` posts until it says stop (see the
-    /// module docs). Every operation taken is told its outcome.
-    pub(crate) fn serve_p2p(&mut self, src: &dyn P2pSource) {
-        let n = self.world_size;
-        let mut q: Vec<Queues> = (0..n).map(|_| Queues::default()).collect();
-        let mut active = 0usize;
+    /// Runs the point-to-point operations `src` posts (see the module docs) until none
+    /// is in flight and none more is posted; every operation taken is told its
+    /// outcome. With nothing in flight on a poisoned communicator, it tells this
+    /// engine's peers and shuts its links. `receipts`: this engine's collective
+    /// channel is free for them (see the module docs).
+    pub(crate) fn serve_p2p(&mut self, src: &dyn P2pSource, receipts: bool) {
+        let mut st = std::mem::take(&mut self.p2p_state);
+        if st.q.len() != self.world_size {
+            st.q = (0..self.world_size).map(|_| Queues::default()).collect();
+        }
+        self.serve_queues(&mut st.q, src, receipts);
+        self.p2p_state = st;
+    }
+
+    fn serve_queues(&mut self, q: &mut [Queues], src: &dyn P2pSource, receipts: bool) {
         let mut posted = Vec::new();
         let mut pacer: Option<Pacer> = None;
         loop {
@@ -141,7 +240,7 @@ impl Engine {
             src.take(&mut posted);
             for op in posted.drain(..) {
                 if let Err(e) = self.p2p_admissible(&op) {
-                    (op.done)(Err(e));
+                    op.done.tell(Err(e));
                     continue;
                 }
                 let peer = op.peer;
@@ -152,54 +251,61 @@ impl Engine {
                 } else {
                     q[peer].recvs.push_back(a);
                 }
-                active += 1;
                 // New work restarts the no-progress clock.
                 if let Some(p) = pacer.as_mut() {
                     p.moved();
                 }
             }
-            if active == 0 {
-                pacer = None;
+            let round = self.p2p_round(q, receipts);
+            if !q.iter().any(Queues::busy) {
                 if let Some(p) = self.health.poisoned() {
                     self.shut_after(&p);
                 }
-                if !src.wait() {
+                if !matches!(round, Round::Failed(..)) {
                     return;
                 }
-                continue;
             }
             let pc =
                 pacer.get_or_insert_with(|| Pacer::new(&self.cfg, self.health.clone(), self.spin));
-            match self.p2p_round(&mut q, &mut active) {
+            match round {
                 Round::Moved => {
                     pc.moved();
                     continue;
                 }
                 Round::Idle => {}
                 Round::Failed(peer, send, e) => {
-                    self.p2p_fail(&mut q, &mut active, Some((peer, send)), e);
+                    self.p2p_fail(q, Some((peer, send)), e);
                     pacer = None;
                     continue;
                 }
             }
             // Nothing moved: wait for a link, or for a peer not linked yet.
-            let (peer, send, waits_for_link) = self.p2p_waiting_on(&q);
-            let fp = {
-                let a = if send {
-                    &q[peer].sends[0]
-                } else {
-                    &q[peer].recvs[0]
-                };
-                a.op.fp
+            let (peer, send, waits_for_link) = self.p2p_waiting_on(q);
+            let waited = if send {
+                q[peer]
+                    .sends
+                    .front()
+                    .map(|a| a.op.fp)
+                    .or(q[peer].awaiting.front().map(|a| a.fp))
+            } else {
+                q[peer].recvs.front().map(|a| a.op.fp)
+            };
+            let fp = waited.or(q[peer].owed.front().map(|h| h.fp));
+            let Some(fp) = fp else {
+                std::thread::yield_now();
+                continue;
             };
             self.trace_waiting(peer);
             let t0 = Instant::now();
-            let what = || {
-                if send {
-                    format!("rank {peer} to take the message")
-                } else {
-                    format!("a message from rank {peer}")
-                }
+            let written = q[peer].sends.is_empty();
+            let what = || match (send, written) {
+                (true, true) => format!(
+                    "rank {peer} to receive the message (a batch completes when every \
+                     message it sent has been received: a batch whose receiver posts its \
+                     receive only after this batch waits for ever)"
+                ),
+                (true, false) => format!("rank {peer} to take the message"),
+                (false, _) => format!("a message from rank {peer}"),
             };
             let r = if waits_for_link {
                 // Nothing wakes this thread when a peer dials in: look again soon.
@@ -211,7 +317,7 @@ impl Engine {
             if let Err(e) = r {
                 let e = self.locate_on_timeout(Err(e), &fp, || vec![peer]);
                 let e = e.err().unwrap_or(Error::Poisoned("timeout".into()));
-                self.p2p_fail(&mut q, &mut active, Some((peer, send)), e);
+                self.p2p_fail(q, Some((peer, send)), e);
                 pacer = None;
             }
         }
@@ -235,7 +341,8 @@ impl Engine {
     }
 
     /// The operation a wait is for: a receive that has started, else the first
-    /// receive, else the first send; and whether its peer is not linked yet.
+    /// receive, else the first send (or one waiting for its receipt); and whether its
+    /// peer is not linked yet.
     fn p2p_waiting_on(&mut self, q: &[Queues]) -> (usize, bool, bool) {
         let mut pick = None;
         for (p, qs) in q.iter().enumerate() {
@@ -249,15 +356,25 @@ impl Engine {
             }
         }
         let (peer, send) = pick.unwrap_or_else(|| {
-            let p = q.iter().position(|x| !x.sends.is_empty()).unwrap_or(0);
+            let p = q
+                .iter()
+                .position(|x| !x.sends.is_empty())
+                .or_else(|| {
+                    q.iter()
+                        .position(|x| x.awaiting.iter().any(|a| a.op.is_some()))
+                })
+                .or_else(|| q.iter().position(|x| !x.owed.is_empty()))
+                .unwrap_or(0);
             (p, true)
         });
-        let unlinked = peer != self.rank && !self.linked_now(Channel::P2p, peer);
+        let unlinked = peer != self.rank
+            && (!self.linked_now(Channel::P2p, peer)
+                || (!q[peer].awaiting.is_empty() && !self.linked_now(RECEIPTS, peer)));
         (peer, send, unlinked)
     }
 
     /// One round: every queue's first operation moves as far as its link allows.
-    fn p2p_round(&mut self, q: &mut [Queues], active: &mut usize) -> Round {
+    fn p2p_round(&mut self, q: &mut [Queues], receipts: bool) -> Round {
         let mut moved = false;
         let me = self.rank;
         // With itself: a send and a receive, matched in order, copied.
@@ -265,7 +382,6 @@ impl Engine {
             let (Some(s), Some(mut r)) = (q[me].sends.pop_front(), q[me].recvs.pop_front()) else {
                 break;
             };
-            *active -= 2;
             moved = true;
             if s.op.fp != r.op.fp {
                 let e = Error::Mismatch {
@@ -275,9 +391,8 @@ impl Engine {
                     theirs: s.op.fp.to_string(),
                 };
                 self.p2p_record(&s, Some(&e));
-                (s.op.done)(Err(Error::Poisoned(e.to_string())));
+                s.op.done.tell(Err(Error::Poisoned(e.to_string())));
                 q[me].recvs.push_front(r);
-                *active += 1;
                 return Round::Failed(me, false, e);
             }
             let (src, dst) = (s.op.buf.read(), r.op.buf.write());
@@ -286,30 +401,57 @@ impl Engine {
             }
             self.p2p_record(&s, None);
             self.p2p_record(&r, None);
-            (s.op.done)(Ok(()));
-            (r.op.done)(Ok(()));
+            s.op.done.tell(Ok(()));
+            r.op.done.tell(Ok(()));
         }
         for (peer, qs) in q.iter_mut().enumerate() {
-            if peer == me || (qs.sends.is_empty() && qs.recvs.is_empty()) {
+            if peer == me || qs.idle() {
                 continue;
             }
-            if !self.linked_now(Channel::P2p, peer) {
-                if !self.connector.ready(peer, Channel::P2p) {
+            if !qs.sends.is_empty() || !qs.recvs.is_empty() {
+                if !self.linked_now(Channel::P2p, peer) {
+                    if !self.connector.ready(peer, Channel::P2p) {
+                        continue;
+                    }
+                    if let Err(e) = self.link(Channel::P2p, peer) {
+                        let send = qs.recvs.is_empty();
+                        return Round::Failed(peer, send, e);
+                    }
+                    moved = true;
+                }
+                match self.p2p_sends(qs, peer, receipts) {
+                    Ok(m) => moved |= m,
+                    Err(e) => return Round::Failed(peer, true, e),
+                }
+                match self.p2p_recvs(qs, peer, receipts) {
+                    Ok(m) => moved |= m,
+                    Err(e) => return Round::Failed(peer, false, e),
+                }
+            }
+            if qs.owed.is_empty() && qs.awaiting.is_empty() {
+                continue;
+            }
+            if !self.linked_now(RECEIPTS, peer) {
+                if !self.connector.ready(peer, RECEIPTS) {
                     continue;
                 }
-                if let Err(e) = self.link(Channel::P2p, peer) {
-                    let send = qs.recvs.is_empty();
-                    return Round::Failed(peer, send, e);
+                if let Err(e) = self.link(RECEIPTS, peer) {
+                    match self.receipts_lost(qs, peer, e) {
+                        Some(e) => return Round::Failed(peer, true, e),
+                        None => {
+                            moved = true;
+                            continue;
+                        }
+                    }
                 }
                 moved = true;
             }
-            match self.p2p_sends(qs, peer, active) {
+            match self.p2p_receipts(qs, peer) {
                 Ok(m) => moved |= m,
-                Err(e) => return Round::Failed(peer, true, e),
-            }
-            match self.p2p_recvs(qs, peer, active) {
-                Ok(m) => moved |= m,
-                Err(e) => return Round::Failed(peer, false, e),
+                Err(e) => match self.receipts_lost(qs, peer, e) {
+                    Some(e) => return Round::Failed(peer, true, e),
+                    None => moved = true,
+                },
             }
         }
         if moved {
@@ -319,8 +461,28 @@ impl Engine {
         }
     }
 
-    /// Moves `peer`'s sends in order as far as its link takes them.
-    fn p2p_sends(&mut self, qs: &mut Queues, peer: usize, active: &mut usize) -> Result<bool> {
+    /// The receipts with `peer` cannot move (`e`): the peer failed or is gone. Only a
+    /// send that waits for its receipt fails for it (with the notice the peer left on
+    /// its data link, if any); receipts owed to a gone sender, or to come for sends
+    /// already told, are let go.
+    fn receipts_lost(&mut self, qs: &mut Queues, peer: usize, e: Error) -> Option<Error> {
+        qs.owed.clear();
+        qs.rcpt_out = None;
+        let confirmed = qs.awaiting.iter().find_map(|a| a.op.as_ref().map(|_| a.fp));
+        match confirmed {
+            Some(fp) => Some(self.notice_of(peer, &fp).unwrap_or(e)),
+            None => {
+                tracing::debug!(rank = self.rank, "receipts with rank {peer} let go: {e}");
+                qs.awaiting.clear();
+                qs.rcpt_in = None;
+                None
+            }
+        }
+    }
+
+    /// Moves `peer`'s sends in order as far as its link takes them; a send whose data
+    /// has left waits for its receipt (a confirmed one before it is done).
+    fn p2p_sends(&mut self, qs: &mut Queues, peer: usize, receipts: bool) -> Result<bool> {
         let rank = self.rank;
         let mut moved = false;
         while let Some(a) = qs.sends.front_mut() {
@@ -346,15 +508,81 @@ impl Engine {
                 moved = true;
             }
             let Some(a) = qs.sends.pop_front() else { break };
-            *active -= 1;
-            self.p2p_record(&a, None);
-            (a.op.done)(Ok(()));
+            let fp = a.op.fp;
+            let op = if receipts && a.op.confirm {
+                Some(a)
+            } else {
+                self.p2p_record(&a, None);
+                a.op.done.tell(Ok(()));
+                None
+            };
+            if receipts {
+                qs.awaiting.push_back(Awaiting { fp, op });
+            }
         }
         Ok(moved)
     }
 
-    /// Moves `peer`'s receives in order as far as its link brings them.
-    fn p2p_recvs(&mut self, qs: &mut Queues, peer: usize, active: &mut usize) -> Result<bool> {
+    /// Writes the receipts owed to `peer` and reads the ones it owes, in order; a
+    /// confirmed send whose receipt came is done.
+    fn p2p_receipts(&mut self, qs: &mut Queues, peer: usize) -> Result<bool> {
+        let rank = self.rank;
+        let mut moved = false;
+        while let Some(h) = qs.owed.front() {
+            let frame = qs.rcpt_out.get_or_insert_with(|| OutFrame::new(h));
+            let link = self.link(RECEIPTS, peer)?;
+            let (m, sent) = frame
+                .progress(link, &[])
+                .map_err(|e| frame_error(rank, e, link, peer, &h.fp))?;
+            moved |= m > 0;
+            if !sent {
+                break;
+            }
+            qs.rcpt_out = None;
+            qs.owed.pop_front();
+            moved = true;
+        }
+        while let Some(a) = qs.awaiting.front() {
+            let fp = a.fp;
+            let frame = qs.rcpt_in.get_or_insert_with(|| InFrame::new(receipt(&fp)));
+            let link = self.link(RECEIPTS, peer)?;
+            let (m, got) = frame
+                .progress(link, &mut [])
+                .map_err(|e| frame_error(rank, e, link, peer, &fp))?;
+            moved |= m > 0;
+            if !got {
+                break;
+            }
+            qs.rcpt_in = None;
+            if let Some(a) = qs.awaiting.pop_front().and_then(|w| w.op) {
+                self.p2p_record(&a, None);
+                a.op.done.tell(Ok(()));
+            }
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// The notice `peer` left on its data link before it closed it, as the error of
+    /// `fp` here (only once the peer is known to have failed: it reads the link).
+    fn notice_of(&mut self, peer: usize, fp: &Fingerprint) -> Option<Error> {
+        let rank = self.rank;
+        let data = self.try_link(Channel::P2p, peer).ok()??;
+        match take_notice(data, fp)? {
+            FrameError::Notice { origin, cause } => Some(Error::PeerFailed {
+                rank,
+                peer,
+                origin,
+                cause,
+                op: fp.to_string(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Moves `peer`'s receives in order as far as its link brings them; a receive done
+    /// owes its sender a receipt (with `receipts`).
+    fn p2p_recvs(&mut self, qs: &mut Queues, peer: usize, receipts: bool) -> Result<bool> {
         let rank = self.rank;
         let mut moved = false;
         while let Some(a) = qs.recvs.front_mut() {
@@ -380,9 +608,11 @@ impl Engine {
                 moved = true;
             }
             let Some(a) = qs.recvs.pop_front() else { break };
-            *active -= 1;
+            if receipts {
+                qs.owed.push_back(receipt(&a.op.fp));
+            }
             self.p2p_record(&a, None);
-            (a.op.done)(Ok(()));
+            a.op.done.tell(Ok(()));
         }
         Ok(moved)
     }
@@ -390,35 +620,38 @@ impl Engine {
     /// A failure: the operation it happened to (`at`: peer and direction) gets `e`,
     /// the communicator is poisoned (peers told, links shut), every other operation in
     /// flight fails with [`Error::Poisoned`].
-    fn p2p_fail(
-        &mut self,
-        q: &mut [Queues],
-        active: &mut usize,
-        at: Option<(usize, bool)>,
-        e: Error,
-    ) {
+    fn p2p_fail(&mut self, q: &mut [Queues], at: Option<(usize, bool)>, e: Error) {
         let e = self.in_group(e);
         let (origin, cause) = self.origin_of(&e);
         self.poison_with(origin, &cause, e.to_string());
         let why = self.poisoned().unwrap_or_else(|| e.to_string());
-        let mut first = at.and_then(|(p, send)| {
+        let first = at.and_then(|(p, send)| {
             if send {
-                q[p].sends.pop_front()
+                q[p].sends
+                    .pop_front()
+                    .or_else(|| q[p].awaiting.iter_mut().find_map(|a| a.op.take()))
             } else {
                 q[p].recvs.pop_front()
             }
         });
-        if let Some(a) = first.take() {
-            *active -= 1;
+        if let Some(a) = first {
             self.p2p_record(&a, Some(&e));
-            (a.op.done)(Err(e));
+            a.op.done.tell(Err(e));
         }
         for qs in q.iter_mut() {
-            for a in qs.sends.drain(..).chain(qs.recvs.drain(..)) {
-                *active -= 1;
+            qs.owed.clear();
+            let (_, _) = (qs.rcpt_out.take(), qs.rcpt_in.take());
+            let waiting = qs.awaiting.drain(..).filter_map(|w| w.op);
+            let all: Vec<Active> = qs
+                .sends
+                .drain(..)
+                .chain(qs.recvs.drain(..))
+                .chain(waiting)
+                .collect();
+            for a in all {
                 let e = Error::Poisoned(why.clone());
                 self.p2p_record(&a, Some(&e));
-                (a.op.done)(Err(e));
+                a.op.done.tell(Err(e));
             }
         }
         let r: Result<()> = Err(Error::Poisoned(why));

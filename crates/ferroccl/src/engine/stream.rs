@@ -225,6 +225,9 @@ impl Engine {
         };
         while !done(st, &ai) {
             let mut progressed = false;
+            // A frame waits for a peer that has yet to dial in (nothing wakes the
+            // waiter for that: look again soon).
+            let mut unlinked = false;
             for l in 0..lanes {
                 while let Some(x) = order.out(l, st.si[l]) {
                     let o = &outs[x];
@@ -240,7 +243,10 @@ impl Engine {
                     let Some((_, frame)) = st.out[l].as_mut() else {
                         break;
                     };
-                    let peer = self.link(ch, o.peer)?;
+                    let Some(peer) = self.try_link(ch, o.peer)? else {
+                        unlinked = true;
+                        break;
+                    };
                     let bytes = data.read(o.off..o.off + o.len)?;
                     let (moved, sent) = frame
                         .progress(peer, bytes)
@@ -285,7 +291,10 @@ impl Engine {
                     } else {
                         &mut scratch[..i.len]
                     };
-                    let peer = self.link(ch, i.peer)?;
+                    let Some(peer) = self.try_link(ch, i.peer)? else {
+                        unlinked = true;
+                        break;
+                    };
                     let (moved, got) = frame
                         .progress(peer, dst)
                         .map_err(|e| frame_error(rank, e, peer, i.peer, fp))?;
@@ -327,7 +336,7 @@ impl Engine {
             };
             self.trace_waiting(peer);
             let t0 = Instant::now();
-            pacer.idle(&mut *self.waiter, rank, fp, || match (recv, send) {
+            let what = || match (recv, send) {
                 (Some(x), _) => {
                     let i = &ins[x];
                     format!(
@@ -343,7 +352,12 @@ impl Engine {
                     )
                 }
                 (None, None) => format!("rank {peer} (a receive waits for its turn)"),
-            })?;
+            };
+            if unlinked {
+                pacer.idle_poll(rank, fp, what)?;
+            } else {
+                pacer.idle(&mut *self.waiter, rank, fp, what)?;
+            }
             self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
         }
         Ok(())

@@ -161,14 +161,39 @@ struct Fabric {
     beacons: Mutex<HashMap<(u64, usize), Arc<Beacon>>>,
     capacity: usize,
     pipes: Mutex<PipeMap>,
+    /// `(group, rank)`s closed ([`Connector::close`]): their pipes, made before or
+    /// after, read as closed.
+    closed: Mutex<std::collections::HashSet<(u64, usize)>>,
 }
 
 impl Fabric {
     fn pipe(&self, key: PipeKey) -> Arc<Mutex<Pipe>> {
+        let closed = {
+            let c = lock(&self.closed);
+            c.contains(&(key.0, key.1)) || c.contains(&(key.0, key.2))
+        };
         lock(&self.pipes)
             .entry(key)
-            .or_insert_with(|| Arc::new(Mutex::new(Pipe::default())))
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Pipe {
+                    closed,
+                    ..Pipe::default()
+                }))
+            })
             .clone()
+    }
+
+    /// Closes rank `rank`'s pipes of `group`, now and to come, and wakes everyone.
+    fn close(&self, group: u64, rank: usize) {
+        lock(&self.closed).insert((group, rank));
+        for (k, p) in lock(&self.pipes).iter() {
+            if k.0 == group && (k.1 == rank || k.2 == rank) {
+                lock(p).closed = true;
+            }
+        }
+        for b in &self.bells {
+            b.ring();
+        }
     }
 
     fn beacon(&self, group: u64, rank: usize) -> Arc<Beacon> {
@@ -237,6 +262,10 @@ impl Connector for LocalConnector {
         Ok(self.fabric.beacon(self.group, self.members[peer]).get())
     }
 
+    fn close(&mut self) {
+        self.fabric.close(self.group, self.members[self.rank]);
+    }
+
     fn group(&mut self, spec: &GroupSpec) -> crate::error::Result<Links> {
         let rank = spec.check(self.rank, self.members.len(), self.group)?;
         let members: Arc<[usize]> = spec.members.iter().map(|&m| self.members[m]).collect();
@@ -252,6 +281,7 @@ pub fn group(n: usize, capacity: usize) -> Vec<Links> {
         beacons: Mutex::new(HashMap::new()),
         capacity,
         pipes: Mutex::new(HashMap::new()),
+        closed: Mutex::new(Default::default()),
     });
     let members: Arc<[usize]> = (0..n).collect();
     (0..n)

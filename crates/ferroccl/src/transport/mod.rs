@@ -290,6 +290,12 @@ pub trait Connector: Send {
         true
     }
 
+    /// This rank is done with these links (its communicator failed, or is going):
+    /// a peer that links to it from now on, or that linked through an acceptor and
+    /// was not taken up yet, must see the link closed, not wait for it. The default
+    /// does nothing (such peers then wait for their timeout).
+    fn close(&mut self) {}
+
     /// The links of a group of this connector's ranks (a sub-communicator): a
     /// connector numbering the group's ranks `0..members.len()`, whose links are
     /// streams of their own beside this connector's (the same two ranks may be linked

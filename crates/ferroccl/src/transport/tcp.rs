@@ -105,6 +105,7 @@ mod refuse {
     pub const RANK: u16 = 3;
     pub const DUPLICATE: u16 = 4;
     pub const AUTH: u16 = 5;
+    pub const CLOSED: u16 = 6;
 
     pub fn text(code: u16) -> &'static str {
         match code {
@@ -113,6 +114,7 @@ mod refuse {
             RANK => "rank, world size or channel not expected here",
             DUPLICATE => "this rank is already connected",
             AUTH => "job token missing or different (authentication failed)",
+            CLOSED => "this rank has closed that communicator (it failed, or is gone)",
             _ => "unknown refusal",
         }
     }
@@ -666,6 +668,9 @@ struct AcceptState {
     taken: HashSet<LinkKey>,
     /// Strangers turned away, for the error if an awaited peer never comes.
     refused: Vec<String>,
+    /// Groups this rank has closed ([`Connector::close`]): their connections are
+    /// refused, so a peer linking now fails at once instead of waiting.
+    closed: HashSet<u64>,
 }
 
 fn lock_state(a: &Accepted) -> MutexGuard<'_, AcceptState> {
@@ -755,6 +760,8 @@ fn handshake_incoming(mut s: TcpStream, from: SocketAddr, me: Identity, acc: &Ac
         || (status_query && h.rank as usize >= me.world_size)
     {
         refuse::RANK
+    } else if !status_query && lock_state(acc).closed.contains(&key.0) {
+        refuse::CLOSED
     } else if !status_query && {
         let st = lock_state(acc);
         st.taken.contains(&key) || st.ready.contains_key(&key)
@@ -794,6 +801,11 @@ fn handshake_incoming(mut s: TcpStream, from: SocketAddr, me: Identity, acc: &Ac
         return;
     }
     let mut st = lock_state(acc);
+    if st.closed.contains(&key.0) {
+        // Closed during the handshake: the connection is dropped, the dialer reads the
+        // end of it.
+        return;
+    }
     if st.taken.contains(&key) || st.ready.contains_key(&key) {
         drop(st);
         return refuse_with(acc, format!("{from}: rank {} connected twice", key.1));
@@ -1040,6 +1052,10 @@ impl Connector for TcpConnector {
         self.ready_now(peer, channel)
     }
 
+    fn close(&mut self) {
+        self.close_group();
+    }
+
     fn group(&mut self, spec: &GroupSpec) -> Result<Links> {
         let (connector, poll, beacon) = self.subgroup(spec)?;
         Ok(Links::new(
@@ -1106,6 +1122,14 @@ impl TcpConnector {
             || lock_state(&self.ep.accepted)
                 .ready
                 .contains_key(&(self.group, p, channel))
+    }
+
+    /// Refuses this group's connections from now on, and closes those accepted and
+    /// not taken up (see [`Connector::close`]).
+    pub(crate) fn close_group(&self) {
+        let mut st = lock_state(&self.ep.accepted);
+        st.closed.insert(self.group);
+        st.ready.retain(|k, _| k.0 != self.group);
     }
 
     /// This rank, in this connector's order.

@@ -14,6 +14,7 @@ mod cuda_kernels;
 mod ddp;
 mod faults;
 mod fuzz_wire;
+mod groups;
 mod handshake;
 mod inprocess;
 mod jobs;

@@ -276,6 +276,9 @@ struct Fabric {
     wires: Mutex<WireMap>,
     /// The wires each rank has an end of.
     of_rank: Vec<Mutex<Vec<Arc<Mutex<Wire>>>>>,
+    /// `(group, rank)`s closed ([`Connector::close`]): their ends, made before or
+    /// after, are gone.
+    closed: Mutex<std::collections::HashSet<(u64, usize)>>,
 }
 
 /// One end of a simulated queue pair.
@@ -540,6 +543,16 @@ impl Connector for SimConnector {
                 }))
             })
             .clone();
+        {
+            // A closed peer's end is gone, whenever the wire was made.
+            let closed = lock(&f.closed);
+            let mut w = lock(&wire);
+            for (end, r) in [(0, lo), (1, hi)] {
+                if closed.contains(&(self.group, r)) {
+                    w.ends[end].gone = true;
+                }
+            }
+        }
         lock(&f.of_rank[me]).push(wire.clone());
         // Side 0 is the lower rank.
         let bells = [f.bells[lo].clone(), f.bells[hi].clone()];
@@ -565,6 +578,26 @@ impl Connector for SimConnector {
         }
     }
 
+    fn close(&mut self) {
+        let f = &self.fabric;
+        let me = self.members[self.rank];
+        lock(&f.closed).insert((self.group, me));
+        // Wires this rank has an end of go when their links drop (after their writes
+        // drain); the ones a peer made and this rank never took up go now.
+        let mine = lock(&f.of_rank[me]).clone();
+        for ((g, lo, hi, _), wire) in lock(&f.wires).iter() {
+            if *g == self.group
+                && (*lo == me || *hi == me)
+                && !mine.iter().any(|w| Arc::ptr_eq(w, wire))
+            {
+                lock(wire).ends[usize::from(*hi == me)].gone = true;
+            }
+        }
+        for b in &f.bells {
+            b.ring();
+        }
+    }
+
     fn group(&mut self, spec: &GroupSpec) -> crate::error::Result<Links> {
         let rank = spec.check(self.rank, self.members.len(), self.group)?;
         let members: Arc<[usize]> = spec.members.iter().map(|&m| self.members[m]).collect();
@@ -585,6 +618,7 @@ pub fn group(n: usize, params: SimParams) -> crate::error::Result<Vec<Links>> {
         beacons: Mutex::new(HashMap::new()),
         wires: Mutex::new(HashMap::new()),
         of_rank: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+        closed: Mutex::new(Default::default()),
     });
     let members: Arc<[usize]> = (0..n).collect();
     Ok((0..n)

@@ -586,6 +586,10 @@ impl Connector for ShmConnector {
         self.tcp.ready_now(peer, channel)
     }
 
+    fn close(&mut self) {
+        self.tcp.close_group();
+    }
+
     fn group(&mut self, spec: &GroupSpec) -> Result<Links> {
         let (tcp, poll, beacon) = self.tcp.subgroup(spec)?;
         Ok(ShmConnector::links(tcp, poll, beacon, self.s.clone()))

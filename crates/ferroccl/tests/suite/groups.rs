@@ -1,0 +1,897 @@
+//! Sub-communicators (`split`, `group`, `split_by_host`), the direct exchanges
+//! (all-to-all(v), gather(v), scatter(v)) and point-to-point (batches, scopes, owned
+//! buffers): every result equal to its definition on every rank, over threads, TCP and
+//! shared memory, and misuse as a typed error in the same call.
+
+use crate::common::{self, run, run_all, test_config, ManualTimeout, Net, SimMemParams};
+use ferroccl::{Communicator, DataType, Element, Error, ReduceOp};
+use proptest::prelude::*;
+use std::time::{Duration, Instant};
+
+type R<T> = ferroccl::Result<T>;
+
+/// Fails the rank (not a panic: the harness names the rank and its message).
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> R<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("check failed: {}", what())))
+    }
+}
+
+/// Element `i` of what rank `from` sends rank `to`: exact in every element type.
+fn val(from: usize, to: usize, i: usize) -> f64 {
+    ((from * 31 + to * 7 + i * 3) % 97) as f64
+}
+
+fn block<T: Element>(from: usize, to: usize, count: usize) -> Vec<T> {
+    (0..count).map(|i| T::from_f64(val(from, to, i))).collect()
+}
+
+fn same<T: Element>(got: &[T], from: usize, to: usize) -> bool {
+    got.iter()
+        .enumerate()
+        .all(|(i, x)| *x == T::from_f64(val(from, to, i)))
+}
+
+/// The nets of the transport matrix.
+const NETS: [Net; 3] = [Net::Local, Net::Tcp, Net::Shm];
+
+// ---- all-to-all ----
+
+/// Equal blocks of `count`, out of place and in place.
+fn all_to_all_case<T: Element>(c: &Communicator, count: usize) -> R<()> {
+    let (n, r) = (c.world_size(), c.rank());
+    let send: Vec<T> = (0..n).flat_map(|q| block::<T>(r, q, count)).collect();
+    let mut recv = vec![T::default(); n * count];
+    c.all_to_all(&send, &mut recv)?;
+    for q in 0..n {
+        ensure(same(&recv[q * count..(q + 1) * count], q, r), || {
+            format!("all_to_all n={n} count={count}: block from {q}")
+        })?;
+    }
+    let mut buf = send.clone();
+    c.all_to_all_in_place(&mut buf)?;
+    ensure(buf == recv, || {
+        format!("all_to_all_in_place n={n} count={count}")
+    })?;
+    Ok(())
+}
+
+/// What rank `from` sends rank `to` in the all-to-allv case `seed`: 0 to 3 elements.
+fn v_count(from: usize, to: usize, seed: usize) -> usize {
+    (from * 3 + to * 5 + seed) % 4
+}
+
+/// Per-peer counts (0 included), send blocks in reverse rank order with gaps, receive
+/// blocks in rank order with gaps.
+fn all_to_allv_case<T: Element>(c: &Communicator, seed: usize) -> R<()> {
+    let (n, r) = (c.world_size(), c.rank());
+    let sc: Vec<usize> = (0..n).map(|q| v_count(r, q, seed)).collect();
+    let rc: Vec<usize> = (0..n).map(|q| v_count(q, r, seed)).collect();
+    let mut sd = vec![0; n];
+    let mut at = 1;
+    for q in (0..n).rev() {
+        sd[q] = at;
+        at += sc[q] + 2;
+    }
+    let mut send = vec![T::from_f64(255.0); at];
+    for q in 0..n {
+        send[sd[q]..sd[q] + sc[q]].copy_from_slice(&block::<T>(r, q, sc[q]));
+    }
+    let mut rd = vec![0; n];
+    let mut at = 0;
+    for q in 0..n {
+        rd[q] = at;
+        at += rc[q] + 1;
+    }
+    let fill = T::from_f64(250.0);
+    let mut recv = vec![fill; at];
+    c.all_to_allv(&send, &sc, &sd, &mut recv, &rc, &rd)?;
+    for q in 0..n {
+        ensure(same(&recv[rd[q]..rd[q] + rc[q]], q, r), || {
+            format!("all_to_allv n={n} seed={seed}: block from {q}")
+        })?;
+        // The gaps are untouched.
+        ensure(recv[rd[q] + rc[q]] == fill, || {
+            format!("gap after block {q}")
+        })?;
+    }
+    Ok(())
+}
+
+fn direct_cases<T: Element>(c: &Communicator) -> R<()> {
+    for count in [0, 1, 3, 70] {
+        all_to_all_case::<T>(c, count)?;
+        for root in [0, c.world_size() - 1] {
+            gather_scatter_case::<T>(c, count, root)?;
+        }
+    }
+    for seed in 0..3 {
+        all_to_allv_case::<T>(c, seed)?;
+        gatherv_scatterv_case::<T>(c, seed, seed % c.world_size())?;
+    }
+    Ok(())
+}
+
+/// Every dtype, world sizes 1 to 8, counts 0, 1, uneven, over threads.
+#[test]
+fn direct_exchanges_equal_their_definitions_for_every_dtype_and_world() {
+    for n in 1..=8 {
+        for dt in DataType::ALL {
+            run(
+                n,
+                Net::Local,
+                &test_config(),
+                Duration::from_secs(60),
+                move |c| for_dtype!(dt, direct_cases(c)),
+            )
+            .unwrap_or_else(|e| panic!("n={n} {dt}: {e}"));
+        }
+    }
+}
+
+/// The same over TCP, shared memory, simulated RDMA, and (the equal-block forms, read
+/// from the peers' memory) the pull executor.
+#[test]
+fn direct_exchanges_over_every_transport_and_executor() {
+    let nets = [
+        Net::Tcp,
+        Net::Shm,
+        Net::Hosts(2),
+        Net::RdmaSim(common::SimParams::default()),
+        Net::MemSim(SimMemParams::default()),
+    ];
+    for net in nets {
+        for n in [1, 2, 3, 5] {
+            for dt in [DataType::F32, DataType::U8, DataType::BF16] {
+                run(n, net, &test_config(), Duration::from_secs(60), move |c| {
+                    for_dtype!(dt, direct_cases(c))
+                })
+                .unwrap_or_else(|e| panic!("{net:?} n={n} {dt}: {e}"));
+            }
+        }
+    }
+}
+
+// ---- gather and scatter ----
+
+fn gather_scatter_case<T: Element>(c: &Communicator, count: usize, root: usize) -> R<()> {
+    let (n, r) = (c.world_size(), c.rank());
+    let ctx = || format!("n={n} count={count} root={root}");
+    // Gather: the root gets every rank's block, in rank order.
+    let mine = block::<T>(r, root, count);
+    let mut all = vec![T::default(); if r == root { n * count } else { 0 }];
+    c.gather(&mine, &mut all, root)?;
+    if r == root {
+        for q in 0..n {
+            ensure(same(&all[q * count..(q + 1) * count], q, root), || {
+                format!("gather {}: block {q}", ctx())
+            })?;
+        }
+    }
+    // In place: block r of every rank's buffer.
+    let mut buf = vec![T::from_f64(1.0); n * count];
+    buf[r * count..(r + 1) * count].copy_from_slice(&mine);
+    let before = buf.clone();
+    c.gather_in_place(&mut buf, root)?;
+    if r == root {
+        ensure(buf == all, || format!("gather_in_place {}", ctx()))?;
+    } else {
+        ensure(buf == before, || {
+            format!("gather_in_place changed rank {r}")
+        })?;
+    }
+    // Scatter: rank q gets the root's block q.
+    let blocks: Vec<T> = (0..n).flat_map(|q| block::<T>(root, q, count)).collect();
+    let send = if r == root {
+        blocks.clone()
+    } else {
+        Vec::new()
+    };
+    let mut got = vec![T::default(); count];
+    c.scatter(&send, &mut got, root)?;
+    ensure(same(&got, root, r), || format!("scatter {}", ctx()))?;
+    let mut buf = if r == root {
+        blocks.clone()
+    } else {
+        vec![T::from_f64(2.0); n * count]
+    };
+    c.scatter_in_place(&mut buf, root)?;
+    ensure(same(&buf[r * count..(r + 1) * count], root, r), || {
+        format!("scatter_in_place {}", ctx())
+    })?;
+    if r == root {
+        ensure(buf == blocks, || "scatter_in_place changed the root".into())?;
+    }
+    Ok(())
+}
+
+fn gatherv_scatterv_case<T: Element>(c: &Communicator, seed: usize, root: usize) -> R<()> {
+    let (n, r) = (c.world_size(), c.rank());
+    let counts: Vec<usize> = (0..n).map(|q| v_count(q, root, seed)).collect();
+    // Blocks in reverse rank order, one element apart.
+    let mut displs = vec![0; n];
+    let mut at = 0;
+    for q in (0..n).rev() {
+        displs[q] = at;
+        at += counts[q] + 1;
+    }
+    let mine = block::<T>(r, root, counts[r]);
+    let (cs, ds): (&[usize], &[usize]) = if r == root {
+        (&counts, &displs)
+    } else {
+        (&[], &[])
+    };
+    let mut all = vec![T::from_f64(99.0); if r == root { at } else { 0 }];
+    c.gatherv(&mine, &mut all, cs, ds, root)?;
+    if r == root {
+        for q in 0..n {
+            ensure(
+                same(&all[displs[q]..displs[q] + counts[q]], q, root),
+                || format!("gatherv n={n} seed={seed}: block {q}"),
+            )?;
+        }
+    }
+    let mut send = vec![T::default(); at];
+    for q in 0..n {
+        send[displs[q]..displs[q] + counts[q]].copy_from_slice(&block::<T>(root, q, counts[q]));
+    }
+    let mut got = vec![T::default(); counts[r]];
+    let send = if r == root { send } else { Vec::new() };
+    c.scatterv(&send, cs, ds, &mut got, root)?;
+    ensure(same(&got, root, r), || {
+        format!("scatterv n={n} seed={seed}")
+    })
+}
+
+// ---- splits ----
+
+/// What `split` must make, computed here: the members of `colors[r]`'s child in
+/// order of `(key, rank)`, or `None`.
+fn expected_child(colors: &[Option<u32>], keys: &[i64], r: usize) -> Option<Vec<usize>> {
+    let c = colors[r]?;
+    let mut m: Vec<usize> = (0..colors.len())
+        .filter(|&q| colors[q] == Some(c))
+        .collect();
+    m.sort_by_key(|&q| (keys[q], q));
+    Some(m)
+}
+
+/// Checks a child against its definition: ranks, job ranks, and a collective on it.
+fn check_child(child: &Communicator, parent: &Communicator, members: &[usize]) -> R<()> {
+    let me = members
+        .iter()
+        .position(|&q| q == parent.rank())
+        .expect("a member");
+    ensure(
+        child.rank() == me && child.world_size() == members.len(),
+        || {
+            format!(
+                "rank {} of {} in the child, expected {me} of {}",
+                child.rank(),
+                child.world_size(),
+                members.len()
+            )
+        },
+    )?;
+    let job: Vec<usize> = members.iter().map(|&q| parent.job_ranks()[q]).collect();
+    ensure(child.job_ranks() == job.as_slice(), || {
+        format!("job ranks {:?}, expected {job:?}", child.job_ranks())
+    })?;
+    ensure(child.job_rank() == parent.job_rank(), || "job rank".into())?;
+    // Every member has the same id, and a collective on the child sums its members.
+    let id = child.id();
+    let mut ids = [id as i64, -(id as i64)];
+    child.all_reduce(&mut ids, ReduceOp::Max)?;
+    ensure(
+        ids[0] == id as i64 && ids[1] == -(id as i64) && id != 0,
+        || "members disagree on the child's id".into(),
+    )?;
+    let mut v = vec![child.job_rank() as i64; 5];
+    child.all_reduce(&mut v, ReduceOp::Sum)?;
+    let want: usize = job.iter().sum();
+    ensure(v.iter().all(|&x| x == want as i64), || {
+        format!("child all-reduce {v:?}, expected {want}")
+    })
+}
+
+/// Splits of five ranks — two colors, reverse keys, one rank left out — then a split
+/// of a child and a group of the parent, over threads, TCP and shared memory; every
+/// child is what its definition says and computes right.
+#[test]
+fn splits_groups_and_nested_children_on_every_transport() {
+    for net in NETS {
+        run(5, net, &test_config(), Duration::from_secs(60), |c| {
+            let n = c.world_size();
+            let colors: Vec<Option<u32>> =
+                (0..n).map(|r| (r < 4).then_some(r as u32 % 2)).collect();
+            let keys: Vec<i64> = (0..n).map(|r| -(r as i64)).collect();
+            let r = c.rank();
+            let child = c.split(colors[r], keys[r])?;
+            match (expected_child(&colors, &keys, r), &child) {
+                (Some(m), Some(ch)) => {
+                    check_child(ch, c, &m)?;
+                    // A child of the child: halves by the child's rank.
+                    let grand = ch.split(Some(ch.rank() as u32 % 2), 0)?.expect("member");
+                    let gm: Vec<usize> = (0..ch.world_size())
+                        .filter(|q| q % 2 == ch.rank() % 2)
+                        .collect();
+                    check_child(&grand, ch, &gm)?;
+                }
+                (None, None) => {}
+                (want, got) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "rank {r}: expected {want:?}, got a child: {}",
+                        got.is_some()
+                    )))
+                }
+            }
+            // A group of the parent, listed out of order.
+            let list = [3, 1, 0];
+            match c.group(&list)? {
+                Some(g) => check_child(&g, c, &list)?,
+                None => ensure(!list.contains(&r), || "a listed rank got no group".into())?,
+            }
+            // The parent still computes.
+            let mut v = [1u8; 3];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            ensure(v == [n as u8; 3], || "the parent after the splits".into())
+        })
+        .unwrap_or_else(|e| panic!("{net:?}: {e}"));
+    }
+}
+
+/// The ranks of a host form one child: two emulated hosts of two, over `auto` and
+/// over TCP alone (every communicator knows its hosts), and threads (one host).
+#[test]
+fn split_by_host_follows_the_hosts() {
+    let mut tcp = test_config();
+    tcp.transport.kind = ferroccl::TransportKind::Tcp;
+    for cfg in [test_config(), tcp] {
+        run(4, Net::Hosts(2), &cfg, Duration::from_secs(60), |c| {
+            let h = c.split_by_host()?;
+            let base = c.rank() / 2 * 2;
+            check_child(&h, c, &[base, base + 1])
+        })
+        .unwrap();
+    }
+    run(
+        3,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(30),
+        |c| {
+            let h = c.split_by_host()?;
+            check_child(&h, c, &[0, 1, 2])
+        },
+    )
+    .unwrap();
+}
+
+/// Collectives on the parent and on the children in flight together: each rank starts
+/// a large all-reduce on the parent in a scope, then (in an order that differs between
+/// even and odd ranks) a non-blocking all-reduce on its child and a blocking
+/// broadcast on it, and waits for them in another order; all are right.
+#[test]
+fn parent_and_children_in_flight_together_in_any_order() {
+    for net in NETS {
+        run(4, net, &test_config(), Duration::from_secs(60), |c| {
+            let r = c.rank();
+            let child = c.split(Some(r as u32 % 2), 0)?.expect("member");
+            let mut big = vec![1.0f32; 1 << 18];
+            let mut small = vec![r as i64; 1000];
+            let mut bc = vec![r as u8; 4096];
+            c.scope(|ps| -> R<()> {
+                let hp = ps.all_reduce(&mut big, ReduceOp::Sum)?;
+                child.scope(|cs| -> R<()> {
+                    if r % 2 == 0 {
+                        let hc = cs.all_reduce(&mut small, ReduceOp::Sum)?;
+                        cs.comm().broadcast(&mut bc, 1)?;
+                        let s = hc.wait()?;
+                        ensure(s[0] == (r % 2 + r % 2 + 2) as i64, || format!("{s:?}"))?;
+                    } else {
+                        let hb = cs.broadcast(&mut bc, 1)?;
+                        let hc = cs.all_reduce(&mut small, ReduceOp::Sum)?;
+                        ensure(hc.wait()?[0] == (1 + 3) as i64, || "child sum".into())?;
+                        hb.wait()?;
+                    }
+                    Ok(())
+                })?;
+                let b = hp.wait()?;
+                ensure(b.iter().all(|&x| x == 4.0), || "parent sum".into())
+            })?;
+            // The child's rank 1 is job rank 2 (even) or 3 (odd).
+            ensure(bc.iter().all(|&x| x as usize == 2 + r % 2), || {
+                "child broadcast".into()
+            })
+        })
+        .unwrap_or_else(|e| panic!("{net:?}: {e}"));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random splits (colors, keys, ranks left out), a split of each child, and a
+    /// random group, with collectives and a point-to-point ring on every child, over
+    /// threads: every child is its definition and computes right.
+    #[test]
+    fn random_splits_are_their_definitions(
+        n in 1usize..=6,
+        colors in proptest::collection::vec(proptest::option::weighted(0.8, 0u32..3), 6),
+        keys in proptest::collection::vec(-3i64..3, 6),
+        sub in proptest::collection::vec(0u32..2, 6),
+        list_seed in any::<u64>(),
+    ) {
+        let (colors, keys) = (colors[..n].to_vec(), keys[..n].to_vec());
+        // A group: a random subset of the ranks, in a random order.
+        let mut list: Vec<usize> = (0..n).filter(|&q| (list_seed >> q) & 1 == 1).collect();
+        let rot = (list_seed >> 8) as usize % list.len().max(1);
+        list.rotate_left(rot);
+        let out = run(n, Net::Local, &test_config(), Duration::from_secs(60), move |c| {
+            let r = c.rank();
+            let child = c.split(colors[r], keys[r])?;
+            let want = expected_child(&colors, &keys, r);
+            ensure(want.is_some() == child.is_some(), || "membership".into())?;
+            if let (Some(m), Some(ch)) = (want, child) {
+                check_child(&ch, c, &m)?;
+                // A ring of messages on the child.
+                let (cr, cn) = (ch.rank(), ch.world_size());
+                let out = vec![cr as i32; 17];
+                let mut got = vec![0i32; 17];
+                ch.p2p_batch(|b| {
+                    b.send(&out, (cr + 1) % cn, 3).recv(&mut got, (cr + cn - 1) % cn, 3);
+                })?;
+                ensure(got[0] as usize == (cr + cn - 1) % cn, || "child ring".into())?;
+                let gc = ch.split(Some(sub[r]), 0)?.expect("member");
+                let gm: Vec<usize> = (0..cn).filter(|&q| sub[m[q]] == sub[r]).collect();
+                check_child(&gc, &ch, &gm)?;
+            }
+            match c.group(&list)? {
+                Some(g) => check_child(&g, c, &list),
+                None => ensure(!list.contains(&r), || "group membership".into()),
+            }
+        });
+        prop_assert!(out.is_ok(), "{}", out.err().map(|e| e.to_string()).unwrap_or_default());
+    }
+}
+
+// ---- point-to-point ----
+
+/// Everyone sends 64 MiB to the right and receives from the left in one batch: no
+/// deadlock over threads, TCP or shared memory, and the bytes are right.
+#[test]
+fn the_ring_shift_of_64_mib_completes_in_a_batch() {
+    for net in NETS {
+        run(3, net, &test_config(), Duration::from_secs(120), |c| {
+            let (r, n) = (c.rank(), c.world_size());
+            let len = 16 << 20; // f32: 64 MiB
+            let out: Vec<f32> = (0..len).map(|i| (r * 7 + i % 1000) as f32).collect();
+            let mut got = vec![0f32; len];
+            c.p2p_batch(|b| {
+                b.send(&out, (r + 1) % n, 1)
+                    .recv(&mut got, (r + n - 1) % n, 1);
+            })?;
+            let l = (r + n - 1) % n;
+            ensure(
+                got.iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == (l * 7 + i % 1000) as f32),
+                || "ring shift data".into(),
+            )
+        })
+        .unwrap_or_else(|e| panic!("{net:?}: {e}"));
+    }
+}
+
+/// The message rank `from` sends rank `to` as its `k`-th: a length and a tag from the
+/// seed, contents from `val`.
+fn message(seed: u64, from: usize, to: usize, k: usize) -> (Vec<i32>, u32) {
+    let h = common::splitmix(seed ^ ((from as u64) << 32) ^ ((to as u64) << 16) ^ k as u64);
+    let len = [0usize, 1, 7, 300, 5000][(h % 5) as usize];
+    let data = (0..len).map(|i| val(from, to, i + k) as i32).collect();
+    (data, (h >> 8) as u32 % 1000)
+}
+
+/// How many messages `from` sends `to` (self included).
+fn messages(seed: u64, from: usize, to: usize) -> usize {
+    (common::splitmix(seed ^ ((from * 131 + to) as u64)) % 3) as usize
+}
+
+/// Every rank posts its sends and receives (to and from every rank, itself included)
+/// in a random order, all in one batch, or one by one in a scope waiting in another
+/// random order: everything completes and every message is the one sent.
+fn random_p2p(c: &Communicator, seed: u64, scoped: bool) -> R<()> {
+    let (n, r) = (c.world_size(), c.rank());
+    let mut outs = Vec::new();
+    let mut ins = Vec::new();
+    for q in 0..n {
+        for k in 0..messages(seed, r, q) {
+            let (d, tag) = message(seed, r, q, k);
+            outs.push((q, tag, d));
+        }
+        for k in 0..messages(seed, q, r) {
+            let (d, tag) = message(seed, q, r, k);
+            ins.push((q, tag, k, vec![0i32; d.len()]));
+        }
+    }
+    // A random interleaving that keeps each peer's sends (and receives) in order.
+    let mut order: Vec<(bool, usize)> = (0..outs.len())
+        .map(|i| (true, i))
+        .chain((0..ins.len()).map(|i| (false, i)))
+        .collect();
+    let mut x = common::splitmix(seed ^ r as u64);
+    for i in (1..order.len()).rev() {
+        x = common::splitmix(x);
+        order.swap(i, x as usize % (i + 1));
+    }
+    // Restore per-peer order among the sends and among the receives.
+    let fix = |order: &mut Vec<(bool, usize)>, send: bool, len: usize| {
+        let slots: Vec<usize> = (0..order.len()).filter(|&i| order[i].0 == send).collect();
+        debug_assert_eq!(slots.len(), len);
+        for (k, s) in slots.into_iter().enumerate() {
+            order[s] = (send, k);
+        }
+    };
+    fix(&mut order, true, outs.len());
+    fix(&mut order, false, ins.len());
+    let meta = ins_meta(seed, r, n);
+    let mut bufs: Vec<Option<&mut Vec<i32>>> = ins.iter_mut().map(|i| Some(&mut i.3)).collect();
+    if scoped {
+        c.scope(|s| -> R<()> {
+            let mut waits: Vec<Box<dyn FnOnce() -> R<()> + '_>> = Vec::new();
+            for &(send, i) in &order {
+                if send {
+                    let (q, tag, d) = &outs[i];
+                    let h = s.send(d, *q, *tag)?;
+                    waits.push(Box::new(move || h.wait().map(|_| ())));
+                } else if let Some(buf) = bufs[i].take() {
+                    let h = s.recv(buf, meta[i].0, meta[i].1)?;
+                    waits.push(Box::new(move || h.wait().map(|_| ())));
+                }
+            }
+            // Waited for in reverse order.
+            for w in waits.into_iter().rev() {
+                w()?;
+            }
+            Ok(())
+        })?;
+    } else {
+        c.p2p_batch(|b| {
+            for &(send, i) in &order {
+                if send {
+                    let (q, tag, d) = &outs[i];
+                    b.send(d, *q, *tag);
+                } else if let Some(buf) = bufs[i].take() {
+                    b.recv(buf, meta[i].0, meta[i].1);
+                }
+            }
+        })?;
+    }
+    drop(bufs);
+    for (q, _, k, got) in &ins {
+        let (want, _) = message(seed, *q, r, *k);
+        ensure(*got == want, || format!("message {k} from {q}"))?;
+    }
+    Ok(())
+}
+
+/// `(peer, tag)` of every receive of rank `r`, in the order `random_p2p` lists them.
+fn ins_meta(seed: u64, r: usize, n: usize) -> Vec<(usize, u32)> {
+    (0..n)
+        .flat_map(|q| (0..messages(seed, q, r)).map(move |k| (q, message(seed, q, r, k).1)))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Random messages between every pair (and to itself), posted in random orders, in
+    /// one batch per rank or one by one in a scope: all complete, all right.
+    #[test]
+    fn p2p_in_random_orders_completes(n in 1usize..=5, seed in any::<u64>(), scoped in any::<bool>()) {
+        let out = run(n, Net::Local, &test_config(), Duration::from_secs(60), move |c| {
+            random_p2p(c, seed, scoped)
+        });
+        prop_assert!(out.is_ok(), "{}", out.err().map(|e| e.to_string()).unwrap_or_default());
+    }
+}
+
+/// The same over TCP and shared memory (fewer cases: processes of ranks link for
+/// real).
+#[test]
+fn p2p_in_random_orders_over_tcp_and_shared_memory() {
+    for net in [Net::Tcp, Net::Shm] {
+        for (n, seed, scoped) in [(3, 11, false), (4, 12, true), (2, 13, true)] {
+            run(n, net, &test_config(), Duration::from_secs(60), move |c| {
+                random_p2p(c, seed, scoped)
+            })
+            .unwrap_or_else(|e| panic!("{net:?} n={n}: {e}"));
+        }
+    }
+}
+
+/// Owned-buffer sends and receives (`send_start`, `recv_start`) overlap with
+/// collectives; a message is sent to oneself too.
+#[test]
+fn owned_p2p_overlaps_collectives() {
+    run(
+        3,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(30),
+        |c| {
+            let (r, n) = (c.rank(), c.world_size());
+            let rx = c.recv_start(vec![0i64; 100], (r + n - 1) % n, 5)?;
+            let me = c.recv_start(vec![0i64; 3], r, 6)?;
+            let tx = c.send_start(vec![r as i64; 100], (r + 1) % n, 5)?;
+            c.send(&[7i64; 3], r, 6)?;
+            let mut v = [1.0f64; 10];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            ensure(v[0] == 3.0, || "all-reduce".into())?;
+            let got = rx.wait()?;
+            tx.wait()?;
+            ensure(me.wait()? == vec![7; 3], || "to itself".into())?;
+            ensure(got.iter().all(|&x| x as usize == (r + n - 1) % n), || {
+                "ring".into()
+            })
+        },
+    )
+    .unwrap();
+}
+
+// ---- misuse: typed errors in the same call ----
+
+/// Lists that disagree fail on every rank with a mismatch, and the parent stays
+/// usable (every rank made the same exchange); a list naming a rank twice is refused.
+#[test]
+fn group_lists_that_disagree_are_a_mismatch_on_every_rank() {
+    for net in [Net::Local, Net::Tcp] {
+        let out = run_all(3, net, &test_config(), Duration::from_secs(30), |c| {
+            let list: &[usize] = if c.rank() == 2 { &[0, 1] } else { &[0, 1, 2] };
+            let e = c.group(list).err();
+            let mut v = [1i32];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok((e, v[0]))
+        });
+        for (r, o) in out.into_iter().enumerate() {
+            let (e, sum) = o.expect("finished").expect("the parent works after");
+            let e = e.unwrap_or_else(|| panic!("{net:?} rank {r} returned a group"));
+            assert!(matches!(e, Error::Mismatch { .. }), "{net:?} rank {r}: {e}");
+            assert!(e.to_string().contains("group #"), "{e}");
+            assert_eq!(sum, 3);
+        }
+    }
+    let out = run_all(
+        2,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(30),
+        |c| c.group(&[1, 1]),
+    );
+    for o in out {
+        let e = o.expect("finished").expect_err("refused");
+        assert!(
+            matches!(e, Error::InvalidArgument(ref m) if m.contains("twice")),
+            "{e}"
+        );
+    }
+}
+
+/// All-to-allv counts that disagree between a pair: every rank fails in that call
+/// (the pair's receiver with a mismatch naming both counts), none by the timeout.
+#[test]
+fn all_to_allv_counts_that_disagree_fail_every_rank() {
+    let mut cfg = test_config();
+    cfg.tuning.timeout = Duration::from_secs(120);
+    for net in [Net::Local, Net::Tcp, Net::Shm] {
+        let t0 = Instant::now();
+        let out = run_all(3, net, &cfg, Duration::from_secs(60), |c| {
+            let (n, r) = (c.world_size(), c.rank());
+            // Rank 0 sends 5 elements to rank 1, which expects 4; all else is 4.
+            let sc: Vec<usize> = (0..n)
+                .map(|q| if (r, q) == (0, 1) { 5 } else { 4 })
+                .collect();
+            let rc = vec![4; n];
+            let sd: Vec<usize> = (0..n).map(|q| q * 5).collect();
+            let rd: Vec<usize> = (0..n).map(|q| q * 4).collect();
+            let mut recv = vec![0f32; 4 * n];
+            c.all_to_allv(&vec![1f32; 5 * n], &sc, &sd, &mut recv, &rc, &rd)
+        });
+        let errs = common::all_errors(out, "all_to_allv counts");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{net:?}: by the timeout"
+        );
+        let m = errs[1].to_string();
+        assert!(matches!(errs[1], Error::Mismatch { .. }), "{net:?}: {m}");
+        assert!(m.contains("5 elements") && m.contains("4 elements"), "{m}");
+        for e in &errs {
+            assert!(!matches!(e, Error::Timeout { .. }), "{net:?}: {e}");
+        }
+    }
+}
+
+/// Ranks that name different roots for a gather or a scatter all fail in that call,
+/// at least one with a mismatch naming both roots; none returns Ok.
+#[test]
+fn gather_and_scatter_roots_that_disagree_fail_every_rank() {
+    let mut cfg = test_config();
+    cfg.tuning.timeout = Duration::from_secs(120);
+    for net in [Net::Local, Net::Tcp] {
+        for scatter in [false, true] {
+            let out = run_all(3, net, &cfg, Duration::from_secs(60), move |c| {
+                let root = usize::from(c.rank() != 0);
+                let mut buf = vec![1u8; 30];
+                if scatter {
+                    c.scatter_in_place(&mut buf, root)
+                } else {
+                    c.gather_in_place(&mut buf, root)
+                }
+            });
+            let errs = common::all_errors(out, "root disagreement");
+            let mismatches: Vec<String> = errs
+                .iter()
+                .filter(|e| matches!(e, Error::Mismatch { .. }))
+                .map(|e| e.to_string())
+                .collect();
+            assert!(!mismatches.is_empty(), "{net:?}: {errs:?}");
+            assert!(
+                mismatches.iter().all(|m| m.matches("root ").count() == 2),
+                "{mismatches:?}"
+            );
+            assert!(
+                errs.iter().all(|e| !matches!(e, Error::Timeout { .. })),
+                "{errs:?}"
+            );
+        }
+    }
+}
+
+/// In a batch, a peer that posts another length: the receiver fails with a mismatch
+/// naming both, the sender (whose send completes only on its receipt) fails in the
+/// same call with the receiver's notice; neither returns Ok.
+#[test]
+fn a_p2p_batch_whose_peer_posts_another_length_fails_both_sides() {
+    let mut cfg = test_config();
+    cfg.tuning.timeout = Duration::from_secs(120);
+    for net in [Net::Local, Net::Tcp, Net::Shm] {
+        let out = run_all(2, net, &cfg, Duration::from_secs(60), |c| {
+            let r = c.rank();
+            let out = vec![1i32; 10];
+            let mut got = vec![0i32; if r == 1 { 12 } else { 10 }];
+            c.p2p_batch(|b| {
+                b.send(&out, 1 - r, 4).recv(&mut got, 1 - r, 4);
+            })
+        });
+        let errs = common::all_errors(out, "p2p length");
+        let t = errs[1].to_string();
+        assert!(matches!(errs[1], Error::Mismatch { .. }), "{net:?}: {t}");
+        assert!(
+            t.contains("10 elements") && t.contains("12 elements"),
+            "{t}"
+        );
+        assert!(
+            matches!(
+                errs[0],
+                Error::PeerFailed { origin: 1, .. }
+                    | Error::Mismatch { .. }
+                    | Error::PeerClosed { .. }
+            ),
+            "{net:?}: {}",
+            errs[0]
+        );
+    }
+}
+
+/// A blocking send completes when the transport holds the message: two ranks that
+/// each send (a small message) to the other before receiving both complete. A batch
+/// completes only once its messages are received: two ranks whose batches only send
+/// to each other, each receiving after, wait for each other until a timeout that says
+/// so, never a hang; the two directions in one batch complete.
+#[test]
+fn blocking_sends_are_eager_and_batches_are_confirmed() {
+    run(
+        2,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(30),
+        |c| {
+            let r = c.rank();
+            c.send(&[r as u8; 8], 1 - r, 0)?;
+            let mut got = [0u8; 8];
+            c.recv(&mut got, 1 - r, 0)?;
+            ensure(got == [(1 - r) as u8; 8], || "eager".into())
+        },
+    )
+    .unwrap();
+    let mt = ManualTimeout::new(test_config(), Duration::from_secs(3));
+    let started = mt.started.clone();
+    let out = run_all(2, Net::Local, &mt.cfg, Duration::from_secs(30), move |c| {
+        started.store(true, std::sync::atomic::Ordering::SeqCst);
+        let r = c.rank();
+        let out = [r as u8; 8];
+        c.p2p_batch(|b| {
+            b.send(&out, 1 - r, 0);
+        })?;
+        c.recv(&mut [0u8; 8], 1 - r, 0)
+    });
+    mt.finish();
+    let errs = common::all_errors(out, "batches that only send");
+    assert!(
+        errs.iter().any(|e| matches!(e, Error::Timeout { .. })),
+        "{errs:?}"
+    );
+    for e in errs {
+        // The first to time out tells the other.
+        let t = e.to_string();
+        assert!(
+            t.contains("timed out") && t.contains("a batch completes"),
+            "{t}"
+        );
+    }
+    run(
+        2,
+        Net::Local,
+        &test_config(),
+        Duration::from_secs(30),
+        |c| {
+            let r = c.rank();
+            let (out, mut got) = ([r as u8; 8], [0u8; 8]);
+            c.p2p_batch(|b| {
+                b.send(&out, 1 - r, 0).recv(&mut got, 1 - r, 0);
+            })?;
+            ensure(got == [(1 - r) as u8; 8], || "batch".into())
+        },
+    )
+    .unwrap();
+}
+
+/// A rank left out of a split that calls a collective of the parent the members do
+/// not join times out with a typed error saying where they are (their last call on
+/// the parent was the split), while the members' child computes.
+#[test]
+fn a_rank_left_out_does_not_disturb_the_children() {
+    let mt = ManualTimeout::new(test_config(), Duration::from_secs(3));
+    let (started, done) = (mt.started.clone(), mt.done.clone());
+    let left_out_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let out = run_all(3, Net::Local, &mt.cfg, Duration::from_secs(30), move |c| {
+        let r = c.rank();
+        let child = c.split((r < 2).then_some(0), 0)?;
+        match child {
+            Some(ch) => {
+                let mut v = [1i32; 4];
+                ch.all_reduce(&mut v, ReduceOp::Sum)?;
+                // Stay (links open) until the left-out rank has its answer.
+                let end = Instant::now() + Duration::from_secs(20);
+                while !left_out_done.load(std::sync::atomic::Ordering::SeqCst)
+                    && Instant::now() < end
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(v[0])
+            }
+            None => {
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+                // The members never join this one.
+                let r = c.all_reduce(&mut [1i32], ReduceOp::Sum).map(|()| -1);
+                left_out_done.store(true, std::sync::atomic::Ordering::SeqCst);
+                r
+            }
+        }
+    });
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    mt.finish();
+    let mut out = out.into_iter();
+    for _ in 0..2 {
+        assert_eq!(out.next().flatten().map(|r| r.ok()), Some(Some(2)));
+    }
+    let e = out
+        .next()
+        .flatten()
+        .expect("finished")
+        .expect_err("timed out");
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("(split)"), "{e}");
+}
