@@ -300,7 +300,7 @@ impl Communicator {
                 recv.len()
             )
         })?;
-        recv.copy_from_slice(send);
+        super::copy_elems(recv, send);
         self.all_reduce(recv, op)
     }
 
@@ -358,10 +358,10 @@ impl Communicator {
         let bytes =
             &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..std::mem::size_of_val(send)];
         let work: &mut [T] = bytemuck::cast_slice_mut(bytes);
-        work.copy_from_slice(send);
+        super::copy_elems(work, send);
         let job = self.job_reduce_scatter(work, chunks.clone(), op)?;
         self.run_now(job)?;
-        recv.copy_from_slice(&work[chunks[self.rank].clone()]);
+        super::copy_elems(recv, &work[chunks[self.rank].clone()]);
         Ok(())
     }
 
@@ -410,7 +410,7 @@ impl Communicator {
         counts: &[usize],
     ) -> Result<()> {
         let chunks = schedule::chunks_from_counts(counts);
-        recv[chunks[self.rank].clone()].copy_from_slice(send);
+        super::copy_elems(&mut recv[chunks[self.rank].clone()], send);
         let job = self.job_all_gather(recv, chunks)?;
         self.run_now(job)
     }
@@ -456,7 +456,7 @@ impl Communicator {
                 recv.len()
             )
         })?;
-        recv.copy_from_slice(send);
+        super::copy_elems(recv, send);
         self.reduce(recv, op, root)
     }
 

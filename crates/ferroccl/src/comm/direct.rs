@@ -125,7 +125,7 @@ impl Communicator {
         words.resize(words.len().max(bytes.div_ceil(8)), 0);
         let copy: &mut [T] =
             bytemuck::cast_slice_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes]);
-        copy.copy_from_slice(buf);
+        super::copy_elems(copy, buf);
         let r = self
             .job_all_to_all(copy, buf)
             .and_then(|job| self.run_now(job));
@@ -163,8 +163,10 @@ impl Communicator {
         let (in_len, out_len) = (std::mem::size_of_val(send), std::mem::size_of_val(recv));
         let sb = blocks(send_counts, send_displs, es, 0);
         let rb = blocks(recv_counts, recv_displs, es, in_len);
-        recv[recv_displs[r]..recv_displs[r] + recv_counts[r]]
-            .copy_from_slice(&send[send_displs[r]..send_displs[r] + send_counts[r]]);
+        super::copy_elems(
+            &mut recv[recv_displs[r]..recv_displs[r] + recv_counts[r]],
+            &send[send_displs[r]..send_displs[r] + send_counts[r]],
+        );
         let seg = self.direct_segment(es);
         let plan_of: PlanOf = Arc::new(move |q| direct::all_to_all(q, n, &sb, &rb, seg, true));
         let call =
@@ -222,7 +224,7 @@ impl Communicator {
                     send.len()
                 )
             })?;
-            recv[displs[r]..displs[r] + counts[r]].copy_from_slice(send);
+            super::copy_elems(&mut recv[displs[r]..displs[r] + counts[r]], send);
             blocks(counts, displs, es, in_len)
         } else {
             Vec::new()
@@ -304,7 +306,7 @@ impl Communicator {
                     recv.len()
                 )
             })?;
-            recv.copy_from_slice(&send[displs[r]..displs[r] + counts[r]]);
+            super::copy_elems(recv, &send[displs[r]..displs[r] + counts[r]]);
             blocks(counts, displs, es, 0)
         } else {
             Vec::new()
@@ -344,7 +346,7 @@ impl Communicator {
         })?;
         let chunks = self.equal_blocks(send.len(), "all_to_all")?;
         let count = send.len() / n;
-        recv[chunks[r].clone()].copy_from_slice(&send[chunks[r].clone()]);
+        super::copy_elems(&mut recv[chunks[r].clone()], &send[chunks[r].clone()]);
         let bytes = std::mem::size_of_val(send);
         let seg = self.direct_segment(es);
         let plan_of: PlanOf = Arc::new(move |q| {
@@ -391,7 +393,7 @@ impl Communicator {
                 )
             })?;
             if !in_place {
-                recv[r * count..(r + 1) * count].copy_from_slice(send);
+                super::copy_elems(&mut recv[r * count..(r + 1) * count], send);
             }
             recv
         } else {
@@ -447,7 +449,7 @@ impl Communicator {
                 )
             })?;
             if !in_place {
-                recv.copy_from_slice(&send[r * count..(r + 1) * count]);
+                super::copy_elems(recv, &send[r * count..(r + 1) * count]);
             }
             send
         } else {

@@ -125,6 +125,12 @@ impl Family {
     }
 }
 
+/// `dst.copy_from_slice(src)` for elements, dodging the C library's slow case
+/// (`sys::mem`): the local copies of the out-of-place collectives.
+pub(crate) fn copy_elems<T: Element>(dst: &mut [T], src: &[T]) {
+    crate::sys::mem::copy(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src));
+}
+
 /// The base of the ids of threads' and custom links' communicators (which have no
 /// store-given id): any constant will do, since their links are theirs alone.
 const LOCAL_BASE: u64 = u64::from_le_bytes(*b"ferroccl");

@@ -397,7 +397,7 @@ impl Engine {
             }
             let (src, dst) = (s.op.buf.read(), r.op.buf.write());
             if src.len() == dst.len() {
-                dst.copy_from_slice(src);
+                crate::sys::mem::copy(dst, src);
             }
             self.p2p_record(&s, None);
             self.p2p_record(&r, None);

@@ -87,7 +87,7 @@ fn apply(i: &In, data: &mut Data<'_>, scratch: &mut [u8], comb: &mut dyn Combine
     let src = &mut scratch[..i.len];
     if theirs_first {
         comb.reduce(src, dst)?;
-        dst.copy_from_slice(src);
+        crate::sys::mem::copy(dst, src);
     } else {
         comb.reduce(dst, src)?;
     }

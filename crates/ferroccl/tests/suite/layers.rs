@@ -44,6 +44,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         &[
             "error",
             "sync",
+            "sys",
             "config",
             "reduce",
             "dtype",
