@@ -233,8 +233,8 @@ where
 }
 
 /// Runs `body` on `n` ranks linked by `net`, each rank in its own thread, and returns
-/// every rank's result in rank order. Fails with the first error (by time) or when the
-/// deadline passes.
+/// every rank's result in rank order. Fails with the first error (by time; but see
+/// [`root_cause`]) or when the deadline passes.
 pub fn run<R, F>(
     n: usize,
     net: Net,
@@ -261,13 +261,7 @@ where
                 out[r] = Some(v);
                 done += 1;
             }
-            Ok((r, Err(e))) => {
-                return Err(RunError {
-                    rank: Some(r),
-                    message: e.to_string(),
-                    error: Some(Box::new(e)),
-                })
-            }
+            Ok((r, Err(e))) => return Err(root_cause(&rx, r, e)),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let pending: Vec<usize> = (0..n).filter(|&r| out[r].is_none()).collect();
                 return Err(RunError {
@@ -292,6 +286,49 @@ where
         .into_iter()
         .map(|v| v.expect("every rank reported"))
         .collect())
+}
+
+/// How long [`run`] waits, after the first error, for the other ranks' outcomes.
+const ROOT_CAUSE_WAIT: Duration = Duration::from_secs(3);
+
+/// The error to report once rank `r` failed with `e`: a rank whose peer failed often
+/// reports first (the failing rank shuts its links before it returns), so the others'
+/// errors are gathered for a moment and the first that is not a consequence of
+/// another rank's failure (a closed connection, a notice, a poisoned communicator) is
+/// reported, with the first seen alongside.
+fn root_cause<R>(
+    rx: &mpsc::Receiver<(usize, crate::Result<R>)>,
+    r: usize,
+    e: crate::Error,
+) -> RunError {
+    let secondary = |e: &crate::Error| {
+        matches!(
+            e,
+            crate::Error::PeerClosed { .. }
+                | crate::Error::PeerFailed { .. }
+                | crate::Error::Poisoned(_)
+        )
+    };
+    let first = format!("rank {r}: {e}");
+    let mut chosen = (r, e);
+    let end = Instant::now() + ROOT_CAUSE_WAIT;
+    while secondary(&chosen.1) {
+        match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok((q, Err(e))) if !secondary(&e) => chosen = (q, e),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let (rank, e) = chosen;
+    let mut message = e.to_string();
+    if rank != r {
+        message = format!("{message} (first reported: {first})");
+    }
+    RunError {
+        rank: Some(rank),
+        message,
+        error: Some(Box::new(e)),
+    }
 }
 
 /// Like [`run`] but collects every rank's outcome, errors included, waiting until
