@@ -3,7 +3,9 @@
 //! A [`Communicator`] is one rank's handle on a group of ranks. Its collectives —
 //! [`all_reduce`](Communicator::all_reduce), [`reduce_scatter`](Communicator::reduce_scatter),
 //! [`all_gather`](Communicator::all_gather), [`broadcast`](Communicator::broadcast),
-//! [`reduce`](Communicator::reduce), [`barrier`](Communicator::barrier) and tagged
+//! [`reduce`](Communicator::reduce), [`barrier`](Communicator::barrier),
+//! [`all_to_all`](Communicator::all_to_all), [`gather`](Communicator::gather),
+//! [`scatter`](Communicator::scatter) and tagged
 //! [`send`](Communicator::send)/[`recv`](Communicator::recv) — give every rank the same,
 //! bitwise identical result, for `f32 f64 f16 bf16 i32 i64 u8` ([`Element`]) and
 //! `Sum Prod Min Max Avg` ([`ReduceOp`]). The pages below follow a user's path.
@@ -115,7 +117,50 @@
 //! # Ok::<(), ferroccl::Error>(())
 //! ```
 //!
-//! # 5. Writing a transport
+//! # 5. Groups and point-to-point
+//!
+//! Beyond data parallelism a job splits: [`Communicator::split`] (as
+//! `MPI_Comm_split`), [`Communicator::group`] (as `torch.distributed.new_group`) and
+//! [`Communicator::split_by_host`] make child communicators, collective over the
+//! parent, each with every collective, links of its own and errors that name job
+//! ranks; a failure in one leaves the parent and its siblings working.
+//! [`Communicator::all_to_all`] (and `all_to_allv`) routes blocks between all ranks
+//! (expert parallelism); [`Communicator::p2p_batch`] posts sends and receives to any
+//! peers that progress together (pipeline stages), on a thread of their own so that
+//! they move while collectives run.
+//!
+//! ```
+//! use ferroccl::{Communicator, Config, ReduceOp};
+//!
+//! fn rank_main(comm: Communicator) -> ferroccl::Result<()> {
+//!     let r = comm.rank();
+//!     // Ranks {0, 1} and {2, 3}: each pair averages its own gradients.
+//!     let pair = comm.split(Some(r as u32 / 2), 0)?.expect("every rank has a pair");
+//!     let mut g = vec![r as f32; 16];
+//!     pair.all_reduce(&mut g, ReduceOp::Avg)?;
+//!     assert_eq!(g[0], if r < 2 { 0.5 } else { 2.5 });
+//!     // Stage r hands its activations to stage r + 1 and takes stage r - 1's.
+//!     let (act, mut prev) = (vec![r as f32; 64], vec![0f32; 64]);
+//!     comm.p2p_batch(|b| {
+//!         if r + 1 < comm.world_size() {
+//!             b.send(&act, r + 1, 0);
+//!         }
+//!         if r > 0 {
+//!             b.recv(&mut prev, r - 1, 0);
+//!         }
+//!     })?;
+//!     assert!(r == 0 || prev[0] == (r - 1) as f32);
+//!     Ok(())
+//! }
+//!
+//! let comms = Communicator::local_group(4, &Config::default())?;
+//! std::thread::scope(|t| for comm in comms {
+//!     t.spawn(move || rank_main(comm).unwrap());
+//! });
+//! # Ok::<(), ferroccl::Error>(())
+//! ```
+//!
+//! # 6. Writing a transport
 //!
 //! Algorithms never see a socket: they are plans of frames that the engine moves over
 //! [`transport::Link`]s — non-blocking byte streams to one peer each. A transport is a
@@ -126,9 +171,13 @@
 //! `custom_transport` example is a complete one over Unix-domain sockets; the
 //! [`transport`] module spells out the contract. A transport whose peers can read each
 //! other's memory (CUDA IPC) also offers [`transport::MemPeers`], and the engine then
-//! reads the senders' memory instead of moving bytes.
+//! reads the senders' memory instead of moving bytes. A connector that also makes the
+//! links of a group of its ranks ([`transport::Connector::group`]) lets its
+//! communicators be split and run point-to-point on a thread of their own; one that
+//! keeps the default refuses `split` with [`Error::Unavailable`] and runs
+//! point-to-point in turn with the collectives.
 //!
-//! # 6. When something goes wrong
+//! # 7. When something goes wrong
 //!
 //! A failed call returns an [`Error`] naming this rank, the operation and the cause;
 //! the communicator is then poisoned and tells its peers why before it shuts its

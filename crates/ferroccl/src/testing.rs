@@ -234,7 +234,7 @@ where
 
 /// Runs `body` on `n` ranks linked by `net`, each rank in its own thread, and returns
 /// every rank's result in rank order. Fails with the first error (by time; but see
-/// [`root_cause`]) or when the deadline passes.
+/// `root_cause`) or when the deadline passes.
 pub fn run<R, F>(
     n: usize,
     net: Net,

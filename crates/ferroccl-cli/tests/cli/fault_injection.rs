@@ -37,6 +37,16 @@ const TRANSPORTS: [(&str, &[(&str, &str)]); 3] = [
 /// Starts `n` ranks of `ferroccl bench ARGS` with the torchrun environment and the
 /// extra variables `env`; rank 0's stdout is piped.
 fn spawn_ranks_env(n: usize, args: &[&str], env: &[(&str, &str)]) -> Vec<Child> {
+    spawn_ranks_printing(n, args, env, |r| r == 0)
+}
+
+/// [`spawn_ranks_env`], with the stdout of the ranks `piped` says piped.
+fn spawn_ranks_printing(
+    n: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+    piped: impl Fn(usize) -> bool,
+) -> Vec<Child> {
     let port = free_port().to_string();
     (0..n)
         .map(|r| {
@@ -50,7 +60,7 @@ fn spawn_ranks_env(n: usize, args: &[&str], env: &[(&str, &str)]) -> Vec<Child> 
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
                 .envs(env.iter().copied())
-                .stdout(if r == 0 {
+                .stdout(if piped(r) {
                     Stdio::piped()
                 } else {
                     Stdio::null()
@@ -575,9 +585,7 @@ fn is_row(l: &str) -> bool {
 #[test]
 fn a_rank_killed_in_one_half_of_a_split_fails_that_half_only() {
     for (transport, env) in TRANSPORTS.into_iter().take(2) {
-        let port = free_port().to_string();
         let args = [
-            "bench",
             "all_reduce",
             "--split",
             "2",
@@ -596,29 +604,8 @@ fn a_rank_killed_in_one_half_of_a_split_fails_that_half_only() {
             "--transport",
             transport,
         ];
-        let mut ranks: Vec<Child> = (0..4)
-            .map(|r| {
-                let mut c = Command::new(EXE);
-                c.args(args);
-                for v in common::proc::LAUNCHER_VARS {
-                    c.env_remove(v);
-                }
-                c.env("RANK", r.to_string())
-                    .env("WORLD_SIZE", "4")
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", &port)
-                    .envs(env.iter().copied())
-                    // Each half's first rank (job ranks 0 and 2) prints its table.
-                    .stdout(if r % 2 == 0 {
-                        Stdio::piped()
-                    } else {
-                        Stdio::null()
-                    })
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("spawn rank")
-            })
-            .collect();
+        // Each half's first rank (job ranks 0 and 2) prints its table.
+        let mut ranks = spawn_ranks_printing(4, &args, env, |r| r % 2 == 0);
         let (out0, out2) = (lines_of(&mut ranks[0]), lines_of(&mut ranks[2]));
         // Once the second half has printed its first row, kill its second rank.
         let end = Instant::now() + Duration::from_secs(60);

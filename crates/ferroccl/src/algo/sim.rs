@@ -1,6 +1,6 @@
 //! A network simulator that runs the real plans in virtual time.
 //!
-//! Every rank's [`Plan`] — the same frame lists the engine executes — is played on a
+//! Every rank's `Plan` — the same frame lists the engine executes — is played on a
 //! model network: a frame of `L` bytes from rank `r` leaves when its dependency allows
 //! and `r`'s port is free, occupies the port for `L/β`, and arrives `α + L/β` after it
 //! left; a receive is applied when its frame has arrived, the receive before it has
@@ -115,7 +115,7 @@ pub fn choose_all_reduce(
 /// first segment's latency plus the rest, and a latency-bound reduce-scatter followed
 /// by a port-bound all-gather); the tree's as its deepest path (`2·log2 n` hops, the
 /// busiest port's frames on the way) plus the other segments through its busiest port
-/// or reduction. The tests hold it to [`simulate`] on the real plans.
+/// or reduction. The tests hold it to `simulate` on the real plans.
 pub fn predict_all_reduce(
     algo: Algorithm,
     n: usize,

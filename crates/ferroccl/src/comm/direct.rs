@@ -139,7 +139,8 @@ impl Communicator {
     /// `recv_counts[q]` elements at `recv_displs[q]` of `recv`. Blocks may be empty;
     /// receive blocks must not overlap. Every pair must agree (`send_counts[q]` here
     /// is `recv_counts[this rank]` at `q`): a pair that does not fails in this call
-    /// with [`Error::Mismatch`] naming both counts, and the others fail with it.
+    /// with [`Error::Mismatch`](crate::Error::Mismatch) naming both counts, and the
+    /// others fail with it.
     #[allow(clippy::too_many_arguments)]
     pub fn all_to_allv<T: Element>(
         &self,

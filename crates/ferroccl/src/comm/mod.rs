@@ -516,7 +516,7 @@ impl Communicator {
     /// binary tree from the root when [`Tuning::all_reduce_algo`](crate::config::Tuning)
     /// is [`AllReduceAlgo::Tree`](crate::config::AllReduceAlgo::Tree)
     /// (`FERROCCL_ALGO=tree`) and the buffers are streamed over links, the chain
-    /// otherwise. Both keep the root agreement ([`crate::algo`]'s `chain.rs`).
+    /// otherwise. Both keep the root agreement (`algo/chain.rs`).
     pub fn rooted_algorithm(&self) -> Algorithm {
         self.policy().rooted()
     }
