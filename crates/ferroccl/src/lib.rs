@@ -102,8 +102,8 @@
 //! use ferroccl::ddp::{GradReducer, WireDtype};
 //! use ferroccl::{Communicator, Config};
 //! let comms = Communicator::local_group(2, &Config::default())?;
-//! std::thread::scope(|t| for comm in comms {
-//!     t.spawn(move || -> ferroccl::Result<()> {
+//! std::thread::scope(|t| {
+//!     let ranks: Vec<_> = comms.into_iter().map(|comm| t.spawn(move || -> ferroccl::Result<()> {
 //!         let params = [300, 10]; // two parameters' element counts, in forward order
 //!         let mut red = GradReducer::new(&comm, &params, 1 << 20, 25 << 20, WireDtype::F32);
 //!         red.begin_pass(true);
@@ -112,8 +112,9 @@
 //!         red.finish_pass()?;
 //!         assert_eq!(red.grad(1)[0], 0.5); // the average over ranks
 //!         Ok(())
-//!     });
-//! });
+//!     })).collect();
+//!     ranks.into_iter().try_for_each(|h| h.join().expect("a rank panicked"))
+//! })?;
 //! # Ok::<(), ferroccl::Error>(())
 //! ```
 //!

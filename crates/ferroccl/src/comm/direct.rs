@@ -98,8 +98,8 @@ impl Communicator {
     /// ```
     /// use ferroccl::{Communicator, Config};
     /// let comms = Communicator::local_group(3, &Config::default())?;
-    /// std::thread::scope(|t| for comm in comms {
-    ///     t.spawn(move || -> ferroccl::Result<()> {
+    /// std::thread::scope(|t| {
+    ///     let ranks: Vec<_> = comms.into_iter().map(|comm| t.spawn(move || -> ferroccl::Result<()> {
     ///         let r = comm.rank() as i32;
     ///         // Block q (two elements) goes to rank q.
     ///         let send: Vec<i32> = (0..3).flat_map(|q| [10 * r + q; 2]).collect();
@@ -108,8 +108,9 @@ impl Communicator {
     ///         // Block q came from rank q.
     ///         assert_eq!(recv, (0..3).flat_map(|q| [10 * q + r; 2]).collect::<Vec<_>>());
     ///         Ok(())
-    ///     });
-    /// });
+    ///     })).collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().expect("a rank panicked"))
+    /// })?;
     /// # Ok::<(), ferroccl::Error>(())
     /// ```
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {

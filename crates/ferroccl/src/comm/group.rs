@@ -65,8 +65,8 @@ impl Communicator {
     /// ```
     /// use ferroccl::{Communicator, Config, ReduceOp};
     /// let comms = Communicator::local_group(4, &Config::default())?;
-    /// std::thread::scope(|t| for comm in comms {
-    ///     t.spawn(move || -> ferroccl::Result<()> {
+    /// std::thread::scope(|t| {
+    ///     let ranks: Vec<_> = comms.into_iter().map(|comm| t.spawn(move || -> ferroccl::Result<()> {
     ///         // Even and odd ranks each form a communicator of 2.
     ///         let half = comm.split(Some(comm.rank() as u32 % 2), 0)?.expect("a member");
     ///         let mut v = [comm.rank() as i64];
@@ -74,8 +74,9 @@ impl Communicator {
     ///         assert_eq!(v[0], if comm.rank() % 2 == 0 { 0 + 2 } else { 1 + 3 });
     ///         assert_eq!((half.rank(), half.world_size()), (comm.rank() / 2, 2));
     ///         Ok(())
-    ///     });
-    /// });
+    ///     })).collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().expect("a rank panicked"))
+    /// })?;
     /// # Ok::<(), ferroccl::Error>(())
     /// ```
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {

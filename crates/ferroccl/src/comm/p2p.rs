@@ -256,8 +256,8 @@ impl Communicator {
     /// ```
     /// use ferroccl::{Communicator, Config};
     /// let comms = Communicator::local_group(4, &Config::default())?;
-    /// std::thread::scope(|t| for comm in comms {
-    ///     t.spawn(move || -> ferroccl::Result<()> {
+    /// std::thread::scope(|t| {
+    ///     let ranks: Vec<_> = comms.into_iter().map(|comm| t.spawn(move || -> ferroccl::Result<()> {
     ///         // Everyone sends to the right and receives from the left, at any size.
     ///         let (r, n) = (comm.rank(), comm.world_size());
     ///         let out = vec![r as u8; 1 << 20];
@@ -267,8 +267,9 @@ impl Communicator {
     ///         })?;
     ///         assert_eq!(got[0] as usize, (r + n - 1) % n);
     ///         Ok(())
-    ///     });
-    /// });
+    ///     })).collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().expect("a rank panicked"))
+    /// })?;
     /// # Ok::<(), ferroccl::Error>(())
     /// ```
     pub fn p2p_batch<'b>(&'b self, f: impl FnOnce(&mut Batch<'b>)) -> Result<()> {
