@@ -722,7 +722,14 @@ impl Config {
     /// [`Tuning::trace_capacity`], `FERROCCL_TRANSPORT` [`TransportOptions::kind`],
     /// `FERROCCL_TCP_CONGESTION` [`TcpOptions::congestion`].
     pub fn from_env() -> Result<Self> {
-        let env = crate::rendezvous::detect_env()?.ok_or_else(|| {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// [`Config::from_env`] over any variable lookup: for a caller that knows some of
+    /// the values itself (a framework's backend is told its rank and world size, and
+    /// reads the `FERROCCL_*` settings from the environment).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let env = crate::rendezvous::detect_from(get)?.ok_or_else(|| {
             Error::Env(
                 "no launcher environment found: set RANK and WORLD_SIZE (torchrun), or run under \
                  srun, mpirun or `ferroccl launch`"

@@ -99,15 +99,7 @@ impl Communicator {
     /// rank twice or out of range is refused with [`Error::InvalidArgument`].
     pub fn group(&self, ranks: &[usize]) -> Result<Option<Communicator>> {
         let n = self.world_size;
-        let mut seen = vec![false; n];
-        for &r in ranks {
-            if r >= n || std::mem::replace(&mut seen[r], true) {
-                return Err(self.refuse(Error::InvalidArgument(format!(
-                    "group: rank {r} is out of range or listed twice in {ranks:?} \
-                     (a communicator of {n})"
-                ))));
-            }
-        }
+        self.check_list(ranks)?;
         let digest = derive(
             0,
             b"list",
@@ -136,6 +128,32 @@ impl Communicator {
         }
         let id = derive(self.family.base, b"group", &[seq, digest]);
         self.child(id, ranks.to_vec()).map(Some)
+    }
+
+    /// The child communicator of the ranks listed (`ranks[i]` becomes rank `i`), made
+    /// by its members alone: for frameworks whose non-members never reach the backend
+    /// (`torch.distributed.new_group` calls its backend on the members only). Every
+    /// member passes the same list and the same `nonce` (say, how many groups of this
+    /// list it made before), which name the child; the links are made through this
+    /// communicator's transport, as for [`Communicator::group`]. Unlike `group`, the
+    /// ranks do not trade their lists first: a member whose list or nonce differs
+    /// names another child, and the members fail to connect to it within
+    /// `connect_timeout` ([`Error::Timeout`] or [`Error::Handshake`]) instead of a
+    /// [`Error::Mismatch`]. A list without this rank, with a rank twice or out of range
+    /// is refused with [`Error::InvalidArgument`].
+    pub fn group_of_members(&self, ranks: &[usize], nonce: u64) -> Result<Communicator> {
+        self.check_list(ranks)?;
+        if !ranks.contains(&self.rank) {
+            // Nobody waits for this rank: the communicator stays usable.
+            return Err(Error::InvalidArgument(format!(
+                "group_of_members: rank {} is not in {ranks:?}; only members call it",
+                self.rank
+            )));
+        }
+        let mut data: Vec<u64> = ranks.iter().map(|&r| r as u64).collect();
+        data.push(nonce);
+        let id = derive(self.family.base, b"members", &data);
+        self.child(id, ranks.to_vec())
     }
 
     /// The child communicator of the ranks on this rank's host (ranked as here):
@@ -173,6 +191,21 @@ impl Communicator {
     /// The job rank of each rank of this communicator, by rank.
     pub fn job_ranks(&self) -> &[usize] {
         &self.family.global
+    }
+
+    /// Refuses a list of ranks that names one twice or out of range.
+    fn check_list(&self, ranks: &[usize]) -> Result<()> {
+        let n = self.world_size;
+        let mut seen = vec![false; n];
+        for &r in ranks {
+            if r >= n || std::mem::replace(&mut seen[r], true) {
+                return Err(self.refuse(Error::InvalidArgument(format!(
+                    "group: rank {r} is out of range or listed twice in {ranks:?} \
+                     (a communicator of {n})"
+                ))));
+            }
+        }
+        Ok(())
     }
 
     /// Every rank's `mine`, by rank, traded in one all-gather of kind `split` (which

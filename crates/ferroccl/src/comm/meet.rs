@@ -1,10 +1,10 @@
 //! Where a rank meets its job: rank 0 serves the rendezvous store (at `MASTER_ADDR:
-//! MASTER_PORT`, or on a free port published in torchrun's agent store), and every
-//! rank learns the store's address.
+//! MASTER_PORT`, or on a free port published on a [`Board`]: torchrun's agent store, a
+//! framework's store), and every rank learns the store's address.
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::rendezvous::{StoreClient, StoreServer, TorchStore};
+use crate::rendezvous::{Board, StoreClient, StoreServer, TorchStore};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
@@ -44,50 +44,79 @@ fn agent_key(cfg: &Config) -> String {
 /// ranks wait for it.
 fn via_agent_store(cfg: &Config) -> Result<(Option<StoreServer>, String)> {
     let j = &cfg.job;
-    let key = agent_key(cfg);
     let mut agent = TorchStore::connect(&j.master_addr, cfg.tuning.connect_timeout)?;
-    if j.rank == 0 {
-        let local = agent.local_addr()?;
-        // Reached over loopback, the agent runs on this host, and the other hosts reach
-        // it by MASTER_ADDR's name (which may resolve to a loopback alias here, as
-        // Debian's /etc/hosts does): serve on every interface and publish that name.
-        // Otherwise serve and publish the address this host reaches the agent from.
-        let (bind, host) = if local.ip().is_loopback() {
-            let any: std::net::IpAddr = match local {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
-            };
-            let name = j
-                .master_addr
-                .rsplit_once(':')
-                .map_or("127.0.0.1", |(h, _)| h);
-            (SocketAddr::new(any, 0), name.to_owned())
-        } else {
-            let host = match local {
-                SocketAddr::V4(a) => a.ip().to_string(),
-                SocketAddr::V6(a) => format!("[{}]", a.ip()),
-            };
-            (SocketAddr::new(local.ip(), 0), host)
+    // Reached over loopback, the agent runs on this host, and the other hosts reach it
+    // by MASTER_ADDR's name (which may resolve to a loopback alias here, as Debian's
+    // /etc/hosts does): serve on every interface and publish that name. Otherwise
+    // serve and publish the address this host reaches the agent from.
+    let local = agent.local_addr()?;
+    let (bind, host) = if local.ip().is_loopback() {
+        let name = j
+            .master_addr
+            .rsplit_once(':')
+            .map_or("127.0.0.1", |(h, _)| h);
+        (unspecified(local), name.to_owned())
+    } else {
+        let host = match local {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
         };
+        (SocketAddr::new(local.ip(), 0), host)
+    };
+    let hint = "did it start, and is TORCHELASTIC_USE_AGENT_STORE set alike on every rank?";
+    via_board(cfg, &mut agent, bind, &host, hint)
+}
+
+/// Port 0 on every interface of `like`'s family.
+fn unspecified(like: SocketAddr) -> SocketAddr {
+    let any: std::net::IpAddr = match like {
+        SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    SocketAddr::new(any, 0)
+}
+
+/// Meets through a [`Board`]: rank 0 serves the store on every interface (port 0) and
+/// publishes `advertise:port`; the others wait for that address.
+pub(super) fn on_board(
+    cfg: &Config,
+    board: &mut dyn Board,
+    advertise: &str,
+) -> Result<(Option<StoreServer>, String)> {
+    let bind = unspecified(SocketAddr::from(([0, 0, 0, 0], 0)));
+    let hint = "did it start, and does every rank use the same store?";
+    via_board(cfg, board, bind, advertise, hint)
+}
+
+/// Rank 0 serves the store at `bind` and publishes `host:port` on `board`; the others
+/// wait for it there (`hint` completes the error of a rank that waited in vain).
+fn via_board(
+    cfg: &Config,
+    board: &mut dyn Board,
+    bind: SocketAddr,
+    host: &str,
+    hint: &str,
+) -> Result<(Option<StoreServer>, String)> {
+    let j = &cfg.job;
+    let key = agent_key(cfg);
+    if j.rank == 0 {
         let server = StoreServer::bind_job(bind, j.world_size, j.token.clone(), j.job_id.clone())?;
         let addr = format!("{host}:{}", server.local_addr().port());
-        agent.set(&key, addr.as_bytes())?;
-        tracing::debug!(agent = %j.master_addr, store = %addr, ?key, "published the store in torchrun's agent store");
+        board.set(&key, addr.as_bytes())?;
+        tracing::debug!(store = %addr, ?key, "published the store on the board");
         Ok((Some(server), addr))
     } else {
-        let value = agent
+        let value = board
             .wait_get(&key, cfg.tuning.connect_timeout)
             .map_err(|e| match e {
                 Error::Rendezvous(m) => Error::Rendezvous(format!(
-                    "{m}: rank 0 did not publish ferroccl's store (did it start, and is \
-                     TORCHELASTIC_USE_AGENT_STORE set alike on every rank?)"
+                    "{m}: rank 0 did not publish ferroccl's store ({hint})"
                 )),
                 e => e,
             })?;
         let addr = String::from_utf8(value).map_err(|_| {
             Error::Rendezvous(format!(
-                "key '{key}' in torchrun's agent store at {} is not an address",
-                j.master_addr
+                "key '{key}' on the rendezvous board is not an address"
             ))
         })?;
         Ok((None, addr))

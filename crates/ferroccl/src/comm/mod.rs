@@ -35,7 +35,7 @@ use crate::config::Config;
 use crate::engine::{recorder, Engine, Health};
 use crate::error::{Error, Result};
 use crate::reduce::{check_op, DataType, Element, ReduceOp};
-use crate::rendezvous::{hosts, StoreClient, StoreServer};
+use crate::rendezvous::{hosts, Board, StoreClient, StoreServer};
 use crate::sync::{lock, wait};
 use crate::trace::now_ns;
 use crate::transport::{self, Channel, Joined, Links, Transport, TransportKind};
@@ -203,11 +203,33 @@ impl Communicator {
     /// example and [`Transport`]): the rendezvous is the same, and `transport` makes the
     /// links.
     pub fn init_with(cfg: Config, transport: &dyn Transport) -> Result<Self> {
+        Self::init_meeting(cfg, transport, None)
+    }
+
+    /// [`Communicator::init`] for a job whose ranks meet on a key-value store of
+    /// someone else's (a [`Board`]: the store `torch.distributed` hands a backend, a
+    /// cluster service): rank 0 serves ferroccl's store on a free port of every
+    /// interface and publishes `advertise:port` on the board, and the other ranks
+    /// read it there. `cfg.job.master_addr` and `agent_store` are not used; the rest
+    /// of `cfg` (the token and job identity included) is as for `init`.
+    pub fn init_on_board(cfg: Config, board: &mut dyn Board, advertise: &str) -> Result<Self> {
+        let t = transport::builtin(cfg.transport.kind)?;
+        Self::init_meeting(cfg, &*t, Some((board, advertise)))
+    }
+
+    fn init_meeting(
+        cfg: Config,
+        transport: &dyn Transport,
+        board: Option<(&mut dyn Board, &str)>,
+    ) -> Result<Self> {
         cfg.validate()?;
         // Before touching the store: a machine without the transport's device fails
         // at once.
         transport.probe(&cfg)?;
-        let (server, store_addr) = meet::meet(&cfg)?;
+        let (server, store_addr) = match board {
+            Some((board, advertise)) => meet::on_board(&cfg, board, advertise)?,
+            None => meet::meet(&cfg)?,
+        };
         let mut cfg = cfg;
         // From here on the job's store is ferroccl's own, wherever it was found.
         cfg.job.master_addr = store_addr;

@@ -74,6 +74,32 @@ pub use proto::{MAX_JOB_ID_LEN, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use server::StoreServer;
 pub use torch::{TorchProtocol, TorchStore};
 
+use crate::error::Result;
+use std::time::Duration;
+
+/// A key-value store outside ferroccl that every rank of a job reaches: torchrun's
+/// agent store ([`TorchStore`]), or the store a framework hands its backend (the
+/// `torch.distributed` store that `ferroccl.torch` is given). Rank 0 serves
+/// ferroccl's own store on a free port and publishes its address on the board; the
+/// others wait for it there ([`crate::Communicator::init_on_board`]). Nothing else
+/// travels through it.
+pub trait Board {
+    /// Sets `key` to `value`.
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<()>;
+    /// Waits until `key` is set, at most `timeout`, and returns its value; a
+    /// [`crate::Error::Rendezvous`] naming the key when it is not set in time.
+    fn wait_get(&mut self, key: &str, timeout: Duration) -> Result<Vec<u8>>;
+}
+
+impl Board for TorchStore {
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        TorchStore::set(self, key, value)
+    }
+    fn wait_get(&mut self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        TorchStore::wait_get(self, key, timeout)
+    }
+}
+
 /// A fresh random job token (32 bytes from the operating system, as 64 hex digits), for
 /// a launcher to hand every rank of one job as `FERROCCL_TOKEN` ([`crate::config::Job::token`]).
 pub fn new_token() -> String {

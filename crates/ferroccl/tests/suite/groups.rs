@@ -342,6 +342,103 @@ fn splits_groups_and_nested_children_on_every_transport() {
     }
 }
 
+/// `group_of_members`: only the listed ranks call it (torch.distributed's new_group),
+/// the others go on with the parent; the child is ranked as listed, two of the same
+/// list are told apart by the nonce, and the parent keeps computing. Over threads, TCP
+/// and shared memory.
+#[test]
+fn members_alone_make_a_group() {
+    for net in NETS {
+        run(5, net, &test_config(), Duration::from_secs(60), |c| {
+            let list = [4, 1, 3];
+            let r = c.rank();
+            if list.contains(&r) {
+                let g = c.group_of_members(&list, 0)?;
+                check_child(&g, c, &list)?;
+                let again = c.group_of_members(&list, 1)?;
+                check_child(&again, c, &list)?;
+                ensure(again.id() != g.id(), || "two groups of one list share an id".into())?;
+            } else {
+                let refused = c.group_of_members(&list, 0);
+                ensure(
+                    matches!(refused, Err(Error::InvalidArgument(ref m)) if m.contains("only members")),
+                    || format!("a non-member's call: {refused:?}"),
+                )?;
+            }
+            // The parent still computes (the refusal did not poison it).
+            let mut v = [1i32; 4];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            ensure(v == [5; 4], || format!("the parent after the groups: {v:?}"))
+        })
+        .unwrap_or_else(|e| panic!("{net:?}: {e}"));
+    }
+}
+
+/// A key-value board in memory: what a framework's store is to `init_on_board`.
+#[derive(Clone, Default)]
+struct MemBoard(
+    std::sync::Arc<(
+        std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+        std::sync::Condvar,
+    )>,
+);
+
+impl ferroccl::rendezvous::Board for MemBoard {
+    fn set(&mut self, key: &str, value: &[u8]) -> R<()> {
+        let (m, cv) = &*self.0;
+        m.lock().unwrap().insert(key.to_owned(), value.to_vec());
+        cv.notify_all();
+        Ok(())
+    }
+    fn wait_get(&mut self, key: &str, timeout: Duration) -> R<Vec<u8>> {
+        let (m, cv) = &*self.0;
+        let (map, _) = cv
+            .wait_timeout_while(m.lock().unwrap(), timeout, |map| !map.contains_key(key))
+            .unwrap();
+        map.get(key)
+            .cloned()
+            .ok_or_else(|| Error::Rendezvous(format!("no key {key:?} after {timeout:?}")))
+    }
+}
+
+/// Ranks meet on a board of someone else's (rank 0 serves ferroccl's store on a free
+/// port and publishes it there), over TCP, with a job token; a rank whose board never
+/// hears from rank 0 fails with a rendezvous error that says so.
+#[test]
+fn ranks_meet_on_a_board() {
+    let n = 3;
+    let board = MemBoard::default();
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            let mut board = board.clone();
+            std::thread::spawn(move || -> R<f32> {
+                let mut cfg = test_config().for_rank(r, n);
+                cfg.transport.kind = ferroccl::TransportKind::Tcp;
+                cfg.job.token = Some(b"a token for this job".to_vec());
+                cfg.job.job_id = Some("board-test".into());
+                let c = Communicator::init_on_board(cfg, &mut board, "127.0.0.1")?;
+                let mut v = [c.rank() as f32 + 1.0; 5];
+                c.all_reduce(&mut v, ReduceOp::Sum)?;
+                Ok(v[4])
+            })
+        })
+        .collect();
+    for (r, h) in ranks.into_iter().enumerate() {
+        let got = h.join().expect("no panic");
+        assert_eq!(got.unwrap_or_else(|e| panic!("rank {r}: {e}")), 6.0);
+    }
+    let mut lonely = MemBoard::default();
+    let mut cfg = test_config().for_rank(1, 2);
+    cfg.tuning.connect_timeout = Duration::from_millis(200);
+    match Communicator::init_on_board(cfg, &mut lonely, "127.0.0.1") {
+        Err(Error::Rendezvous(m)) => assert!(m.contains("rank 0 did not publish"), "{m}"),
+        other => panic!(
+            "expected a rendezvous error, got {:?}",
+            other.map(|c| c.rank())
+        ),
+    }
+}
+
 /// The ranks of a host form one child: two emulated hosts of two, over `auto` and
 /// over TCP alone (every communicator knows its hosts), and threads (one host).
 #[test]

@@ -1,0 +1,724 @@
+"""The torch.distributed backend ``"ferroccl"`` (CPU tensors).
+
+    import ferroccl.torch  # registers the backend
+    dist.init_process_group("ferroccl")       # env:// (torchrun), tcp://, file://
+
+Operations run on the communicator's worker thread in issue order and complete a
+``torch.futures.Future`` (so DDP and its communication hooks overlap them with the
+backward pass); ``Work.wait()`` raises ferroccl's typed errors (``ferroccl.MismatchError``,
+``ferroccl.PeerFailedError``, ...) with ferroccl's message. Contiguous tensors are used in
+place; others are copied in and out. ``new_group`` makes a child of the default group's
+communicator through its links (no new store or listener) when the default group is
+ferroccl's, and meets on the group's store otherwise.
+
+The ranks meet on the store torch hands the backend: rank 0 serves ferroccl's own store
+on a free port and publishes its address, a fresh job token and the job's identity
+there. The address published is ``FERROCCL_ADVERTISE_ADDR``, else ``MASTER_ADDR``, else
+this host's name (set ``FERROCCL_ADVERTISE_ADDR`` on rank 0 when other hosts cannot
+reach it by either). GPU tensors are refused: use NCCL for them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import Communicator, InvalidArgumentError, UnsupportedError
+from . import TimeoutError as FerrocclTimeout
+from . import buffer as _buffer
+
+BACKEND = "ferroccl"
+
+_WorkBase = getattr(dist, "_Work", None) or dist.Work
+
+# Works are Python objects that C++ (DDP's reducer, `_broadcast_coalesced`) holds by a
+# C++ reference only: if the Python object were collected, C++ would fall back to the
+# base class's wait, which never returns. Hold every Work until it is over, and the
+# latest completed ones a while longer (C++ waits on them right after they return).
+_LIVE: set = set()
+_RECENT: collections.deque = collections.deque(maxlen=4096)
+_LOCK = threading.Lock()
+
+
+class Work(_WorkBase):
+    """A torch ``Work`` for one ferroccl operation."""
+
+    def __init__(self, what: str, result: list[torch.Tensor], keep=(), then=None):
+        super().__init__()
+        self._what = what
+        self._result = result
+        self._keep = list(keep)
+        self._then = then
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._fut = torch.futures.Future()
+        with _LOCK:
+            _LIVE.add(self)
+
+    # The communicator's worker thread calls this, under the GIL.
+    def _complete(self, error: BaseException | None) -> None:
+        if error is None and self._then is not None:
+            try:
+                self._then()
+            except BaseException as e:  # noqa: BLE001 - reported on wait()
+                error = e
+        self._error = error
+        self._keep = []
+        with _LOCK:
+            _LIVE.discard(self)
+            _RECENT.append(self)
+        try:
+            # The future first: whoever wait() releases finds it done.
+            if error is None:
+                self._fut.set_result(self._result)
+            else:
+                self._fut.set_exception(error)
+        finally:
+            self._done.set()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        secs = None
+        if timeout is not None:
+            secs = (
+                timeout.total_seconds()
+                if isinstance(timeout, timedelta)
+                else float(timeout)
+            )
+            if secs <= 0:
+                secs = None  # torch's kNoTimeout
+        if not self._done.wait(secs):
+            raise FerrocclTimeout(
+                f"{self._what} was not done after {secs} s (Work.wait's timeout)"
+            )
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        return self._fut
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        pass
+
+    def source_rank(self) -> int:
+        raise UnsupportedError("ferroccl has no receive from any source")
+
+
+def _op_name(op) -> str:
+    """ferroccl's name for a torch ``ReduceOp``."""
+    R = dist.ReduceOp
+    table = [(R.SUM, "sum"), (R.PRODUCT, "prod"), (R.MIN, "min"), (R.MAX, "max")]
+    if hasattr(R, "AVG"):
+        table.append((R.AVG, "avg"))
+    for theirs, ours in table:
+        if op == theirs:
+            return ours
+    name = next(
+        (
+            k
+            for k in ("BAND", "BOR", "BXOR", "PREMUL_SUM")
+            if hasattr(R, k) and op == getattr(R, k)
+        ),
+        str(op),
+    )
+    raise UnsupportedError(
+        f"ferroccl has no reduction ReduceOp.{name} (it has SUM, PRODUCT, MIN, MAX and AVG)"
+    )
+
+
+def _io(t: torch.Tensor, what: str):
+    """A contiguous CPU tensor for ``t``: itself, or a copy to copy back."""
+    if t.device.type != "cpu":
+        raise UnsupportedError(
+            f"{what} is a {t.device.type} tensor: the ferroccl backend moves CPU tensors "
+            "only (use nccl for GPU tensors)"
+        )
+    if t.is_contiguous():
+        return t, None
+    c = t.contiguous()
+    return c, (lambda: t.copy_(c))
+
+
+def _flat(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+    if not tensors:
+        return torch.empty(0)
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise InvalidArgumentError(
+            f"{what}: tensors of several dtypes {sorted(map(str, dtypes))}"
+        )
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflat(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    o = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[o : o + n].view_as(t))
+        o += n
+
+
+def _one(tensors, what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise InvalidArgumentError(
+            f"{what}: the ferroccl backend takes one tensor per rank, not {len(tensors)}"
+        )
+    return tensors[0]
+
+
+def _chain(*fs):
+    fs = [f for f in fs if f is not None]
+    if not fs:
+        return None
+
+    def run():
+        for f in fs:
+            f()
+
+    return run
+
+
+class ProcessGroupFerroccl(dist.ProcessGroup):
+    """A torch.distributed process group over a ferroccl communicator."""
+
+    def __init__(self, comm: Communicator, rank: int, size: int):
+        super().__init__(rank, size)
+        self.comm = comm
+        self._nonces: dict = {}
+
+    # -- names ----------------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def _get_backend_name(self) -> str:
+        return BACKEND
+
+    def name(self) -> str:
+        return BACKEND
+
+    # torch 2.x asks a group for its backend per device (to learn, for example, whether
+    # it coalesces point-to-point): this group is its own backend, on the CPU.
+    supports_coalescing = False
+    supports_splitting = False
+
+    def _get_backend(self, device=None):
+        return self
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _issue(self, what, result, keep, issue, then=None) -> Work:
+        w = Work(what, result, keep, then)
+        try:
+            issue(w._complete)
+        except BaseException:
+            with _LOCK:
+                _LIVE.discard(w)
+            raise
+        return w
+
+    # -- collectives ----------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        t = _one(tensors, "allreduce")
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        c, back = _io(t, "allreduce's tensor")
+        b = _buffer(c)
+        return self._issue(
+            "allreduce",
+            tensors,
+            [c],
+            lambda cb: self.comm._c.all_reduce(b, op, cb),
+            back,
+        )
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        flat = _flat(tensors, "allreduce_coalesced")
+        b = _buffer(flat)
+        return self._issue(
+            "allreduce_coalesced",
+            tensors,
+            [flat],
+            lambda cb: self.comm._c.all_reduce(b, op, cb),
+            lambda: _unflat(flat, tensors),
+        )
+
+    def broadcast(self, tensors, opts=None):
+        t = _one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        c, back = _io(t, "broadcast's tensor")
+        b = _buffer(c)
+        return self._issue(
+            "broadcast",
+            tensors,
+            [c],
+            lambda cb: self.comm._c.broadcast(b, root, cb),
+            back,
+        )
+
+    def reduce(self, tensors, opts=None):
+        t = _one(tensors, "reduce")
+        root = opts.rootRank if opts is not None else 0
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        c, back = _io(t, "reduce's tensor")
+        b = _buffer(c)
+        return self._issue(
+            "reduce",
+            tensors,
+            [c],
+            lambda cb: self.comm._c.reduce(b, op, root, cb),
+            back,
+        )
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inp = _one(input_tensors, "allgather").contiguous()
+        outs = _one(output_tensors, "allgather")
+        n = self.size()
+        if len(outs) != n or any(o.numel() != inp.numel() for o in outs):
+            raise InvalidArgumentError(
+                f"allgather: {len(outs)} outputs for {n} ranks, each of the input's "
+                f"{inp.numel()} elements"
+            )
+        if any(o.dtype != inp.dtype for o in outs):
+            raise InvalidArgumentError("allgather: outputs and input differ in dtype")
+        flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
+        s, r = _buffer(inp), _buffer(flat)
+        return self._issue(
+            "allgather",
+            output_tensors,
+            [inp, flat],
+            lambda cb: self.comm._c.all_gather(s, r, cb),
+            lambda: _unflat(flat, outs),
+        )
+
+    def _allgather_base(self, output, input, opts=None):
+        if output.numel() != self.size() * input.numel():
+            raise InvalidArgumentError(
+                f"all_gather_into_tensor: output has {output.numel()} elements, not "
+                f"{self.size()} × {input.numel()}"
+            )
+        inp = input.contiguous()
+        c, back = _io(output, "all_gather_into_tensor's output")
+        s, r = _buffer(inp), _buffer(c)
+        return self._issue(
+            "allgather_into_tensor",
+            [output],
+            [inp, c],
+            lambda cb: self.comm._c.all_gather(s, r, cb),
+            back,
+        )
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None, after=None):
+        """``outputs[i]`` (world_size × ``inputs[i]``) gathers every rank's
+        ``inputs[i]``: one all-gather of the inputs end to end (then ``after()``)."""
+        n = self.size()
+        if len(outputs) != len(inputs) or any(
+            o.numel() != n * i.numel() for o, i in zip(outputs, inputs)
+        ):
+            raise InvalidArgumentError(
+                "all_gather_into_tensor (coalesced): each output must hold world_size "
+                "times its input"
+            )
+        send = _flat(list(inputs), "all_gather_into_tensor (coalesced)")
+        recv = torch.empty(n * send.numel(), dtype=send.dtype)
+        sizes = [i.numel() for i in inputs]
+
+        def then():
+            blocks = recv.view(n, -1).split(sizes, dim=1)
+            for o, b in zip(outputs, blocks):
+                o.copy_(b.reshape(o.shape))
+            if after is not None:
+                after()
+
+        s, r = _buffer(send), _buffer(recv)
+        return self._issue(
+            "all_gather_into_tensor_coalesced",
+            list(outputs),
+            [send, recv],
+            lambda cb: self.comm._c.all_gather(s, r, cb),
+            then,
+        )
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """``outputs[i]`` receives this rank's block of the reduction of every rank's
+        ``inputs[i]`` (world_size × ``outputs[i]``): one reduce-scatter."""
+        n = self.size()
+        if len(outputs) != len(inputs) or any(
+            i.numel() != n * o.numel() for o, i in zip(outputs, inputs)
+        ):
+            raise InvalidArgumentError(
+                "reduce_scatter_tensor (coalesced): each input must hold world_size times "
+                "its output"
+            )
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        # Rank q's block of the send buffer is every input's block q, in order.
+        send = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).reshape(-1)
+        recv = torch.empty(send.numel() // n, dtype=send.dtype)
+        sizes = [o.numel() for o in outputs]
+
+        def then():
+            for o, b in zip(outputs, recv.split(sizes)):
+                o.copy_(b.reshape(o.shape))
+
+        s, r = _buffer(send), _buffer(recv)
+        return self._issue(
+            "reduce_scatter_tensor_coalesced",
+            list(outputs),
+            [send, recv],
+            lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
+            then,
+        )
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # torch 2.x's names for the single-tensor forms.
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(
+        self, output, input, output_split_sizes, input_split_sizes, opts=None
+    ):
+        return self.alltoall_base(
+            output, input, output_split_sizes, input_split_sizes, opts
+        )
+
+    def gather_single(self, output, input, opts=None):
+        """The root's ``output`` (world_size × ``input``) gathers every rank's input."""
+        root = opts.rootRank if opts is not None else 0
+        inp = input.contiguous()
+        if self.rank() == root:
+            if output.numel() != self.size() * inp.numel():
+                raise InvalidArgumentError(
+                    f"gather: the root's output has {output.numel()} elements, not "
+                    f"{self.size()} × {inp.numel()}"
+                )
+            c, back = _io(output, "gather's output")
+        else:
+            c, back = torch.empty(0, dtype=inp.dtype), None
+        s, r = _buffer(inp), _buffer(c)
+        return self._issue(
+            "gather",
+            [output],
+            [inp, c],
+            lambda cb: self.comm._c.gather(s, r, root, cb),
+            back,
+        )
+
+    gather_into_tensor = gather_single
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``output_lists[i][q]`` receives rank q's ``input_list[i]``."""
+        n = self.size()
+        if len(output_lists) != len(input_list) or any(
+            len(o) != n for o in output_lists
+        ):
+            raise InvalidArgumentError(
+                "all_gather_coalesced: one list of world_size outputs per input"
+            )
+        flats = [torch.empty(n * i.numel(), dtype=i.dtype) for i in input_list]
+
+        def after():
+            for lst, f in zip(output_lists, flats):
+                _unflat(f, lst)
+
+        return self.all_gather_single_coalesced(
+            flats, [i.contiguous() for i in input_list], after=after
+        )
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out = _one(output_tensors, "reduce_scatter")
+        ins = _one(input_tensors, "reduce_scatter")
+        if len(ins) != self.size() or any(i.numel() != out.numel() for i in ins):
+            raise InvalidArgumentError(
+                f"reduce_scatter: {len(ins)} inputs for {self.size()} ranks, each of the "
+                f"output's {out.numel()} elements"
+            )
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        flat = _flat(ins, "reduce_scatter")
+        c, back = _io(out, "reduce_scatter's output")
+        s, r = _buffer(flat), _buffer(c)
+        return self._issue(
+            "reduce_scatter",
+            output_tensors,
+            [flat, c],
+            lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
+            back,
+        )
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        if input.numel() != self.size() * output.numel():
+            raise InvalidArgumentError(
+                f"reduce_scatter_tensor: input has {input.numel()} elements, not "
+                f"{self.size()} × {output.numel()}"
+            )
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        inp = input.contiguous()
+        c, back = _io(output, "reduce_scatter_tensor's output")
+        s, r = _buffer(inp), _buffer(c)
+        return self._issue(
+            "reduce_scatter_tensor",
+            [output],
+            [inp, c],
+            lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
+            back,
+        )
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        inp = _one(input_tensors, "gather").contiguous()
+        root = opts.rootRank if opts is not None else 0
+        n = self.size()
+        if self.rank() == root:
+            outs = _one(output_tensors, "gather")
+            if len(outs) != n or any(o.numel() != inp.numel() for o in outs):
+                raise InvalidArgumentError(
+                    f"gather: the root needs {n} outputs the input's size"
+                )
+            flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
+            then = lambda: _unflat(flat, outs)
+        else:
+            flat = torch.empty(0, dtype=inp.dtype)
+            then = None
+        s, r = _buffer(inp), _buffer(flat)
+        return self._issue(
+            "gather",
+            output_tensors,
+            [inp, flat],
+            lambda cb: self.comm._c.gather(s, r, root, cb),
+            then,
+        )
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        out = _one(output_tensors, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        n = self.size()
+        if self.rank() == root:
+            ins = _one(input_tensors, "scatter")
+            if len(ins) != n or any(i.numel() != out.numel() for i in ins):
+                raise InvalidArgumentError(
+                    f"scatter: the root needs {n} inputs the output's size"
+                )
+            flat = _flat(ins, "scatter")
+        else:
+            flat = torch.empty(0, dtype=out.dtype)
+        c, back = _io(out, "scatter's output")
+        s, r = _buffer(flat), _buffer(c)
+        return self._issue(
+            "scatter",
+            output_tensors,
+            [flat, c],
+            lambda cb: self.comm._c.scatter(s, r, root, cb),
+            back,
+        )
+
+    def alltoall_base(
+        self, output, input, output_split_sizes, input_split_sizes, opts=None
+    ):
+        n = self.size()
+
+        def counts(t, splits, what):
+            if not splits:
+                if t.numel() % n:
+                    raise InvalidArgumentError(
+                        f"all_to_all_single: {what} of {t.numel()} elements does not split "
+                        f"into {n} equal blocks"
+                    )
+                return None
+            if len(splits) != n:
+                raise InvalidArgumentError(
+                    f"all_to_all_single: {len(splits)} {what} splits for {n} ranks"
+                )
+            row = t.numel() // t.shape[0] if t.dim() > 0 and t.shape[0] else 1
+            if sum(splits) != (t.shape[0] if t.dim() > 0 else 1):
+                raise InvalidArgumentError(
+                    f"all_to_all_single: {what} splits {list(splits)} do not sum to its first "
+                    f"dimension {t.shape[0] if t.dim() else 1}"
+                )
+            return [int(s) * row for s in splits]
+
+        rc, sc = (
+            counts(output, output_split_sizes, "output"),
+            counts(input, input_split_sizes, "input"),
+        )
+        if (rc is None) != (sc is None):
+            rc = rc or [output.numel() // n] * n
+            sc = sc or [input.numel() // n] * n
+        inp = input.contiguous()
+        c, back = _io(output, "all_to_all_single's output")
+        s, r = _buffer(inp), _buffer(c)
+        return self._issue(
+            "alltoall_base",
+            [output],
+            [inp, c],
+            lambda cb: self.comm._c.all_to_all(s, r, sc, rc, cb),
+            back,
+        )
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise InvalidArgumentError(f"all_to_all: needs {n} inputs and {n} outputs")
+        sflat = _flat(input_tensors, "all_to_all")
+        rflat = torch.empty(sum(t.numel() for t in output_tensors), dtype=sflat.dtype)
+        sc = [t.numel() for t in input_tensors]
+        rc = [t.numel() for t in output_tensors]
+        s, r = _buffer(sflat), _buffer(rflat)
+        return self._issue(
+            "alltoall",
+            output_tensors,
+            [sflat, rflat],
+            lambda cb: self.comm._c.all_to_all(s, r, sc, rc, cb),
+            lambda: _unflat(rflat, output_tensors),
+        )
+
+    def barrier(self, opts=None):
+        return self._issue("barrier", [], [], lambda cb: self.comm._c.barrier(cb))
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        self.barrier().wait()
+
+    # -- point to point -------------------------------------------------------------
+
+    def send(self, tensors, dstRank, tag=0):
+        t = _one(tensors, "send").contiguous()
+        b = _buffer(t)
+        return self._issue(
+            "send", tensors, [t], lambda cb: self.comm._c.send(b, dstRank, int(tag), cb)
+        )
+
+    def recv(self, tensors, srcRank, tag=0):
+        t = _one(tensors, "recv")
+        c, back = _io(t, "recv's tensor")
+        b = _buffer(c)
+        return self._issue(
+            "recv",
+            tensors,
+            [c],
+            lambda cb: self.comm._c.recv(b, srcRank, int(tag), cb),
+            back,
+        )
+
+    def recv_anysource(self, tensors, tag=0):
+        raise UnsupportedError(
+            "ferroccl backend: recv from any source is not supported (name the source rank)"
+        )
+
+
+# -- the backend's creator ------------------------------------------------------------
+
+# The default group's communicator, when the default group is ferroccl's: subgroups are
+# its children.
+_DEFAULT: Communicator | None = None
+_NONCES: dict = collections.Counter()
+
+
+def _advertise() -> str:
+    for var in ("FERROCCL_ADVERTISE_ADDR", "MASTER_ADDR"):
+        v = os.environ.get(var, "").strip()
+        if v:
+            return v
+    return socket.gethostname()
+
+
+def _get(store, key: str, timeout: timedelta) -> bytes:
+    store.wait([key], timeout)
+    return bytes(store.get(key))
+
+
+def _meet(store, rank: int, size: int, timeout: timedelta) -> Communicator:
+    """A fresh communicator meeting on ``store``: rank 0 publishes the job's token and
+    identity there (``FERROCCL_TOKEN`` when set), and ferroccl's store address."""
+    if rank == 0:
+        token = os.environ.get("FERROCCL_TOKEN") or _native_token()
+        job = os.environ.get("TORCHELASTIC_RUN_ID") or f"torch-{_native_token()[:12]}"
+        store.set("ferroccl/token", token)
+        store.set("ferroccl/job", job)
+    else:
+        token = _get(store, "ferroccl/token", timeout).decode()
+        job = _get(store, "ferroccl/job", timeout).decode()
+    local = os.environ.get("LOCAL_RANK")
+    return Communicator.on_store(
+        store,
+        rank,
+        size,
+        _advertise(),
+        token=token,
+        job_id=job,
+        timeout=timeout.total_seconds(),
+        local_rank=int(local) if local and local.isdigit() else None,
+    )
+
+
+def _native_token() -> str:
+    from . import new_token
+
+    return new_token()
+
+
+def _members(store, rank: int, size: int, timeout: timedelta) -> list[int]:
+    """The default group's rank of each member of a new group, by group rank (traded
+    on the group's store: torch does not tell the backend)."""
+    me = _DEFAULT.rank
+    store.set(f"ferroccl/member/{rank}", str(me))
+    return [int(_get(store, f"ferroccl/member/{q}", timeout)) for q in range(size)]
+
+
+def create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupFerroccl:
+    """torch.distributed's creator for the backend ``"ferroccl"``."""
+    global _DEFAULT
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    default_is_ours = (
+        _DEFAULT is not None and dist.is_initialized() and dist.get_backend() == BACKEND
+    )
+    if default_is_ours:
+        ranks = _members(store, rank, size, timeout)
+        key = tuple(ranks)
+        nonce = _NONCES[key]
+        _NONCES[key] += 1
+        comm = _DEFAULT.group_of_members(ranks, nonce)
+    else:
+        comm = _meet(store, rank, size, timeout)
+        if not dist.is_initialized():
+            if _DEFAULT is not None:
+                _DEFAULT.close()
+            _DEFAULT = comm
+            _NONCES.clear()
+    return ProcessGroupFerroccl(comm, rank, size)
+
+
+def _register() -> None:
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    try:
+        dist.Backend.register_backend(BACKEND, create, devices=["cpu"])
+    except TypeError:  # torch 1.13: no devices=
+        dist.Backend.register_backend(BACKEND, create)
+
+
+_register()

@@ -1,0 +1,73 @@
+"""The torch.distributed backend, on 1-4 ranks as processes."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+import ranks
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_collective_every_dtype_matches_its_definition(n):
+    assert all(r > 0 for r in ranks.run(n, "collectives", timeout=180))
+
+
+def test_env_init_and_the_plain_package_under_a_launcher_environment():
+    assert ranks.run(2, "plain_numpy", init="env") == ["ok", "ok"]
+
+
+def test_tcp_init_method():
+    port = ranks.free_port()
+    assert ranks.run(
+        2, "collectives", init="tcp", env={"TEST_PORT": str(port)}, timeout=180
+    )
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ddp_replicas_are_bitwise_equal_and_match_gloo(n):
+    res = ranks.run(n, "ddp", timeout=240)
+    for backend in ("ferroccl", "gloo"):
+        _, params0, _ = res[0][backend]
+        for r in range(1, n):
+            _, params, _ = res[r][backend]
+            assert torch.equal(params, params0), (
+                f"{backend}: rank {r}'s parameters differ"
+            )
+    ours, theirs = res[0]["ferroccl"], res[0]["gloo"]
+    rel = ((ours[1] - theirs[1]).abs().max() / theirs[1].abs().max()).item()
+    assert rel <= 1e-6, f"ferroccl and gloo end {rel:.3g} apart (relative)"
+    for a, b in zip(ours[0], theirs[0]):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (ours[0], theirs[0])
+
+
+def test_new_group_of_two_of_four():
+    assert ranks.run(4, "subgroups") == ["ok"] * 4
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_mismatched_call_raises_mismatch_on_every_rank(n):
+    res = ranks.run(n, "mismatch")
+    for r, got in enumerate(res):
+        assert got["type"] == "MismatchError", (r, got)
+        assert "mismatched collective" in got["msg"], (r, got)
+
+
+def test_a_rank_killed_mid_training_makes_every_other_rank_raise_naming_it():
+    n = 3
+    res = ranks.run(n, "killed", allow_fail={n - 1}, timeout=120)
+    assert res[n - 1] is None
+    for r in range(n - 1):
+        got = res[r]
+        assert got["type"] not in (None,), (r, got)
+        assert f"rank {n - 1}" in got["msg"], (r, got)
+        assert got["after"] < 20 + 10, (r, got)
+
+
+def test_unsupported_types_and_ops_are_typed_errors_naming_them():
+    res = ranks.run(2, "misuse")
+    for got in res:
+        assert got["int8"][0] == "UnsupportedError" and "int8" in got["int8"][1]
+        assert got["bool"][0] == "UnsupportedError" and "bool" in got["bool"][1]
+        assert got["band"][0] == "UnsupportedError" and "BAND" in got["band"][1]
+        assert got["avg_int"][0] == "UnsupportedError", got["avg_int"]

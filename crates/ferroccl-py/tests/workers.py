@@ -1,0 +1,378 @@
+"""What each rank of a test runs (``python -m workers SPEC``; see ranks.py)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import ferroccl
+import ferroccl.torch
+import torch
+import torch.distributed as dist
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+]
+FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+def init(rank, n, how, tmp, backend="ferroccl", timeout=60):
+    if how == "file":
+        method = f"file://{tmp}/store"
+    elif how == "tcp":
+        method = f"tcp://127.0.0.1:{os.environ['TEST_PORT']}"
+    else:
+        method = "env://"
+    kw = {} if how == "env" else {"rank": rank, "world_size": n}
+    dist.init_process_group(
+        backend, init_method=method, timeout=timedelta(seconds=timeout), **kw
+    )
+
+
+def data(rank, count, dtype, salt=0):
+    """Small integers, exact in every dtype, different per rank."""
+    v = (torch.arange(count, dtype=torch.int64) * 7 + rank * 3 + salt) % 5 + 1
+    return v.to(dtype)
+
+
+def check(got, want, what):
+    if not torch.equal(got, want):
+        raise AssertionError(
+            f"{what}: got {got.tolist()[:16]}, want {want.tolist()[:16]}"
+        )
+
+
+def collectives(rank, n, how, tmp):
+    """Every collective, every dtype, against its definition."""
+    init(rank, n, how, tmp)
+    assert dist.get_backend() == "ferroccl"
+    count = 6
+    done = 0
+    for dt in DTYPES:
+        alls = [data(q, count, dt) for q in range(n)]
+        wide = [a.to(torch.float64) for a in alls]
+        ops = [
+            (dist.ReduceOp.SUM, lambda xs: sum(xs)),
+            (dist.ReduceOp.MIN, lambda xs: torch.stack(xs).min(0).values),
+            (dist.ReduceOp.MAX, lambda xs: torch.stack(xs).max(0).values),
+        ]
+        if dt not in (torch.uint8,) or n <= 2:
+            ops.append((dist.ReduceOp.PRODUCT, lambda xs: torch.stack(xs).prod(0)))
+        for op, f in ops:
+            t = alls[rank].clone()
+            dist.all_reduce(t, op=op)
+            check(t, f(wide).to(dt), f"all_reduce {op} {dt}")
+            t = alls[rank].clone()
+            dist.reduce(t, dst=n - 1, op=op)
+            if rank == n - 1:
+                check(t, f(wide).to(dt), f"reduce {op} {dt}")
+            done += 2
+        if dt in FLOATS and hasattr(dist.ReduceOp, "AVG"):
+            t = alls[rank].clone()
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            check(t, (sum(wide) / n).to(dt), f"all_reduce AVG {dt}")
+        # Non-contiguous: a column of a matrix.
+        m = torch.stack([alls[rank], alls[rank]], 1)
+        col = m[:, 1]
+        assert not col.is_contiguous()
+        dist.all_reduce(col)
+        check(m[:, 1], sum(wide).to(dt), f"all_reduce non-contiguous {dt}")
+        check(m[:, 0], alls[rank], f"all_reduce non-contiguous left the rest {dt}")
+        t = alls[rank].clone()
+        dist.broadcast(t, src=n - 1)
+        check(t, alls[n - 1], f"broadcast {dt}")
+        outs = [torch.zeros(count, dtype=dt) for _ in range(n)]
+        dist.all_gather(outs, alls[rank])
+        for q in range(n):
+            check(outs[q], alls[q], f"all_gather {dt} block {q}")
+        flat = torch.zeros(n * count, dtype=dt)
+        dist.all_gather_into_tensor(flat, alls[rank]) if hasattr(
+            dist, "all_gather_into_tensor"
+        ) else dist._all_gather_base(flat, alls[rank])
+        check(flat, torch.cat(alls), f"all_gather_into_tensor {dt}")
+        big = [data(q, n * count, dt, salt=1) for q in range(n)]
+        out = torch.zeros(count, dtype=dt)
+        dist.reduce_scatter(out, list(big[rank].chunk(n)))
+        want = sum(b.to(torch.float64) for b in big).to(dt).chunk(n)[rank]
+        check(out, want, f"reduce_scatter {dt}")
+        out = torch.zeros(count, dtype=dt)
+        rs = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+        rs(out, big[rank])
+        check(out, want, f"reduce_scatter_tensor {dt}")
+        gl = [torch.zeros(count, dtype=dt) for _ in range(n)] if rank == 0 else None
+        dist.gather(alls[rank], gl, dst=0)
+        if rank == 0:
+            for q in range(n):
+                check(gl[q], alls[q], f"gather {dt} block {q}")
+        out = torch.zeros(count, dtype=dt)
+        dist.scatter(out, list(big[0].chunk(n)) if rank == 0 else None, src=0)
+        check(out, big[0].chunk(n)[rank], f"scatter {dt}")
+        out = torch.zeros(n * count, dtype=dt)
+        dist.all_to_all_single(out, big[rank])
+        want = torch.cat([big[q].chunk(n)[rank] for q in range(n)])
+        check(out, want, f"all_to_all_single {dt}")
+        # Uneven splits: rank q sends q+1+p rows to rank p.
+        rows = lambda src, dst: src + 1 + dst
+        send = torch.cat(
+            [torch.full((rows(rank, p), 2), rank * 10 + p, dtype=dt) for p in range(n)]
+        )
+        recv = torch.zeros(sum(rows(q, rank) for q in range(n)), 2, dtype=dt)
+        dist.all_to_all_single(
+            recv,
+            send,
+            [rows(q, rank) for q in range(n)],
+            [rows(rank, p) for p in range(n)],
+        )
+        want = torch.cat(
+            [torch.full((rows(q, rank), 2), q * 10 + rank, dtype=dt) for q in range(n)]
+        )
+        check(recv, want, f"all_to_all_single with splits {dt}")
+        outs = [torch.zeros(q + 1, dtype=dt) for q in range(n)]
+        dist.all_to_all(
+            outs, [torch.full((rank + 1,), p + rank, dtype=dt) for p in range(n)]
+        )
+        for q in range(n):
+            check(
+                outs[q],
+                torch.full((q + 1,), q + rank, dtype=dt),
+                f"all_to_all {dt} from {q}",
+            )
+        if n > 1:
+            right, left = (rank + 1) % n, (rank - 1) % n
+            r = torch.zeros(count, dtype=dt)
+            reqs = [dist.isend(alls[rank], right), dist.irecv(r, left)]
+            for q in reqs:
+                q.wait()
+            check(r, alls[left], f"isend/irecv ring {dt}")
+            ops = [
+                dist.P2POp(dist.isend, alls[rank], right),
+                dist.P2POp(dist.irecv, r, left),
+            ]
+            r.zero_()
+            for q in dist.batch_isend_irecv(ops):
+                q.wait()
+            check(r, alls[left], f"batch_isend_irecv {dt}")
+        done += 12
+    # Coalesced, async, barrier.
+    ts = [data(rank, 3, torch.float32), data(rank, 5, torch.float32)]
+    dist.all_reduce_coalesced(ts)
+    check(
+        ts[1],
+        sum(data(q, 5, torch.float64) for q in range(n)).float(),
+        "all_reduce_coalesced",
+    )
+    t = data(rank, 1000, torch.float32)
+    w = dist.all_reduce(t, async_op=True)
+    fut = w.get_future()
+    w.wait()
+    assert fut.done()
+    check(
+        fut.value()[0],
+        sum(data(q, 1000, torch.float64) for q in range(n)).float(),
+        "future",
+    )
+    # The coalesced forms (torch 2.x's coalescing manager calls them on the group).
+    pg = dist.distributed_c10d._get_default_group()
+    ins = [data(rank, 3, torch.float32), data(rank, 5, torch.float32, salt=2)]
+    outs = [torch.zeros(n * 3), torch.zeros(n * 5)]
+    pg.all_gather_single_coalesced(outs, ins).wait()
+    check(
+        outs[0],
+        torch.cat([data(q, 3, torch.float32) for q in range(n)]),
+        "ag coalesced 0",
+    )
+    check(
+        outs[1],
+        torch.cat([data(q, 5, torch.float32, 2) for q in range(n)]),
+        "ag coalesced 1",
+    )
+    ins = [data(rank, 2 * n, torch.float64), data(rank, 3 * n, torch.float64, salt=4)]
+    outs = [torch.zeros(2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
+    pg.reduce_scatter_single_coalesced(outs, ins).wait()
+    for i, (k, salt) in enumerate(((2, 0), (3, 4))):
+        total = sum(data(q, k * n, torch.float64, salt) for q in range(n))
+        check(outs[i], total.chunk(n)[rank], f"rs coalesced {i}")
+    lists = [[torch.zeros(2) for _ in range(n)], [torch.zeros(4) for _ in range(n)]]
+    dist.all_gather_coalesced(
+        lists, [torch.full((2,), float(rank)), torch.full((4,), -1.0 * rank)]
+    )
+    for q in range(n):
+        check(lists[0][q], torch.full((2,), float(q)), "all_gather_coalesced 0")
+        check(lists[1][q], torch.full((4,), -1.0 * q), "all_gather_coalesced 1")
+    dist.barrier()
+    dist.destroy_process_group()
+    return done
+
+
+def plain_numpy(rank, n, how, tmp):
+    """The package without torch.distributed: numpy arrays through from_env."""
+    import numpy as np
+
+    c = ferroccl.Communicator.from_env()
+    assert (c.rank, c.world_size) == (rank, n)
+    x = np.full(1000, rank + 1, dtype=np.float64)
+    c.all_reduce(x)
+    assert (x == n * (n + 1) / 2).all()
+    g = np.zeros(2 * n, dtype=np.int32)
+    c.all_gather(np.array([rank, -rank], dtype=np.int32), g)
+    assert g.tolist() == [v for q in range(n) for v in (q, -q)]
+    half = c.split(rank % 2)
+    y = np.array([1], dtype=np.uint8)
+    half.all_reduce(y)
+    assert y[0] == half.world_size
+    c.close()
+    return "ok"
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, 10),
+    )
+
+
+def train(ddp, rank, steps, die_at=None):
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1000 + rank)
+    losses = []
+    for step in range(steps):
+        if die_at is not None and step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = torch.randn(8, 3, 12, 12, generator=g)
+        y = torch.randint(0, 10, (8,), generator=g)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()])
+    buffers = torch.cat([b.detach().reshape(-1).double() for b in ddp.module.buffers()])
+    return losses, params, buffers
+
+
+def ddp(rank, n, how, tmp, steps=20):
+    """DDP on a conv + BatchNorm model, over ferroccl and over gloo (a second group)."""
+    init(rank, n, how, tmp)
+    gloo = dist.new_group(list(range(n)), backend="gloo")
+    DDP = torch.nn.parallel.DistributedDataParallel
+    ours = train(DDP(model()), rank, steps)
+    theirs = train(DDP(model(), process_group=gloo), rank, steps)
+    dist.destroy_process_group()
+    return {"ferroccl": ours, "gloo": theirs}
+
+
+def subgroups(rank, n, how, tmp):
+    init(rank, n, how, tmp)
+    odd = dist.new_group([3, 1])
+    even = dist.new_group([0, 2])
+    every = dist.new_group(list(range(n)))
+    mine = odd if rank % 2 else even
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=mine)
+    want = 4.0 if rank % 2 else 2.0
+    assert t.item() == want, (t, want)
+    assert dist.get_world_size(mine) == 2
+    # Group ranks: in [3, 1], rank 3 is group rank 0, the broadcast's source.
+    b = torch.tensor([float(rank)])
+    dist.broadcast(b, src=3 if rank % 2 else 0, group=mine)
+    assert b.item() == (3.0 if rank % 2 else 0.0)
+    t = torch.tensor([1.0])
+    dist.all_reduce(t, group=every)
+    assert t.item() == n
+    # The other group works while this one is used; the default group still works.
+    dist.all_reduce(t)
+    assert t.item() == n * n
+    dist.barrier()
+    dist.destroy_process_group()
+    return "ok"
+
+
+def mismatch(rank, n, how, tmp):
+    """Rank 0 all-reduces 4 elements, the others 8: every rank raises MismatchError."""
+    init(rank, n, how, tmp, timeout=30)
+    t = torch.ones(4 if rank == 0 else 8)
+    try:
+        dist.all_reduce(t)
+    except ferroccl.MismatchError as e:
+        return {"type": type(e).__name__, "msg": str(e)}
+    except BaseException as e:  # noqa: BLE001
+        return {"type": type(e).__name__, "msg": str(e)}
+    return {"type": None, "msg": "no error"}
+
+
+def killed(rank, n, how, tmp):
+    """Rank n-1 is killed (SIGKILL) at step 3 of DDP training; the others must raise a
+    ferroccl error naming it, within the timeout."""
+    init(rank, n, how, tmp, timeout=20)
+    net = torch.nn.parallel.DistributedDataParallel(model())
+    start = time.monotonic()
+    try:
+        train(net, rank, 1000, die_at=3 if rank == n - 1 else None)
+    except ferroccl.FerrocclError as e:
+        return {
+            "type": type(e).__name__,
+            "msg": str(e),
+            "after": time.monotonic() - start,
+        }
+    except RuntimeError as e:
+        return {
+            "type": type(e).__name__,
+            "msg": str(e),
+            "after": time.monotonic() - start,
+        }
+    return {"type": None, "msg": "trained on", "after": time.monotonic() - start}
+
+
+def misuse(rank, n, how, tmp):
+    init(rank, n, how, tmp)
+    out = {}
+    for name, call in [
+        ("int8", lambda: dist.all_reduce(torch.ones(3, dtype=torch.int8))),
+        ("bool", lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool))),
+        (
+            "band",
+            lambda: dist.all_reduce(
+                torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND
+            ),
+        ),
+        (
+            "avg_int",
+            lambda: dist.all_reduce(
+                torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG
+            ),
+        ),
+    ]:
+        try:
+            call()
+            out[name] = None
+        except ferroccl.FerrocclError as e:
+            out[name] = (type(e).__name__, str(e))
+    dist.destroy_process_group()
+    return out
+
+
+if __name__ == "__main__":
+    fn, rank, n, how, tmp, args = pickle.loads(bytes.fromhex(sys.argv[1]))
+    result = globals()[fn](rank, n, how, tmp, *args)
+    with open(os.path.join(tmp, f"result.{rank}"), "wb") as f:
+        pickle.dump(result, f)
+    sys.stdout.flush()
+    os._exit(0)

@@ -1,0 +1,189 @@
+"""A/B measurements of the torch.distributed backend, interleaved (see BENCHMARKS.md).
+
+    python3 crates/ferroccl-py/tools/torch_ab.py binding [--ranks 2,4] [--reps 3]
+    python3 crates/ferroccl-py/tools/torch_ab.py ddp [--ranks 2] [--reps 3] [--steps 20]
+
+``binding``: the binding's cost. In-place all-reduce of float32 torch tensors through
+``dist.all_reduce`` on the backend ``"ferroccl"``, against ``ferroccl bench``'s in-place
+column (the same library from Rust, same sizes, warm-up and iterations), the two run
+one after the other ``--reps`` times; per size the medians, torch/native busbw and the
+difference in microseconds.
+
+``ddp``: ``examples/ddp_resnet.py`` over ferroccl and over gloo, alternating; the medians
+of communication time per step, images/s and the largest difference between the loss
+curves.
+
+Both need the ``ferroccl`` binary (``--ferroccl``, default ``target/release/ferroccl``)
+for ``ferroccl launch`` and ``ferroccl bench``, and the package importable (installed,
+or on ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+
+def rank_main(a) -> None:
+    """One rank of the torch side of ``binding``."""
+    import ferroccl.torch  # noqa: F401
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("ferroccl")
+    rows = []
+    size = a.minbytes
+    while size <= a.maxbytes:
+        t = torch.ones(size // 4, dtype=torch.float32)
+        for _ in range(a.warmup):
+            dist.all_reduce(t)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(a.iters):
+            dist.all_reduce(t)
+        us = (time.perf_counter() - start) / a.iters * 1e6
+        rows.append({"bytes": size, "ip_time_us": us})
+        size *= a.factor
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump({"rows": rows}, f)
+    dist.destroy_process_group()
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def binding(a) -> None:
+    sizes = ["-b", "1K", "-e", "64M", "-f", "8", "-n", str(a.iters), "-w", "5"]
+    print(f"# in-place all-reduce, float32, {a.reps} interleaved repetitions, medians")
+    print(
+        f"# {'n':>2} {'size':>9} {'native us':>10} {'torch us':>10} {'busbw x':>8} {'+us':>8}"
+    )
+    for n in a.ranks:
+        native, ours = {}, {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(a.reps):
+                nj, tj = (
+                    os.path.join(tmp, "native.json"),
+                    os.path.join(tmp, "torch.json"),
+                )
+                run([a.ferroccl, "bench", "--ranks", str(n), *sizes, "--json", nj])
+                run(
+                    [
+                        a.ferroccl,
+                        "launch",
+                        "-n",
+                        str(n),
+                        "--",
+                        sys.executable,
+                        __file__,
+                        "_rank",
+                        "--out",
+                        tj,
+                        "--iters",
+                        str(a.iters),
+                    ]
+                )
+                for src, dst in ((nj, native), (tj, ours)):
+                    with open(src) as f:
+                        rows = json.load(f)["rows"]
+                    for row in rows:
+                        dst.setdefault(row["bytes"], []).append(row["ip_time_us"])
+        for size in sorted(native):
+            nt, tt = (
+                statistics.median(native[size]),
+                statistics.median(ours.get(size, [0])),
+            )
+            print(
+                f"  {n:>2} {size:>9} {nt:>10.1f} {tt:>10.1f} {nt / tt:>8.2f} {tt - nt:>8.1f}"
+            )
+
+
+def ddp(a) -> None:
+    ex = os.path.join(ROOT, "crates", "ferroccl-py", "examples", "ddp_resnet.py")
+    res = {"ferroccl": [], "gloo": []}
+    for _ in range(a.reps):
+        for backend in ("ferroccl", "gloo"):
+            out = run(
+                [
+                    a.ferroccl,
+                    "launch",
+                    "-n",
+                    str(a.ranks[0]),
+                    "--",
+                    sys.executable,
+                    ex,
+                    "--backend",
+                    backend,
+                    "--steps",
+                    str(a.steps),
+                    "--log-every",
+                    str(a.steps),
+                ]
+            )
+            line = next(ln for ln in out.splitlines() if "summary " in ln)
+            res[backend].append(json.loads(line.split("summary ", 1)[1]))
+    med = {
+        b: {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("comm_ms_per_step", "images_per_s", "step_ms")
+        }
+        for b, rs in res.items()
+    }
+    loss_gap = max(
+        abs(x - y)
+        for x, y in zip(res["ferroccl"][0]["losses"], res["gloo"][0]["losses"])
+    )
+    print(
+        f"# ddp_resnet.py, {a.ranks[0]} ranks, {a.steps} steps, {a.reps} interleaved "
+        "repetitions, medians"
+    )
+    for b, m in med.items():
+        print(
+            f"  {b:9s} comm {m['comm_ms_per_step']:8.2f} ms/step  "
+            f"{m['images_per_s']:7.1f} images/s  step {m['step_ms']:7.1f} ms"
+        )
+    f, g = med["ferroccl"], med["gloo"]
+    print(
+        f"  ferroccl/gloo: comm time {f['comm_ms_per_step'] / g['comm_ms_per_step']:.2f}x, "
+        f"images/s {f['images_per_s'] / g['images_per_s']:.2f}x; "
+        f"largest loss difference {loss_gap:.2e}"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("mode", choices=["binding", "ddp", "_rank"])
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument(
+        "--ferroccl", default=os.path.join(ROOT, "target", "release", "ferroccl")
+    )
+    p.add_argument("--out")
+    p.add_argument("--minbytes", type=int, default=1024)
+    p.add_argument("--maxbytes", type=int, default=64 << 20)
+    p.add_argument("--factor", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=5)
+    a = p.parse_args()
+    a.ranks = [int(x) for x in a.ranks.split(",")]
+    {"binding": binding, "ddp": ddp, "_rank": rank_main}[a.mode](a)
+
+
+if __name__ == "__main__":
+    main()
