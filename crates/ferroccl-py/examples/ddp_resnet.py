@@ -103,7 +103,8 @@ def main():
         dist.all_reduce(lt)
         losses.append(lt.item() / world)
         if rank == 0 and (step + 1) % a.log_every == 0:
-            w = slice(max(a.warmup, step + 1 - a.log_every), step + 1)
+            # The last log_every steps, past the warm-up where any are.
+            w = slice(min(max(a.warmup, step + 1 - a.log_every), step), step + 1)
             st = sum(step_times[w]) / max(1, len(step_times[w]))
             cm = sum(comm[w]) / max(1, len(comm[w]))
             print(
@@ -113,7 +114,7 @@ def main():
                 flush=True,
             )
     if rank == 0:
-        w = slice(a.warmup, None)
+        w = slice(min(a.warmup, len(step_times) - 1), None)
         n = max(1, len(step_times[w]))
         summary = {
             "backend": a.backend,

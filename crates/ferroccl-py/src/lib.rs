@@ -21,8 +21,9 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use std::collections::VecDeque;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -373,7 +374,6 @@ unsafe fn split_io<'a, T: Element>(input: Buf, output: Buf) -> (Input<'a, T>, &'
 }
 
 type Task = Box<dyn FnOnce(&Communicator) + Send>;
-type Reply<R> = ferroccl::Result<R>;
 
 /// A started point-to-point operation: waits, then (a receive) copies the message into
 /// the caller's buffer and reports.
@@ -382,8 +382,12 @@ type P2pWait = Box<dyn FnOnce() -> ferroccl::Result<()> + Send>;
 /// Every worker this process started, for [`shutdown`].
 static WORKERS: Mutex<Vec<(Arc<Worker>, AbortHandle)>> = Mutex::new(Vec::new());
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    cv.wait(g).unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Ends every worker before the interpreter finalises (`atexit`): a worker that called
@@ -413,42 +417,173 @@ fn shutdown(py: Python<'_>, grace: f64) {
     });
 }
 
+/// What a communicator's threads and its callers share.
+///
+/// Operations are queued in issue order and run by whoever holds `comm`: the worker
+/// thread, or a caller that waits for an operation (a blocking call, `Ticket.wait()`
+/// without a timeout) and runs the queue up to it itself instead of sleeping while
+/// the worker wakes up — two thread switches per call saved, which is most of a small
+/// message's cost. Tasks are taken from the queue only by a holder of `comm`, so they
+/// run in order whoever runs them. `comm` must only be locked with the GIL released
+/// (a task's callback takes the GIL).
 struct Worker {
-    tasks: Mutex<Option<mpsc::Sender<Task>>>,
+    comm: Mutex<Option<Communicator>>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
     p2p: Mutex<Option<mpsc::Sender<(P2pWait, Done)>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
+#[derive(Default)]
+struct Queue {
+    tasks: VecDeque<Task>,
+    closed: bool,
+}
+
 impl Worker {
+    fn push(&self, t: Task) -> PyResult<()> {
+        let mut q = lock(&self.queue);
+        if q.closed {
+            return Err(worker_gone());
+        }
+        q.tasks.push_back(t);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Takes the communicator and runs the queued tasks in order until `enough()` or
+    /// the queue is empty; returns the communicator still held. Without the GIL.
+    fn run_queue(&self, enough: impl Fn() -> bool) -> MutexGuard<'_, Option<Communicator>> {
+        let comm = lock(&self.comm);
+        while !enough() {
+            let Some(task) = lock(&self.queue).tasks.pop_front() else {
+                break;
+            };
+            if let Some(c) = comm.as_ref() {
+                task(c);
+            }
+        }
+        comm
+    }
+
+    /// The worker thread: runs tasks as they come; once closed and empty, drops the
+    /// communicator (its links close).
+    fn serve(&self) {
+        loop {
+            {
+                let mut q = lock(&self.queue);
+                while q.tasks.is_empty() && !q.closed {
+                    q = wait(&self.wake, q);
+                }
+                if q.tasks.is_empty() {
+                    break;
+                }
+            }
+            let comm = lock(&self.comm);
+            let task = lock(&self.queue).tasks.pop_front();
+            if let (Some(task), Some(c)) = (task, comm.as_ref()) {
+                task(c);
+            }
+        }
+        drop(lock(&self.comm).take());
+    }
+
     /// Lets the threads end once the operations given are over.
     fn close(&self) {
-        drop(lock(&self.tasks).take());
+        lock(&self.queue).closed = true;
+        self.wake.notify_all();
         drop(lock(&self.p2p).take());
     }
 }
 
-/// How an operation reports: to a Python callback, or to a blocked caller.
-enum Done {
-    Callback(Py<PyAny>),
-    Reply(mpsc::Sender<Reply<()>>),
+/// Whether an operation is over (its callback has run).
+#[derive(Default)]
+struct TicketState {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl TicketState {
+    fn set(&self) {
+        *lock(&self.done) = true;
+        self.cv.notify_all();
+    }
+    fn is_done(&self) -> bool {
+        *lock(&self.done)
+    }
+}
+
+/// A non-blocking operation's handle: `wait()` returns once its callback has run.
+#[pyclass(module = "ferroccl._native", name = "Ticket", frozen)]
+struct Ticket {
+    state: Arc<TicketState>,
+    worker: Arc<Worker>,
+}
+
+#[pymethods]
+impl Ticket {
+    /// True once the operation is over (its callback has run); never blocks.
+    fn done(&self) -> bool {
+        self.state.is_done()
+    }
+
+    /// Waits until the operation is over; False if `timeout` seconds passed first.
+    /// Without a timeout, the waiting thread runs the queue up to this operation
+    /// itself (so it cannot be interrupted mid-operation; ferroccl's own timeout
+    /// applies); with one, it only waits.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> bool {
+        let (state, worker) = (self.state.clone(), self.worker.clone());
+        py.detach(move || {
+            let mut done = match timeout {
+                None => {
+                    drop(worker.run_queue(|| state.is_done()));
+                    lock(&state.done)
+                }
+                Some(_) => lock(&state.done),
+            };
+            let deadline = timeout
+                .map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.clamp(0.0, 1e9)));
+            while !*done {
+                match deadline {
+                    None => done = wait(&state.cv, done),
+                    Some(d) => {
+                        let left = d.saturating_duration_since(std::time::Instant::now());
+                        if left.is_zero() {
+                            return false;
+                        }
+                        done = state
+                            .cv
+                            .wait_timeout(done, left)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                }
+            }
+            true
+        })
+    }
+}
+
+/// How a non-blocking operation reports: its Python callback (under the GIL), then
+/// its ticket.
+struct Done {
+    callback: Py<PyAny>,
+    ticket: Arc<TicketState>,
 }
 
 impl Done {
     fn finish(self, r: ferroccl::Result<()>) {
-        match self {
-            Done::Reply(tx) => {
-                let _ = tx.send(r);
+        Python::attach(|py| {
+            let arg: Py<PyAny> = match &r {
+                Ok(()) => py.None(),
+                Err(e) => to_py(py, e).into_value(py).into_any(),
+            };
+            if let Err(e) = self.callback.call1(py, (arg,)) {
+                e.write_unraisable(py, None);
             }
-            Done::Callback(cb) => Python::attach(|py| {
-                let arg: Py<PyAny> = match &r {
-                    Ok(()) => py.None(),
-                    Err(e) => to_py(py, e).into_value(py).into_any(),
-                };
-                if let Err(e) = cb.call1(py, (arg,)) {
-                    e.write_unraisable(py, None);
-                }
-            }),
-        }
+        });
+        self.ticket.set();
     }
 }
 
@@ -473,7 +608,7 @@ struct PyCommunicator {
 }
 
 impl PyCommunicator {
-    /// Moves `comm` onto a worker thread of its own.
+    /// Moves `comm` behind a worker thread of its own.
     fn spawn(comm: Communicator) -> PyResult<Self> {
         let facts = Facts {
             rank: comm.rank(),
@@ -488,8 +623,14 @@ impl PyCommunicator {
                 .to_owned(),
         };
         let abort = comm.abort_handle();
-        let (tx, rx) = mpsc::channel::<Task>();
         let (ptx, prx) = mpsc::channel::<(P2pWait, Done)>();
+        let worker = Arc::new(Worker {
+            comm: Mutex::new(Some(comm)),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            p2p: Mutex::new(Some(ptx)),
+            threads: Mutex::new(Vec::new()),
+        });
         let name = format!("ferroccl-py-{}-r{}", facts.id, facts.rank);
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -497,14 +638,8 @@ impl PyCommunicator {
                 .spawn(f)
                 .map_err(|e| FerrocclError::new_err(format!("cannot start a thread: {e}")))
         };
-        let t1 = spawn(
-            name.clone(),
-            Box::new(move || {
-                while let Ok(task) = rx.recv() {
-                    task(&comm);
-                }
-            }),
-        )?;
+        let w = worker.clone();
+        let t1 = spawn(name.clone(), Box::new(move || w.serve()))?;
         let t2 = spawn(
             format!("{name}-p2p"),
             Box::new(move || {
@@ -513,11 +648,7 @@ impl PyCommunicator {
                 }
             }),
         )?;
-        let worker = Arc::new(Worker {
-            tasks: Mutex::new(Some(tx)),
-            p2p: Mutex::new(Some(ptx)),
-            threads: Mutex::new(vec![t1, t2]),
-        });
+        lock(&worker.threads).extend([t1, t2]);
         let mut all = lock(&WORKERS);
         all.retain(|(w, _)| lock(&w.threads).iter().any(|t| !t.is_finished()));
         all.push((worker.clone(), abort.clone()));
@@ -529,69 +660,73 @@ impl PyCommunicator {
         })
     }
 
-    fn send_task(&self, task: Task) -> PyResult<()> {
-        let guard = lock(&self.worker.tasks);
-        guard
-            .as_ref()
-            .ok_or_else(worker_gone)?
-            .send(task)
-            .map_err(|_| worker_gone())
+    fn ticket(&self, state: Arc<TicketState>) -> Ticket {
+        Ticket {
+            state,
+            worker: self.worker.clone(),
+        }
     }
 
-    /// Runs `op` on the worker: blocking (GIL released) without a callback, else
-    /// returning at once and calling `callback(None | exception)` when done.
+    /// Runs `op` in issue order: without a callback, on this thread once the queue
+    /// before it has run (the GIL released), raising its error; with one, queued, and
+    /// `callback(None | exception)` is called when it is over (returns its ticket).
     fn submit(
         &self,
         py: Python<'_>,
         callback: Option<Py<PyAny>>,
         op: impl FnOnce(&Communicator) -> ferroccl::Result<()> + Send + 'static,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         match callback {
-            Some(cb) => self.send_task(Box::new(move |c| Done::Callback(cb).finish(op(c)))),
+            Some(callback) => {
+                let ticket = Arc::new(TicketState::default());
+                let done = Done {
+                    callback,
+                    ticket: ticket.clone(),
+                };
+                self.worker.push(Box::new(move |c| done.finish(op(c))))?;
+                Ok(Some(self.ticket(ticket)))
+            }
             None => {
                 let r = self.call(py, op)?;
-                r.map_err(|e| to_py(py, &e))
+                r.map(|()| None).map_err(|e| to_py(py, &e))
             }
         }
     }
 
-    /// Runs `op` on the worker and waits for its value, the GIL released.
-    fn call<R: Send + 'static>(
+    /// Runs `op` on this thread once the queue before it has run, the GIL released.
+    fn call<R: Send>(
         &self,
         py: Python<'_>,
-        op: impl FnOnce(&Communicator) -> ferroccl::Result<R> + Send + 'static,
-    ) -> PyResult<Reply<R>> {
-        let (tx, rx) = mpsc::channel();
-        self.send_task(Box::new(move |c| {
-            let _ = tx.send(op(c));
-        }))?;
-        py.detach(move || rx.recv()).map_err(|_| worker_gone())
+        op: impl FnOnce(&Communicator) -> ferroccl::Result<R> + Send,
+    ) -> PyResult<ferroccl::Result<R>> {
+        let worker = &self.worker;
+        py.detach(|| {
+            let comm = worker.run_queue(|| false);
+            comm.as_ref().map(op)
+        })
+        .ok_or_else(worker_gone)
     }
 
-    /// A point-to-point operation: `start` runs on the worker (it posts the operation
-    /// and returns at once) and hands back what waits for it, which the p2p thread
-    /// runs; the outcome goes to `done`.
+    /// A point-to-point operation: `start` posts it (in issue order, returning at
+    /// once) and hands back what waits for it. Blocking: both here. Non-blocking: the
+    /// start is queued, and the p2p thread waits, in order, and reports.
     fn p2p(
         &self,
         py: Python<'_>,
         callback: Option<Py<PyAny>>,
         start: impl FnOnce(&Communicator) -> ferroccl::Result<P2pWait> + Send + 'static,
-    ) -> PyResult<()> {
-        let (done, reply) = match callback {
-            Some(cb) => (Done::Callback(cb), None),
-            None => {
-                let (tx, rx) = mpsc::channel();
-                (Done::Reply(tx), Some(rx))
-            }
+    ) -> PyResult<Option<Ticket>> {
+        let Some(callback) = callback else {
+            let waiter = self.call(py, start)?.map_err(|e| to_py(py, &e))?;
+            return py.detach(waiter).map(|()| None).map_err(|e| to_py(py, &e));
         };
-        let p2p = self
-            .worker
-            .p2p
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-            .ok_or_else(worker_gone)?;
-        self.send_task(Box::new(move |c| match start(c) {
+        let ticket = Arc::new(TicketState::default());
+        let done = Done {
+            callback,
+            ticket: ticket.clone(),
+        };
+        let p2p = lock(&self.worker.p2p).clone().ok_or_else(worker_gone)?;
+        self.worker.push(Box::new(move |c| match start(c) {
             Ok(wait) => {
                 if let Err(mpsc::SendError((_, done))) = p2p.send((wait, done)) {
                     done.finish(Err(Error::Poisoned("the communicator is closed".into())));
@@ -599,13 +734,7 @@ impl PyCommunicator {
             }
             Err(e) => done.finish(Err(e)),
         }))?;
-        match reply {
-            None => Ok(()),
-            Some(rx) => match py.detach(move || rx.recv()) {
-                Ok(r) => r.map_err(|e| to_py(py, &e)),
-                Err(_) => Err(worker_gone()),
-            },
-        }
+        Ok(Some(self.ticket(ticket)))
     }
 }
 
@@ -797,7 +926,10 @@ impl PyCommunicator {
         let threads = std::mem::take(&mut *lock(&self.worker.threads));
         py.detach(|| {
             for t in threads {
-                let _ = t.join();
+                // Called from a callback on the worker itself: it ends on its own.
+                if t.thread().id() != std::thread::current().id() {
+                    let _ = t.join();
+                }
             }
         });
     }
@@ -822,7 +954,7 @@ impl PyCommunicator {
         buf: RawBuf,
         op: &str,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
         let op = parse_op(op)?;
         self.submit(py, callback, move |c| {
@@ -838,7 +970,7 @@ impl PyCommunicator {
         buf: RawBuf,
         root: usize,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
         self.submit(py, callback, move |c| {
             // SAFETY: the Python side's buffer contract (module docs).
@@ -854,7 +986,7 @@ impl PyCommunicator {
         op: &str,
         root: usize,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
         let op = parse_op(op)?;
         self.submit(py, callback, move |c| {
@@ -871,7 +1003,7 @@ impl PyCommunicator {
         send: RawBuf,
         recv: RawBuf,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
         self.submit(py, callback, move |c| {
@@ -893,7 +1025,7 @@ impl PyCommunicator {
         recv: RawBuf,
         op: &str,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
         let op = parse_op(op)?;
@@ -918,7 +1050,7 @@ impl PyCommunicator {
         send_counts: Option<Vec<usize>>,
         recv_counts: Option<Vec<usize>>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
         let counts = match (send_counts, recv_counts) {
@@ -964,7 +1096,7 @@ impl PyCommunicator {
         recv: RawBuf,
         root: usize,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
         self.submit(py, callback, move |c| {
@@ -986,7 +1118,7 @@ impl PyCommunicator {
         recv: RawBuf,
         root: usize,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
         self.submit(py, callback, move |c| {
@@ -999,7 +1131,7 @@ impl PyCommunicator {
     }
 
     #[pyo3(signature = (callback=None))]
-    fn barrier(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
+    fn barrier(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<Option<Ticket>> {
         self.submit(py, callback, |c| c.barrier())
     }
 
@@ -1013,7 +1145,7 @@ impl PyCommunicator {
         peer: usize,
         tag: u32,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
         self.p2p(py, callback, move |c| {
             typed!(b.dt, T => {
@@ -1034,7 +1166,7 @@ impl PyCommunicator {
         peer: usize,
         tag: u32,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
         self.p2p(py, callback, move |c| {
             typed!(b.dt, T => {
@@ -1097,6 +1229,7 @@ fn new_token() -> String {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyCommunicator>()?;
+    m.add_class::<Ticket>()?;
     m.add_function(wrap_pyfunction!(new_token, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add("FerrocclError", py.get_type::<FerrocclError>())?;

@@ -202,13 +202,18 @@ def collectives(rank, n, how, tmp):
     for i, (k, salt) in enumerate(((2, 0), (3, 4))):
         total = sum(data(q, k * n, torch.float64, salt) for q in range(n))
         check(outs[i], total.chunk(n)[rank], f"rs coalesced {i}")
-    lists = [[torch.zeros(2) for _ in range(n)], [torch.zeros(4) for _ in range(n)]]
+    # torch's layout: output_lists[q][i] is rank q's input i.
+    lists = [[torch.zeros(2), torch.zeros(4)] for _ in range(n)]
     dist.all_gather_coalesced(
         lists, [torch.full((2,), float(rank)), torch.full((4,), -1.0 * rank)]
     )
     for q in range(n):
-        check(lists[0][q], torch.full((2,), float(q)), "all_gather_coalesced 0")
-        check(lists[1][q], torch.full((4,), -1.0 * q), "all_gather_coalesced 1")
+        check(lists[q][0], torch.full((2,), float(q)), "all_gather_coalesced 0")
+        check(lists[q][1], torch.full((4,), -1.0 * q), "all_gather_coalesced 1")
+    # int8 and bool move as bytes (broadcast), and are refused where arithmetic is.
+    b = torch.tensor([rank - 5, 7], dtype=torch.int8)
+    dist.broadcast(b, src=n - 1)
+    check(b, torch.tensor([n - 1 - 5, 7], dtype=torch.int8), "broadcast int8")
     dist.barrier()
     dist.destroy_process_group()
     return done

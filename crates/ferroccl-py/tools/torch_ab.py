@@ -11,7 +11,7 @@ difference in microseconds.
 
 ``ddp``: ``examples/ddp_resnet.py`` over ferroccl and over gloo, alternating; the medians
 of communication time per step, images/s and the largest difference between the loss
-curves.
+curves. ``--hosts H`` runs it on ``tools/emulated-cluster`` (``up H RATE`` first).
 
 Both need the ``ferroccl`` binary (``--ferroccl``, default ``target/release/ferroccl``)
 for ``ferroccl launch`` and ``ferroccl bench``, and the package importable (installed,
@@ -103,7 +103,7 @@ def binding(a) -> None:
                         rows = json.load(f)["rows"]
                     for row in rows:
                         dst.setdefault(row["bytes"], []).append(row["ip_time_us"])
-        for size in sorted(native):
+        for size in sorted(set(native) & set(ours)):
             nt, tt = (
                 statistics.median(native[size]),
                 statistics.median(ours.get(size, [0])),
@@ -118,13 +118,21 @@ def ddp(a) -> None:
     res = {"ferroccl": [], "gloo": []}
     for _ in range(a.reps):
         for backend in ("ferroccl", "gloo"):
+            launcher = (
+                [
+                    os.path.join(ROOT, "tools", "emulated-cluster"),
+                    "run",
+                    str(a.hosts),
+                    "--ranks-per-host",
+                    str(a.ranks[0] // a.hosts),
+                    "--",
+                ]
+                if a.hosts
+                else [a.ferroccl, "launch", "-n", str(a.ranks[0]), "--"]
+            )
             out = run(
                 [
-                    a.ferroccl,
-                    "launch",
-                    "-n",
-                    str(a.ranks[0]),
-                    "--",
+                    *launcher,
                     sys.executable,
                     ex,
                     "--backend",
@@ -171,9 +179,16 @@ def main() -> None:
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=100)
     p.add_argument(
         "--ferroccl", default=os.path.join(ROOT, "target", "release", "ferroccl")
+    )
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="ddp: run on the first HOSTS hosts of tools/emulated-cluster (up already), "
+        "--ranks spread over them",
     )
     p.add_argument("--out")
     p.add_argument("--minbytes", type=int, default=1024)

@@ -152,7 +152,9 @@ class Work:
     def wait(self, timeout: float | None = None) -> None:
         """Blocks until the operation is over (at most ``timeout`` seconds: then
         :class:`TimeoutError`, and the operation goes on); raises its error."""
-        if not self._done.wait(timeout):
+        # Without a timeout, this thread runs the operations queued before this one
+        # itself rather than sleep while the worker wakes (see _native.Ticket.wait).
+        if not self._ticket.wait(timeout):
             raise TimeoutError(f"{self._what} was not done after {timeout} s")
         if self._error is not None:
             raise self._error
@@ -166,7 +168,7 @@ def _run(issue, what: str, keep: Sequence[Any], async_op: bool, then=None):
             then()
         return None
     w = Work(what, keep, then)
-    issue(w._complete)
+    w._ticket = issue(w._complete)
     return w
 
 

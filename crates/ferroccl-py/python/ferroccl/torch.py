@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import os
 import socket
+import sys
 import threading
 from datetime import timedelta
 
@@ -47,21 +48,29 @@ _LOCK = threading.Lock()
 
 
 class Work(_WorkBase):
-    """A torch ``Work`` for one ferroccl operation."""
+    """A torch ``Work`` for one ferroccl operation. In the background (``tracked``):
+    held in ``_LIVE`` until over, its future made at once (DDP takes it right away).
+    Run on the caller's thread: over before it is returned, its future made on
+    request."""
 
-    def __init__(self, what: str, result: list[torch.Tensor], keep=(), then=None):
+    def __init__(
+        self, what: str, result: list[torch.Tensor], keep=(), then=None, tracked=True
+    ):
         super().__init__()
         self._what = what
         self._result = result
-        self._keep = list(keep)
+        self._keep = keep
         self._then = then
-        self._done = threading.Event()
         self._error: BaseException | None = None
-        self._fut = torch.futures.Future()
-        with _LOCK:
-            _LIVE.add(self)
+        self._ticket = None
+        self._tracked = tracked
+        self._fut = torch.futures.Future() if tracked else None
+        if tracked:
+            with _LOCK:
+                _LIVE.add(self)
 
-    # The communicator's worker thread calls this, under the GIL.
+    # The communicator's worker thread calls this, under the GIL (or the caller's
+    # thread, for an operation it ran). The ticket says "done" once this returned.
     def _complete(self, error: BaseException | None) -> None:
         if error is None and self._then is not None:
             try:
@@ -69,18 +78,16 @@ class Work(_WorkBase):
             except BaseException as e:  # noqa: BLE001 - reported on wait()
                 error = e
         self._error = error
-        self._keep = []
+        self._keep = None
+        if not self._tracked:
+            return
         with _LOCK:
             _LIVE.discard(self)
             _RECENT.append(self)
-        try:
-            # The future first: whoever wait() releases finds it done.
-            if error is None:
-                self._fut.set_result(self._result)
-            else:
-                self._fut.set_exception(error)
-        finally:
-            self._done.set()
+        if error is None:
+            self._fut.set_result(self._result)
+        else:
+            self._fut.set_exception(error)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         secs = None
@@ -92,7 +99,7 @@ class Work(_WorkBase):
             )
             if secs <= 0:
                 secs = None  # torch's kNoTimeout
-        if not self._done.wait(secs):
+        if not self._ticket.wait(secs):
             raise FerrocclTimeout(
                 f"{self._what} was not done after {secs} s (Work.wait's timeout)"
             )
@@ -101,15 +108,21 @@ class Work(_WorkBase):
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._ticket is not None and self._ticket.done()
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error
 
     def get_future(self):
+        if self._fut is None:  # ran on the caller's thread: over already
+            self._fut = torch.futures.Future()
+            if self._error is None:
+                self._fut.set_result(self._result)
+            else:
+                self._fut.set_exception(self._error)
         return self._fut
 
     def result(self):
@@ -123,8 +136,59 @@ class Work(_WorkBase):
         raise UnsupportedError("ferroccl has no receive from any source")
 
 
+class _Done:
+    """The ticket of an operation that ran on the caller's thread."""
+
+    @staticmethod
+    def wait(timeout=None) -> bool:
+        return True
+
+    @staticmethod
+    def done() -> bool:
+        return True
+
+
+_DONE = _Done()
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def _caller_waits(opts) -> bool:
+    """Whether the operation's caller waits for it at once: torch 2.x says so in
+    ``opts.asyncOp``; in 1.13, a ``torch.distributed`` function called with
+    ``async_op=False`` (its next step is ``work.wait()``). Anything else (DDP's
+    reducer, a caller that asked for async) runs in the background."""
+    flag = getattr(opts, "asyncOp", None)
+    if flag is not None:
+        return not flag
+    f = sys._getframe(2)
+    while f is not None and f.f_globals.get("__name__") == __name__:
+        f = f.f_back
+    if f is None or f.f_globals.get("__name__") != _C10D:
+        return False
+    # send and recv wait for their work; isend and irecv do not.
+    return f.f_locals.get("async_op") is False or f.f_code.co_name in ("send", "recv")
+
+
+# RedOpType's value -> ferroccl's name (a fast path; _op_name compares otherwise).
+_OP_NAMES = {}
+_KINDS = getattr(dist.ReduceOp, "RedOpType", None)
+for _k, _v in (
+    ("SUM", "sum"),
+    ("PRODUCT", "prod"),
+    ("MIN", "min"),
+    ("MAX", "max"),
+    ("AVG", "avg"),
+):
+    if _KINDS is not None and hasattr(_KINDS, _k):
+        _OP_NAMES[getattr(_KINDS, _k).value] = _v
+
+
 def _op_name(op) -> str:
     """ferroccl's name for a torch ``ReduceOp``."""
+    kind = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType in .op
+    name = _OP_NAMES.get(getattr(kind, "value", None))
+    if name is not None:
+        return name
     R = dist.ReduceOp
     table = [(R.SUM, "sum"), (R.PRODUCT, "prod"), (R.MIN, "min"), (R.MAX, "max")]
     if hasattr(R, "AVG"):
@@ -156,6 +220,17 @@ def _io(t: torch.Tensor, what: str):
         return t, None
     c = t.contiguous()
     return c, (lambda: t.copy_(c))
+
+
+# The 1-byte dtypes ferroccl has no arithmetic for: operations that only move data
+# (broadcast, gathers, scatter, all-to-all, send/recv) carry them as their bytes.
+_AS_BYTES = (torch.int8, torch.bool)
+
+
+def _data(t: torch.Tensor):
+    """ferroccl's buffer for ``t`` in an operation without arithmetic: an int8 or bool
+    tensor as its bytes (uint8). Reductions keep ``_buffer``, which refuses them."""
+    return _buffer(t.view(torch.uint8) if t.dtype in _AS_BYTES else t)
 
 
 def _flat(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
@@ -226,10 +301,18 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
 
     # -- plumbing -------------------------------------------------------------------
 
-    def _issue(self, what, result, keep, issue, then=None) -> Work:
+    def _issue(self, what, result, keep, issue, then=None, opts=None) -> Work:
+        if _caller_waits(opts):
+            # Run here and now (the queue before it first), sparing the worker's
+            # wake-up: the caller would only wait for it. Errors raise from here.
+            w = Work(what, result, keep, then, tracked=False)
+            issue(None)
+            w._complete(None)
+            w._ticket = _DONE
+            return w
         w = Work(what, result, keep, then)
         try:
-            issue(w._complete)
+            w._ticket = issue(w._complete)
         except BaseException:
             with _LOCK:
                 _LIVE.discard(w)
@@ -249,6 +332,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             [c],
             lambda cb: self.comm._c.all_reduce(b, op, cb),
             back,
+            opts=opts,
         )
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -261,19 +345,21 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             [flat],
             lambda cb: self.comm._c.all_reduce(b, op, cb),
             lambda: _unflat(flat, tensors),
+            opts=opts,
         )
 
     def broadcast(self, tensors, opts=None):
         t = _one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         c, back = _io(t, "broadcast's tensor")
-        b = _buffer(c)
+        b = _data(c)
         return self._issue(
             "broadcast",
             tensors,
             [c],
             lambda cb: self.comm._c.broadcast(b, root, cb),
             back,
+            opts=opts,
         )
 
     def reduce(self, tensors, opts=None):
@@ -288,6 +374,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             [c],
             lambda cb: self.comm._c.reduce(b, op, root, cb),
             back,
+            opts=opts,
         )
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -302,13 +389,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         if any(o.dtype != inp.dtype for o in outs):
             raise InvalidArgumentError("allgather: outputs and input differ in dtype")
         flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
-        s, r = _buffer(inp), _buffer(flat)
+        s, r = _data(inp), _data(flat)
         return self._issue(
             "allgather",
             output_tensors,
             [inp, flat],
             lambda cb: self.comm._c.all_gather(s, r, cb),
             lambda: _unflat(flat, outs),
+            opts=opts,
         )
 
     def _allgather_base(self, output, input, opts=None):
@@ -319,13 +407,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             )
         inp = input.contiguous()
         c, back = _io(output, "all_gather_into_tensor's output")
-        s, r = _buffer(inp), _buffer(c)
+        s, r = _data(inp), _data(c)
         return self._issue(
             "allgather_into_tensor",
             [output],
             [inp, c],
             lambda cb: self.comm._c.all_gather(s, r, cb),
             back,
+            opts=opts,
         )
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None, after=None):
@@ -350,13 +439,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             if after is not None:
                 after()
 
-        s, r = _buffer(send), _buffer(recv)
+        s, r = _data(send), _data(recv)
         return self._issue(
             "all_gather_into_tensor_coalesced",
             list(outputs),
             [send, recv],
             lambda cb: self.comm._c.all_gather(s, r, cb),
             then,
+            opts=opts,
         )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -389,6 +479,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             [send, recv],
             lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
             then,
+            opts=opts,
         )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -421,34 +512,45 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             c, back = _io(output, "gather's output")
         else:
             c, back = torch.empty(0, dtype=inp.dtype), None
-        s, r = _buffer(inp), _buffer(c)
+        s, r = _data(inp), _data(c)
         return self._issue(
             "gather",
             [output],
             [inp, c],
             lambda cb: self.comm._c.gather(s, r, root, cb),
             back,
+            opts=opts,
         )
 
     gather_into_tensor = gather_single
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        """``output_lists[i][q]`` receives rank q's ``input_list[i]``."""
+        """``output_lists[q][i]`` receives rank q's ``input_list[i]`` (torch's
+        ``all_gather_coalesced``): one all-gather of the inputs end to end."""
         n = self.size()
-        if len(output_lists) != len(input_list) or any(
-            len(o) != n for o in output_lists
+        if len(output_lists) != n or any(
+            len(o) != len(input_list) for o in output_lists
         ):
             raise InvalidArgumentError(
-                "all_gather_coalesced: one list of world_size outputs per input"
+                f"all_gather_coalesced: {n} output lists (one per rank), each of one "
+                f"tensor per input ({len(input_list)})"
             )
-        flats = [torch.empty(n * i.numel(), dtype=i.dtype) for i in input_list]
+        send = _flat(list(input_list), "all_gather_coalesced")
+        recv = torch.empty(n * send.numel(), dtype=send.dtype)
+        m = send.numel()
 
-        def after():
-            for lst, f in zip(output_lists, flats):
-                _unflat(f, lst)
+        def then():
+            for q, outs in enumerate(output_lists):
+                _unflat(recv[q * m : (q + 1) * m], outs)
 
-        return self.all_gather_single_coalesced(
-            flats, [i.contiguous() for i in input_list], after=after
+        s, r = _data(send), _data(recv)
+        return self._issue(
+            "all_gather_coalesced",
+            [t for outs in output_lists for t in outs],
+            [send, recv],
+            lambda cb: self.comm._c.all_gather(s, r, cb),
+            then,
+            opts=opts,
         )
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -469,6 +571,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             [flat, c],
             lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
             back,
+            opts=opts,
         )
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -487,6 +590,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             [inp, c],
             lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
             back,
+            opts=opts,
         )
 
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -504,13 +608,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         else:
             flat = torch.empty(0, dtype=inp.dtype)
             then = None
-        s, r = _buffer(inp), _buffer(flat)
+        s, r = _data(inp), _data(flat)
         return self._issue(
             "gather",
             output_tensors,
             [inp, flat],
             lambda cb: self.comm._c.gather(s, r, root, cb),
             then,
+            opts=opts,
         )
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -527,13 +632,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         else:
             flat = torch.empty(0, dtype=out.dtype)
         c, back = _io(out, "scatter's output")
-        s, r = _buffer(flat), _buffer(c)
+        s, r = _data(flat), _data(c)
         return self._issue(
             "scatter",
             output_tensors,
             [flat, c],
             lambda cb: self.comm._c.scatter(s, r, root, cb),
             back,
+            opts=opts,
         )
 
     def alltoall_base(
@@ -570,13 +676,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             sc = sc or [input.numel() // n] * n
         inp = input.contiguous()
         c, back = _io(output, "all_to_all_single's output")
-        s, r = _buffer(inp), _buffer(c)
+        s, r = _data(inp), _data(c)
         return self._issue(
             "alltoall_base",
             [output],
             [inp, c],
             lambda cb: self.comm._c.all_to_all(s, r, sc, rc, cb),
             back,
+            opts=opts,
         )
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -587,17 +694,20 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         rflat = torch.empty(sum(t.numel() for t in output_tensors), dtype=sflat.dtype)
         sc = [t.numel() for t in input_tensors]
         rc = [t.numel() for t in output_tensors]
-        s, r = _buffer(sflat), _buffer(rflat)
+        s, r = _data(sflat), _data(rflat)
         return self._issue(
             "alltoall",
             output_tensors,
             [sflat, rflat],
             lambda cb: self.comm._c.all_to_all(s, r, sc, rc, cb),
             lambda: _unflat(rflat, output_tensors),
+            opts=opts,
         )
 
     def barrier(self, opts=None):
-        return self._issue("barrier", [], [], lambda cb: self.comm._c.barrier(cb))
+        return self._issue(
+            "barrier", [], [], lambda cb: self.comm._c.barrier(cb), opts=opts
+        )
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
         self.barrier().wait()
@@ -606,7 +716,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
 
     def send(self, tensors, dstRank, tag=0):
         t = _one(tensors, "send").contiguous()
-        b = _buffer(t)
+        b = _data(t)
         return self._issue(
             "send", tensors, [t], lambda cb: self.comm._c.send(b, dstRank, int(tag), cb)
         )
@@ -614,7 +724,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv")
         c, back = _io(t, "recv's tensor")
-        b = _buffer(c)
+        b = _data(c)
         return self._issue(
             "recv",
             tensors,

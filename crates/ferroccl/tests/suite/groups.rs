@@ -375,13 +375,9 @@ fn members_alone_make_a_group() {
 }
 
 /// A key-value board in memory: what a framework's store is to `init_on_board`.
+type Pairs = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
 #[derive(Clone, Default)]
-struct MemBoard(
-    std::sync::Arc<(
-        std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
-        std::sync::Condvar,
-    )>,
-);
+struct MemBoard(std::sync::Arc<(Pairs, std::sync::Condvar)>);
 
 impl ferroccl::rendezvous::Board for MemBoard {
     fn set(&mut self, key: &str, value: &[u8]) -> R<()> {
