@@ -9,8 +9,9 @@ can be compared. Rank 0 prints, every ``--log-every`` steps, the loss, images pe
 over all ranks, and communication time per step: from the first gradient bucket's
 all-reduce starting to the last one finishing, less the gaps between buckets (a DDP
 communication hook times them; the hook is DDP's default, so the arithmetic is the
-backend's alone). The last
-line is a summary for scripts (``tools/torch-ab`` reads it).
+backend's alone); at the end, the time one step's gradients take to all-reduce with
+nothing else running. The last line is a summary for scripts
+(``crates/ferroccl-py/tools/torch_ab.py ddp`` reads it).
 """
 
 from __future__ import annotations
@@ -113,6 +114,16 @@ def main():
                 f"step {st * 1e3:7.1f} ms",
                 flush=True,
             )
+    # The same bytes alone: one step's gradients (every parameter) all-reduced with
+    # nothing else running, as the backend's own cost of a step's communication.
+    grads = torch.zeros(sum(p.numel() for p in model.parameters()))
+    dist.all_reduce(grads)
+    alone = []
+    for _ in range(5):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(grads)
+        alone.append(time.perf_counter() - t0)
     if rank == 0:
         w = slice(min(a.warmup, len(step_times) - 1), None)
         n = max(1, len(step_times[w]))
@@ -123,9 +134,16 @@ def main():
             "images_per_s": a.batch * world * n / sum(step_times[w]),
             "comm_ms_per_step": 1e3 * sum(comm[w]) / n,
             "step_ms": 1e3 * sum(step_times[w]) / n,
+            "comm_alone_ms": 1e3 * sorted(alone)[len(alone) // 2],
+            "grad_bytes": grads.numel() * grads.element_size(),
             "losses": losses,
             "host": os.uname().nodename,
         }
+        print(
+            f"alone: one step's gradients ({summary['grad_bytes'] / 2**20:.1f} MiB) "
+            f"all-reduced with nothing else running: {summary['comm_alone_ms']:.2f} ms",
+            flush=True,
+        )
         print("summary " + json.dumps(summary), flush=True)
     dist.destroy_process_group()
 

@@ -1,19 +1,19 @@
 //! `ferroccl._native`: the communicator for Python (the package `ferroccl` wraps it;
 //! see `python/ferroccl/__init__.py`).
 //!
-//! Every communicator runs on a worker thread of its own, which owns it (a
-//! [`ferroccl::Communicator`] is used from one thread at a time): Python hands it
-//! operations in issue order, and each either blocks the caller (with the GIL
-//! released) or returns at once and calls its Python callback, under the GIL, when
-//! done — the form `ferroccl.torch` completes futures with. Point-to-point operations
-//! are started on the worker without waiting ([`Communicator::send_start`]), so a
-//! receive never holds up the collectives behind it; a second thread waits for them in
-//! order.
+//! A [`ferroccl::Communicator`] is used from one thread at a time: each sits behind a
+//! mutex with a queue of operations in issue order and a worker thread (`Worker`). A
+//! non-blocking operation is queued and returns a `Ticket`; its Python callback is
+//! called, under the GIL, when it is over — the form `ferroccl.torch` completes futures
+//! with. A blocking one (or a ticket's `wait()`) runs the queue up to itself on the
+//! caller's thread with the GIL released. Point-to-point operations are posted in
+//! order without waiting ([`Communicator::send_start`]), so a receive never holds up
+//! the collectives behind it; a second thread waits for them in order.
 //!
 //! Buffers arrive as `(address, elements, dtype)`: the Python side checked that the
 //! memory is a contiguous CPU buffer of that type and holds a reference to its owner
 //! until the operation is over (the callback has run or the blocking call returned).
-//! This is the only place that turns such an address into a slice (see [`Buf`]).
+//! This is the only place that turns such an address into a slice (see `Buf`).
 
 use ferroccl::half::{bf16, f16};
 use ferroccl::{AbortHandle, Communicator, DataType, Element, Error, ReduceOp};
@@ -868,6 +868,14 @@ impl PyCommunicator {
         cfg.job.job_id = Some(job_id);
         if let Some(l) = local_rank {
             cfg.job.local_rank = l;
+        }
+        if let Ok(v) = std::env::var("FERROCCL_BUSY_POLL_US") {
+            let us: u64 = v.trim().parse().map_err(|_| {
+                ConfigError::new_err(format!(
+                    "FERROCCL_BUSY_POLL_US={v:?} is not a number of microseconds"
+                ))
+            })?;
+            cfg.tuning.busy_poll = Duration::from_micros(us);
         }
         if let Some(t) = timeout {
             if !(t.is_finite() && t > 0.0 && t < 1e9) {
