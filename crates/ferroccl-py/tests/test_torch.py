@@ -71,3 +71,9 @@ def test_unsupported_types_and_ops_are_typed_errors_naming_them():
         assert got["bool"][0] == "UnsupportedError" and "bool" in got["bool"][1]
         assert got["band"][0] == "UnsupportedError" and "BAND" in got["band"][1]
         assert got["avg_int"][0] == "UnsupportedError", got["avg_int"]
+
+
+def test_wait_honours_its_timeout_and_the_operation_goes_on():
+    res = ranks.run(2, "wait_timeout")
+    assert "not done after 0.2 s" in res[0]["early"], res[0]
+    assert res[0]["value"] == res[1]["value"] == [2.0] * 4

@@ -290,12 +290,16 @@ def subgroups(rank, n, how, tmp):
     even = dist.new_group([0, 2])
     every = dist.new_group(list(range(n)))
     mine = odd if rank % 2 else even
+    # A child of the default group's communicator (its links, no new store), ranked
+    # as torch ranks a new group (sorted).
+    assert mine.comm.id != 0, "new_group made a communicator of its own"
+    assert mine.comm.job_ranks == ([1, 3] if rank % 2 else [0, 2]), mine.comm.job_ranks
     t = torch.tensor([float(rank)])
     dist.all_reduce(t, group=mine)
     want = 4.0 if rank % 2 else 2.0
     assert t.item() == want, (t, want)
     assert dist.get_world_size(mine) == 2
-    # Group ranks: in [3, 1], rank 3 is group rank 0, the broadcast's source.
+    # The broadcast's source is named by its global rank (3: group rank 1).
     b = torch.tensor([float(rank)])
     dist.broadcast(b, src=3 if rank % 2 else 0, group=mine)
     assert b.item() == (3.0 if rank % 2 else 0.0)
@@ -344,6 +348,31 @@ def killed(rank, n, how, tmp):
             "after": time.monotonic() - start,
         }
     return {"type": None, "msg": "trained on", "after": time.monotonic() - start}
+
+
+def wait_timeout(rank, n, how, tmp):
+    """Work.wait(timeout) raises ferroccl.TimeoutError while its peer has not joined,
+    and the operation goes on: a later wait() completes it. Rank 1 joins only once
+    rank 0's wait has timed out (told through torch's store)."""
+    init(rank, n, how, tmp)
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.ones(4)
+    out = {}
+    if rank == 0:
+        w = dist.all_reduce(t, async_op=True)
+        try:
+            w.wait(timeout=timedelta(milliseconds=200))
+            out["early"] = None
+        except ferroccl.TimeoutError as e:
+            out["early"] = str(e)
+        store.set("test/go", "1")
+        w.wait()
+    else:
+        store.wait(["test/go"], timedelta(seconds=60))
+        dist.all_reduce(t)
+    out["value"] = t.tolist()
+    dist.destroy_process_group()
+    return out
 
 
 def misuse(rank, n, how, tmp):
