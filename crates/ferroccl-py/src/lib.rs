@@ -382,6 +382,12 @@ type P2pWait = Box<dyn FnOnce() -> ferroccl::Result<()> + Send>;
 /// Every worker this process started, for [`shutdown`].
 static WORKERS: Mutex<Vec<(Arc<Worker>, AbortHandle)>> = Mutex::new(Vec::new());
 
+/// Seconds from Python as a duration in `0..=max`: NaN and negatives are 0, infinity
+/// is `max` (`Duration::from_secs_f64` would panic on them).
+fn secs(s: f64, max: f64) -> Duration {
+    Duration::from_secs_f64(if s.is_nan() { 0.0 } else { s.clamp(0.0, max) })
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -400,7 +406,7 @@ fn shutdown(py: Python<'_>, grace: f64) {
     for (w, _) in &all {
         w.close();
     }
-    let grace = Duration::from_secs_f64(grace.clamp(0.0, 3600.0));
+    let grace = secs(grace, 3600.0);
     py.detach(move || {
         let start = std::time::Instant::now();
         for (w, abort) in &all {
@@ -542,8 +548,7 @@ impl Ticket {
                 }
                 Some(_) => lock(&state.done),
             };
-            let deadline = timeout
-                .map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.clamp(0.0, 1e9)));
+            let deadline = timeout.map(|t| std::time::Instant::now() + secs(t, 1e9));
             while !*done {
                 match deadline {
                     None => done = wait(&state.cv, done),

@@ -106,6 +106,8 @@ def test_wait_honours_its_timeout_and_errors_are_ferroccl_errors():
     w = comms[0].all_reduce(np.ones(4, dtype=np.float32), async_op=True)
     with pytest.raises(ferroccl.TimeoutError, match="not done after 0.2 s"):
         w.wait(0.2)
+    # Timeouts Python can spell that are not durations do not crash the binding.
+    assert not w._ticket.wait(float("nan")) and not w._ticket.wait(-1.0)
     comms[0].abort()
     with pytest.raises(ferroccl.AbortedError) as e:
         w.wait(10)
