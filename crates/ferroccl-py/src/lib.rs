@@ -67,7 +67,7 @@ create_exception!(
     ferroccl,
     PeerFailedError,
     FerrocclError,
-    "Another rank failed first; `origin` names it and `cause` says why."
+    "Another rank failed first; `origin` names it, `cause` says why and `cause_kind` is the root cause's kind (e.g. `Io`)."
 );
 create_exception!(
     ferroccl,
@@ -104,7 +104,7 @@ create_exception!(
 /// `peer`, `origin`, `cause`, `op`; `kind` is the Rust variant's name).
 ///
 /// A rank told of another's failure gets [`Error::PeerFailed`]; its class follows the
-/// root cause where the cause says it (a mismatch found by rank `origin` is a
+/// root cause, which it carries typed (a mismatch found by rank `origin` is a
 /// [`MismatchError`] on every rank, with `origin` and `told_by` set), so that code can
 /// catch the same class on every rank.
 fn to_py(py: Python<'_>, e: &Error) -> PyErr {
@@ -119,8 +119,10 @@ fn to_py(py: Python<'_>, e: &Error) -> PyErr {
         | Error::Rendezvous(_)
         | Error::Handshake { .. } => RendezvousError::new_err(msg),
         Error::PeerClosed { .. } => PeerClosedError::new_err(msg),
-        Error::PeerFailed { cause, .. } if cause_is_mismatch(cause) => MismatchError::new_err(msg),
-        Error::PeerFailed { cause, .. } if cause.contains("timed out after") => {
+        Error::PeerFailed { .. } if matches!(e.root_cause(), Error::Mismatch { .. }) => {
+            MismatchError::new_err(msg)
+        }
+        Error::PeerFailed { .. } if matches!(e.root_cause(), Error::Timeout { .. }) => {
             TimeoutError::new_err(msg)
         }
         Error::PeerFailed { .. } => PeerFailedError::new_err(msg),
@@ -132,12 +134,7 @@ fn to_py(py: Python<'_>, e: &Error) -> PyErr {
         _ => FerrocclError::new_err(msg),
     };
     let value = err.value(py);
-    let kind = format!("{e:?}");
-    let kind = kind
-        .split(|c: char| !c.is_alphanumeric())
-        .next()
-        .unwrap_or("");
-    let _ = value.setattr("kind", kind);
+    let _ = value.setattr("kind", e.kind());
     let set = |k: &str, v: usize| {
         let _ = value.setattr(k, v);
     };
@@ -161,7 +158,8 @@ fn to_py(py: Python<'_>, e: &Error) -> PyErr {
             set("rank", *rank);
             set("told_by", *peer);
             set("origin", *origin);
-            let _ = value.setattr("cause", cause);
+            let _ = value.setattr("cause", cause.to_string());
+            let _ = value.setattr("cause_kind", e.root_cause().kind());
             let _ = value.setattr("op", op);
         }
         Error::Timeout {
@@ -178,11 +176,6 @@ fn to_py(py: Python<'_>, e: &Error) -> PyErr {
         _ => {}
     }
     err
-}
-
-/// Whether a [`Error::PeerFailed`] cause is a mismatch (the text of [`Error::Mismatch`]).
-fn cause_is_mismatch(cause: &str) -> bool {
-    cause.contains(": mismatched collective with rank ")
 }
 
 fn worker_gone() -> PyErr {

@@ -51,6 +51,7 @@ def test_mismatched_call_raises_mismatch_on_every_rank(n):
     for r, got in enumerate(res):
         assert got["type"] == "MismatchError", (r, got)
         assert "mismatched collective" in got["msg"], (r, got)
+        assert got["root"] == "Mismatch", (r, got)
 
 
 def test_a_rank_killed_mid_training_makes_every_other_rank_raise_naming_it():

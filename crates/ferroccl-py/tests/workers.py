@@ -321,7 +321,9 @@ def mismatch(rank, n, how, tmp):
     try:
         dist.all_reduce(t)
     except ferroccl.MismatchError as e:
-        return {"type": type(e).__name__, "msg": str(e)}
+        # A rank told of another's mismatch carries it typed: its root cause's kind.
+        root = getattr(e, "cause_kind", None) or e.kind
+        return {"type": type(e).__name__, "msg": str(e), "root": root}
     except BaseException as e:  # noqa: BLE001
         return {"type": type(e).__name__, "msg": str(e)}
     return {"type": None, "msg": "no error"}

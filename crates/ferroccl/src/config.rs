@@ -32,6 +32,9 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default for [`Tuning::connect_timeout`].
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest timeout (of a wait or of the join) a [`Config`] takes: 7 days. Longer
+/// ones are refused rather than overflowing a deadline.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default for [`Tuning::segment_bytes`].
 pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
 /// Default for [`TcpOptions::socket_buffer`].
@@ -821,6 +824,14 @@ impl Config {
         }
         if t.timeout.is_zero() || t.connect_timeout.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
+        }
+        if t.timeout > MAX_TIMEOUT || t.connect_timeout > MAX_TIMEOUT {
+            return Err(Error::Config(format!(
+                "timeouts must be at most {} s (7 days); got {:?} and a connect timeout of {:?}",
+                MAX_TIMEOUT.as_secs(),
+                t.timeout,
+                t.connect_timeout
+            )));
         }
         Ok(())
     }

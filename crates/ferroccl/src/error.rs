@@ -100,6 +100,10 @@ pub enum Error {
     /// started at rank `origin` (a lost connection, a mismatch, a timeout) and reached
     /// this rank through rank `peer`. Every survivor names the same origin and cause,
     /// not the neighbour that closed on it.
+    ///
+    /// `cause` is the error the origin saw, typed as it was there (it crosses the wire
+    /// with its fields), so code can match on the root cause on every rank:
+    /// `Error::PeerFailed { cause, .. } if matches!(*cause, Error::Mismatch { .. })`.
     #[error("rank {rank}: {op} failed because rank {origin} failed first: {cause} (told by rank {peer})")]
     PeerFailed {
         /// This rank.
@@ -108,8 +112,10 @@ pub enum Error {
         peer: usize,
         /// The rank where the failure started.
         origin: usize,
-        /// What happened there, in that rank's words.
-        cause: String,
+        /// What happened there, as that rank's error (an error of a kind that does not
+        /// cross the wire with its fields, such as an I/O error, arrives as
+        /// [`Error::Remote`] with its text).
+        cause: Box<Error>,
         /// The operation in progress here.
         op: String,
     },
@@ -223,6 +229,17 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// Another rank's error of a kind that crosses the wire as text only (an I/O or CUDA
+    /// error there): its kind and its message, as that rank wrote them. Only ever the
+    /// `cause` of an [`Error::PeerFailed`].
+    #[error("{message}")]
+    Remote {
+        /// The variant's name on the rank where it happened, e.g. `Io`.
+        kind: String,
+        /// Its message there.
+        message: String,
+    },
+
     /// A checkpoint is corrupt, truncated, from another format version, or does not
     /// fit the model it is loaded into. Nothing was changed: the model, and any other
     /// checkpoint on disk, are as they were.
@@ -249,6 +266,328 @@ impl Error {
         Error::Io {
             context: context.into(),
             source,
+        }
+    }
+}
+
+/// How an error crosses the wire in a failure notice: tagged, with its fields, so the
+/// rank told of it rebuilds the same variant ([`Error::to_wire`], [`Error::from_wire`]).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind")]
+enum Wire {
+    InvalidArgument {
+        text: String,
+    },
+    Env {
+        text: String,
+    },
+    Config {
+        text: String,
+    },
+    Rendezvous {
+        text: String,
+    },
+    Poisoned {
+        text: String,
+    },
+    Handshake {
+        peer: String,
+        detail: String,
+    },
+    PeerClosed {
+        rank: usize,
+        peer: usize,
+        op: String,
+    },
+    PeerFailed {
+        rank: usize,
+        peer: usize,
+        origin: usize,
+        cause: Box<Wire>,
+        op: String,
+    },
+    Protocol {
+        rank: usize,
+        peer: usize,
+        op: String,
+        detail: String,
+    },
+    Mismatch {
+        rank: usize,
+        peer: usize,
+        ours: String,
+        theirs: String,
+    },
+    Timeout {
+        rank: usize,
+        op: String,
+        after_ns: u64,
+        waiting_for: String,
+        peers: String,
+    },
+    Aborted {
+        rank: usize,
+        op: String,
+    },
+    Diverged {
+        step: u64,
+        why: String,
+    },
+    Unavailable {
+        what: String,
+        why: String,
+    },
+    Checkpoint {
+        path: String,
+        why: String,
+    },
+    Remote {
+        name: String,
+        message: String,
+    },
+}
+
+impl Wire {
+    fn of(e: &Error) -> Wire {
+        match e {
+            Error::InvalidArgument(t) => Wire::InvalidArgument { text: t.clone() },
+            Error::Env(t) => Wire::Env { text: t.clone() },
+            Error::Config(t) => Wire::Config { text: t.clone() },
+            Error::Rendezvous(t) => Wire::Rendezvous { text: t.clone() },
+            Error::Poisoned(t) => Wire::Poisoned { text: t.clone() },
+            Error::Handshake { peer, detail } => Wire::Handshake {
+                peer: peer.clone(),
+                detail: detail.clone(),
+            },
+            Error::PeerClosed { rank, peer, op } => Wire::PeerClosed {
+                rank: *rank,
+                peer: *peer,
+                op: op.clone(),
+            },
+            Error::PeerFailed {
+                rank,
+                peer,
+                origin,
+                cause,
+                op,
+            } => Wire::PeerFailed {
+                rank: *rank,
+                peer: *peer,
+                origin: *origin,
+                cause: Box::new(Wire::of(cause)),
+                op: op.clone(),
+            },
+            Error::Protocol {
+                rank,
+                peer,
+                op,
+                detail,
+            } => Wire::Protocol {
+                rank: *rank,
+                peer: *peer,
+                op: op.clone(),
+                detail: detail.clone(),
+            },
+            Error::Mismatch {
+                rank,
+                peer,
+                ours,
+                theirs,
+            } => Wire::Mismatch {
+                rank: *rank,
+                peer: *peer,
+                ours: ours.clone(),
+                theirs: theirs.clone(),
+            },
+            Error::Timeout {
+                rank,
+                op,
+                after,
+                waiting_for,
+                peers,
+            } => Wire::Timeout {
+                rank: *rank,
+                op: op.clone(),
+                after_ns: u64::try_from(after.as_nanos()).unwrap_or(u64::MAX),
+                waiting_for: waiting_for.clone(),
+                peers: peers.clone(),
+            },
+            Error::Aborted { rank, op } => Wire::Aborted {
+                rank: *rank,
+                op: op.clone(),
+            },
+            Error::Diverged { step, why } => Wire::Diverged {
+                step: *step,
+                why: why.clone(),
+            },
+            Error::Unavailable { what, why } => Wire::Unavailable {
+                what: what.clone(),
+                why: why.clone(),
+            },
+            Error::Checkpoint { path, why } => Wire::Checkpoint {
+                path: path.display().to_string(),
+                why: why.clone(),
+            },
+            Error::Remote { kind, message } => Wire::Remote {
+                name: kind.clone(),
+                message: message.clone(),
+            },
+            other => Wire::Remote {
+                name: variant_name(other).to_string(),
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn into_error(self) -> Error {
+        match self {
+            Wire::InvalidArgument { text } => Error::InvalidArgument(text),
+            Wire::Env { text } => Error::Env(text),
+            Wire::Config { text } => Error::Config(text),
+            Wire::Rendezvous { text } => Error::Rendezvous(text),
+            Wire::Poisoned { text } => Error::Poisoned(text),
+            Wire::Handshake { peer, detail } => Error::Handshake { peer, detail },
+            Wire::PeerClosed { rank, peer, op } => Error::PeerClosed { rank, peer, op },
+            Wire::PeerFailed {
+                rank,
+                peer,
+                origin,
+                cause,
+                op,
+            } => Error::PeerFailed {
+                rank,
+                peer,
+                origin,
+                cause: Box::new(cause.into_error()),
+                op,
+            },
+            Wire::Protocol {
+                rank,
+                peer,
+                op,
+                detail,
+            } => Error::Protocol {
+                rank,
+                peer,
+                op,
+                detail,
+            },
+            Wire::Mismatch {
+                rank,
+                peer,
+                ours,
+                theirs,
+            } => Error::Mismatch {
+                rank,
+                peer,
+                ours,
+                theirs,
+            },
+            Wire::Timeout {
+                rank,
+                op,
+                after_ns,
+                waiting_for,
+                peers,
+            } => Error::Timeout {
+                rank,
+                op,
+                after: Duration::from_nanos(after_ns),
+                waiting_for,
+                peers,
+            },
+            Wire::Aborted { rank, op } => Error::Aborted { rank, op },
+            Wire::Diverged { step, why } => Error::Diverged { step, why },
+            Wire::Unavailable { what, why } => Error::Unavailable { what, why },
+            Wire::Checkpoint { path, why } => Error::Checkpoint {
+                path: path.into(),
+                why,
+            },
+            Wire::Remote { name, message } => Error::Remote {
+                kind: name,
+                message,
+            },
+        }
+    }
+}
+
+/// The variant's name (e.g. `"Mismatch"`).
+fn variant_name(e: &Error) -> &'static str {
+    match e {
+        Error::UnsupportedOp { .. } => "UnsupportedOp",
+        Error::AddrInUse { .. } => "AddrInUse",
+        Error::StoreUnreachable { .. } => "StoreUnreachable",
+        Error::OtherJob { .. } => "OtherJob",
+        Error::Preempted { .. } => "Preempted",
+        Error::Cuda { .. } => "Cuda",
+        Error::Io { .. } => "Io",
+        Error::InvalidArgument(_) => "InvalidArgument",
+        Error::Env(_) => "Env",
+        Error::Config(_) => "Config",
+        Error::Rendezvous(_) => "Rendezvous",
+        Error::Poisoned(_) => "Poisoned",
+        Error::Handshake { .. } => "Handshake",
+        Error::PeerClosed { .. } => "PeerClosed",
+        Error::PeerFailed { .. } => "PeerFailed",
+        Error::Protocol { .. } => "Protocol",
+        Error::Mismatch { .. } => "Mismatch",
+        Error::Timeout { .. } => "Timeout",
+        Error::Aborted { .. } => "Aborted",
+        Error::Diverged { .. } => "Diverged",
+        Error::Unavailable { .. } => "Unavailable",
+        Error::Checkpoint { .. } => "Checkpoint",
+        Error::Remote { .. } => "Remote",
+    }
+}
+
+impl Error {
+    /// This error as a failure notice carries it to the peers (JSON, fields and all).
+    pub(crate) fn to_wire(&self) -> String {
+        /// Longer than this (a timeout's census of a large job), the cause goes as its
+        /// text, cut: a notice is bounded (`wire::NOTICE_MAX`).
+        const MAX: usize = 8 << 10;
+        let typed = serde_json::to_string(&Wire::of(self)).unwrap_or_default();
+        if !typed.is_empty() && typed.len() <= MAX {
+            return typed;
+        }
+        let mut message = self.to_string();
+        let mut end = message.len().min(MAX / 2);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        let name = match Wire::of(self) {
+            Wire::Remote { name, .. } => name,
+            _ => variant_name(self).to_string(),
+        };
+        serde_json::to_string(&Wire::Remote { name, message }).unwrap_or_default()
+    }
+
+    /// The error a notice carried: the same variant with the same fields; text that
+    /// is not a notice's JSON (cut short, from a peer that only sent words) is kept
+    /// as [`Error::Remote`].
+    pub(crate) fn from_wire(text: &str) -> Error {
+        match serde_json::from_str::<Wire>(text) {
+            Ok(w) => w.into_error(),
+            Err(_) => Error::Remote {
+                kind: "Error".into(),
+                message: text.to_string(),
+            },
+        }
+    }
+
+    /// The variant's name, e.g. `"Mismatch"` (for bindings and logs that classify
+    /// errors by kind).
+    pub fn kind(&self) -> &'static str {
+        variant_name(self)
+    }
+
+    /// The root cause: for [`Error::PeerFailed`], the error at the rank where the
+    /// failure started (followed through notices passed on); otherwise `self`.
+    pub fn root_cause(&self) -> &Error {
+        match self {
+            Error::PeerFailed { cause, .. } => cause.root_cause(),
+            e => e,
         }
     }
 }
@@ -350,6 +689,90 @@ pub(crate) fn in_group(e: Error, id: u64, global: &[usize]) -> Error {
 mod tests {
     use super::*;
 
+    /// Every error crosses a notice and comes back as the same variant with the same
+    /// fields (so the same text), or as `Remote` with its kind and text.
+    #[test]
+    fn errors_cross_the_wire_typed() {
+        let cases = vec![
+            Error::InvalidArgument("root 7 is not a rank".into()),
+            Error::Mismatch {
+                rank: 2,
+                peer: 0,
+                ours: "all_reduce #3 (f32, 999 elements)".into(),
+                theirs: "all_reduce #3 (f32, 1000 elements)".into(),
+            },
+            Error::Timeout {
+                rank: 1,
+                op: "barrier #0".into(),
+                after: Duration::from_millis(5001),
+                waiting_for: "data from rank 2".into(),
+                peers: "rank 2 is stopped".into(),
+            },
+            Error::PeerClosed {
+                rank: 0,
+                peer: 3,
+                op: "broadcast #1".into(),
+            },
+            Error::Aborted {
+                rank: 0,
+                op: "x".into(),
+            },
+            Error::Checkpoint {
+                path: "/tmp/c".into(),
+                why: "truncated".into(),
+            },
+            Error::PeerFailed {
+                rank: 0,
+                peer: 1,
+                origin: 2,
+                cause: Box::new(Error::Config("bad".into())),
+                op: "y".into(),
+            },
+        ];
+        for e in cases {
+            let back = Error::from_wire(&e.to_wire());
+            assert_eq!(back.to_string(), e.to_string());
+            assert_eq!(variant_name(&back), variant_name(&e), "{e}");
+        }
+        // Kinds that carry no fields across come as their text, named.
+        let io = Error::io("reading x", std::io::Error::other("disk gone"));
+        match Error::from_wire(&io.to_wire()) {
+            Error::Remote { kind, message } => {
+                assert_eq!(kind, "Io");
+                assert_eq!(message, io.to_string());
+            }
+            e => panic!("{e:?}"),
+        }
+        // A cause too long for a notice is cut, not lost; text that is not a notice's
+        // JSON is kept as it came.
+        let long = Error::InvalidArgument("z".repeat(100_000));
+        let w = long.to_wire();
+        assert!(w.len() < 16 << 10, "{}", w.len());
+        assert!(
+            matches!(Error::from_wire(&w), Error::Remote { kind, .. } if kind == "InvalidArgument")
+        );
+        assert!(
+            matches!(Error::from_wire("{\"kind\":\"Mism"), Error::Remote { message, .. } if message.contains("Mism"))
+        );
+        // The root cause is followed through notices passed on.
+        let told = Error::PeerFailed {
+            rank: 0,
+            peer: 1,
+            origin: 2,
+            cause: Box::new(Error::from_wire(
+                &Error::Mismatch {
+                    rank: 2,
+                    peer: 3,
+                    ours: "a".into(),
+                    theirs: "b".into(),
+                }
+                .to_wire(),
+            )),
+            op: "z".into(),
+        };
+        assert!(matches!(told.root_cause(), Error::Mismatch { rank: 2, .. }));
+    }
+
     #[test]
     fn a_childs_errors_name_the_job_ranks_too() {
         let e = in_group(
@@ -382,7 +805,7 @@ mod tests {
                 rank: 0,
                 peer: 1,
                 origin: 2,
-                cause: "x".into(),
+                cause: Box::new(Error::Config("x".into())),
                 op: "barrier #0".into(),
             },
             1,

@@ -39,8 +39,9 @@ const FRAME_MAGIC: [u8; 4] = *b"FCCD";
 /// before it shuts its links (bytes 4..8: the rank where the failure started; 36..40:
 /// the length of the UTF-8 cause that follows).
 const NOTICE_MAGIC: [u8; 4] = *b"FCCN";
-/// The longest cause a notice carries.
-const NOTICE_MAX: usize = 1024;
+/// The longest cause a notice carries (the origin's error as JSON,
+/// `Error::to_wire`, which keeps itself under this).
+const NOTICE_MAX: usize = 16 << 10;
 
 /// A failure notice for `origin`'s `cause` (cut to [`NOTICE_MAX`] bytes).
 pub(crate) fn encode_notice(origin: usize, cause: &str) -> Vec<u8> {

@@ -616,7 +616,12 @@ impl Communicator {
     /// its peers must not wait for it.
     fn refuse(&self, e: Error) -> Error {
         self.wait_idle();
-        lock(&self.shared.engine).poison(format!("rank {} refused a call: {e}", self.rank));
+        let rank = self.rank;
+        lock(&self.shared.engine).poison_with(
+            rank,
+            &e.to_wire(),
+            format!("rank {rank} refused a call: {e}"),
+        );
         e
     }
 

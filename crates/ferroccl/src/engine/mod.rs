@@ -62,6 +62,7 @@ pub(crate) struct Health {
 pub(crate) struct Poison {
     pub why: String,
     pub origin: usize,
+    /// The origin's error as a notice carries it ([`Error::to_wire`]).
     pub cause: String,
 }
 
@@ -443,7 +444,7 @@ impl Engine {
                 rank: self.rank,
                 op: "this call (abort() came before it started)".into(),
             };
-            self.poison(e.to_string());
+            self.poison_err(&e);
             return Err(e);
         }
         let r = op(self).map_err(|e| self.in_group(e));
@@ -455,22 +456,18 @@ impl Engine {
         r
     }
 
-    /// Where a failure started, and the cause to tell the peers: a notice received is
-    /// passed on as it came; a lost peer is named as the origin; the poison of the
-    /// communicator's other engine keeps its origin; anything else started here.
+    /// Where a failure started, and the cause to tell the peers (as the wire carries
+    /// it): a notice received is passed on as it came; a lost peer is named as the
+    /// origin (the cause is the lost connection, as this rank saw it); the poison of
+    /// the communicator's other engine keeps its origin; anything else started here.
     fn origin_of(&self, e: &Error) -> (usize, String) {
         if let (Error::Poisoned(_), Some(p)) = (e, self.health.poisoned()) {
             return (p.origin, p.cause);
         }
         match e {
-            Error::PeerFailed { origin, cause, .. } => (*origin, cause.clone()),
-            Error::PeerClosed { rank, peer, op } => (
-                *peer,
-                format!(
-                    "rank {peer} lost (its connection closed during {op}), seen by rank {rank}"
-                ),
-            ),
-            e => (self.rank, e.to_string()),
+            Error::PeerFailed { origin, cause, .. } => (*origin, cause.to_wire()),
+            Error::PeerClosed { peer, .. } => (*peer, e.to_wire()),
+            e => (self.rank, e.to_wire()),
         }
     }
 
@@ -503,12 +500,20 @@ impl Engine {
     /// Marks the engine unusable and shuts every link so peers fail fast too, telling
     /// them first that the failure started here.
     pub fn poison(&mut self, why: String) {
-        let cause = why.clone();
-        self.poison_with(self.rank, &cause, why);
+        let cause = Error::Remote {
+            kind: "Error".into(),
+            message: why.clone(),
+        };
+        self.poison_with(self.rank, &cause.to_wire(), why);
+    }
+
+    /// [`Engine::poison`] for this rank's own error `e` (the peers are told it typed).
+    pub fn poison_err(&mut self, e: &Error) {
+        self.poison_with(self.rank, &e.to_wire(), e.to_string());
     }
 
     /// [`Engine::poison`] for a failure that started at rank `origin` with `cause`.
-    fn poison_with(&mut self, origin: usize, cause: &str, why: String) {
+    pub(crate) fn poison_with(&mut self, origin: usize, cause: &str, why: String) {
         self.notify_peers(origin, cause);
         if !self.health.is_poisoned() {
             // The failure is returned to the caller, who reports it; log quietly.

@@ -334,7 +334,7 @@ impl Engine {
                 rank: self.rank,
                 op: format!("{} (abort() came before it started)", op.fp),
             };
-            self.poison(e.to_string());
+            self.poison_err(&e);
             return Err(e);
         }
         Ok(())
@@ -573,7 +573,7 @@ impl Engine {
                 rank,
                 peer,
                 origin,
-                cause,
+                cause: Box::new(Error::from_wire(&cause)),
                 op: fp.to_string(),
             }),
             _ => None,

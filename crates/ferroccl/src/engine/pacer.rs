@@ -41,7 +41,7 @@ pub(crate) fn frame_error(
             rank,
             peer,
             origin,
-            cause,
+            cause: Box::new(Error::from_wire(&cause)),
             op: fp.to_string(),
         },
         FrameError::Link(LinkError::Closed) => Error::PeerClosed {

@@ -212,7 +212,12 @@ fn every_survivor_names_the_rank_that_died() {
             let e = e.unwrap_or_else(|| panic!("{net:?}: rank {r} succeeded without rank 1"));
             assert_eq!(origin(&e), Some(1), "{net:?}: rank {r} blames another: {e}");
             if let Error::PeerFailed { cause, .. } = &e {
-                assert!(cause.contains("rank 1 lost"), "{cause}");
+                // The root cause is typed: the lost connection, as the rank that saw
+                // it first said it.
+                assert!(
+                    matches!(**cause, Error::PeerClosed { peer: 1, .. }),
+                    "{cause}"
+                );
             }
         }
     }
@@ -251,7 +256,17 @@ fn a_mismatch_reaches_every_rank_with_its_origin() {
             Error::Mismatch { .. } => {}
             Error::PeerFailed { origin, cause, .. } => {
                 assert!(seen.contains(origin), "rank {r}: {e}");
-                assert!(cause.contains("mismatched collective"), "rank {r}: {e}");
+                // Typed to the end: the told rank matches on the origin's Mismatch,
+                // with its fields.
+                match &**cause {
+                    Error::Mismatch { rank, ours, .. } => {
+                        assert_eq!(rank, origin, "rank {r}: {e}");
+                        assert!(ours.contains("all_reduce"), "rank {r}: {e}");
+                    }
+                    c => panic!("rank {r}: the cause is not typed as a mismatch: {c:?}"),
+                }
+                assert!(matches!(e.root_cause(), Error::Mismatch { .. }), "{e}");
+                assert!(e.to_string().contains("mismatched collective"), "{e}");
             }
             e => panic!("rank {r} does not say where the failure started: {e}"),
         }
