@@ -35,10 +35,10 @@ pub struct BenchArgs {
     #[arg(default_value = "all_reduce")]
     pub collective: String,
     /// Smallest message size in bytes (suffixes K, M, G).
-    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = crate::args::size)]
     pub min_bytes: usize,
     /// Largest message size in bytes.
-    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = crate::args::size)]
     pub max_bytes: usize,
     /// Multiplication factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
@@ -62,7 +62,7 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: usize,
     /// Ranks to start when not run under a launcher.
-    #[arg(long = "ranks", default_value_t = 4)]
+    #[arg(long = "ranks", default_value = "4", value_parser = crate::args::ranks)]
     pub ranks: usize,
     /// With --ranks (no launcher): start every rank again when one fails, up to this
     /// many times (see `ferroccl launch --max-restarts`).
@@ -79,16 +79,16 @@ pub struct BenchArgs {
     pub device: String,
     /// Segment size in bytes (pipelining granularity): the ring's, and the most a
     /// broadcast or reduce chain over 3+ ranks uses (it cuts finer, down to 64 KiB).
-    #[arg(long = "segment-bytes", value_parser = parse_size)]
+    #[arg(long = "segment-bytes", value_parser = crate::args::size)]
     pub segment_bytes: Option<usize>,
     /// Seconds a collective may wait without progress.
-    #[arg(long = "timeout", default_value_t = 60.0)]
-    pub timeout: f64,
+    #[arg(long = "timeout", default_value = "60", value_parser = crate::args::seconds, allow_negative_numbers = true)]
+    pub timeout: Duration,
     /// Seconds start-up may take (reaching the store, connecting to peers).
-    #[arg(long = "connect-timeout", default_value_t = 60.0)]
-    pub connect_timeout: f64,
+    #[arg(long = "connect-timeout", default_value = "60", value_parser = crate::args::seconds, allow_negative_numbers = true)]
+    pub connect_timeout: Duration,
     /// All-reduces up to this size use recursive doubling instead of the ring (0: always ring).
-    #[arg(long = "small-message-bytes", value_parser = parse_size)]
+    #[arg(long = "small-message-bytes", value_parser = crate::args::size)]
     pub small_message_bytes: Option<usize>,
     /// All-reduce algorithm: auto (rd up to --small-message-bytes, ring above; hier above
     /// on hosts of 2 or more ranks each), ring, rd (recursive doubling), rabenseifner
@@ -153,20 +153,6 @@ fn parse_law_rate(s: &str) -> Result<f64, String> {
     crate::planner::parse_rate("--law", s).map_err(|e| e.to_string())
 }
 
-pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mul) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1usize << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<usize>()
-        .ok()
-        .and_then(|v| v.checked_mul(mul))
-        .ok_or_else(|| format!("{s:?} is not a size (bytes, or with K/M/G)"))
-}
-
 /// One line of the table.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -202,8 +188,8 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     if let Some(s) = a.segment_bytes {
         c.tuning.segment_bytes = s;
     }
-    c.tuning.timeout = Duration::from_secs_f64(a.timeout.max(0.001));
-    c.tuning.connect_timeout = Duration::from_secs_f64(a.connect_timeout.max(0.001));
+    c.tuning.timeout = a.timeout;
+    c.tuning.connect_timeout = a.connect_timeout;
     if let Some(b) = a.small_message_bytes {
         c.tuning.small_message_bytes = b;
     }
@@ -416,6 +402,38 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             a.min_bytes, a.max_bytes
         )));
     }
+    let esize = dtype.size();
+    for (flag, v) in [("-b", a.min_bytes), ("-e", a.max_bytes)] {
+        if v < esize || v % esize != 0 {
+            return Err(ferroccl::Error::InvalidArgument(format!(
+                "{flag} {v}: sizes are whole {} elements of {esize} B, from {esize} B (the sizes between -b and -e are rounded down to whole elements)",
+                a.dtype
+            )));
+        }
+    }
+    // What this host can run (CPUs, processes, files) first, then the memory: every
+    // rank of this host holds its buffers at once.
+    let local = if ferroccl::rendezvous::detect_env()?.is_some() {
+        1
+    } else {
+        crate::args::host_can_run(
+            &crate::args::Host::read(),
+            a.ranks,
+            crate::args::RankNeeds::ferroccl(a.ranks, 0),
+        )
+        .map_err(|e| ferroccl::Error::InvalidArgument(format!("--ranks {}: {e}", a.ranks)))?;
+        a.ranks
+    };
+    let need = (local as u64).saturating_mul(crate::args::bench_memory(a.max_bytes));
+    let have = crate::args::Host::read().mem_available;
+    if need > have {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "-e {}: {local} rank(s) of this host need about {} MiB for buffers of that size; {} MiB is available",
+            a.max_bytes,
+            need >> 20,
+            have >> 20
+        )));
+    }
     if a.iters == 0 {
         return Err(ferroccl::Error::InvalidArgument(
             "-n must be at least 1".into(),
@@ -504,6 +522,10 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             let opts = crate::launch::LaunchOptions {
                 bare_stdout_rank: Some(0),
                 max_restarts: a.max_restarts,
+                rank_needs: crate::args::RankNeeds::ferroccl(
+                    a.ranks,
+                    crate::args::bench_memory(a.max_bytes),
+                ),
                 ..Default::default()
             };
             match crate::launch::run(a.ranks, &cmd, &opts) {

@@ -31,7 +31,7 @@ pub struct GpuCheckArgs {
     #[arg(long, default_value = "gpu-check.json")]
     pub json: PathBuf,
     /// Largest kernel and all-reduce size in bytes (suffixes K, M, G).
-    #[arg(long = "max-bytes", default_value = "256M", value_parser = crate::bench::parse_size)]
+    #[arg(long = "max-bytes", default_value = "256M", value_parser = crate::args::size)]
     pub max_bytes: usize,
     /// Rank counts for the CUDA-IPC all-reduce, all on one GPU (comma-separated; empty: skip).
     #[arg(long = "ipc-ranks", default_value = "2,4,8")]

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
     /// Number of ranks to start.
-    #[arg(short = 'n', long = "nproc")]
+    #[arg(short = 'n', long = "nproc", value_parser = crate::args::ranks)]
     pub nproc: usize,
     /// `MASTER_ADDR` given to every rank: where rank 0 serves the rendezvous store.
     #[arg(long, default_value = "127.0.0.1")]
@@ -102,6 +102,9 @@ pub struct LaunchOptions {
     pub nnodes: usize,
     /// This launcher's host among them.
     pub node_rank: usize,
+    /// What each rank needs of this host: a job this host cannot run is refused
+    /// before any rank starts ([`crate::args::host_can_run`]).
+    pub rank_needs: crate::args::RankNeeds,
 }
 
 impl Default for LaunchOptions {
@@ -114,6 +117,7 @@ impl Default for LaunchOptions {
             max_restarts: 0,
             nnodes: 1,
             node_rank: 0,
+            rank_needs: crate::args::RankNeeds::UNKNOWN,
         }
     }
 }
@@ -152,6 +156,9 @@ pub enum LaunchError {
     /// `--node-rank` is not below `--nnodes`, or a multi-host job has no fixed port.
     #[error("{0}")]
     Nodes(String),
+    /// This host cannot run that many ranks (CPUs, processes, open files, memory).
+    #[error("this host cannot run the job: {0}")]
+    Host(String),
     /// No command was given.
     #[error("no command given (usage: ferroccl launch -n N -- CMD ARGS...)")]
     EmptyCommand,
@@ -208,7 +215,10 @@ impl LaunchError {
     /// for one that cannot be executed, 2 for a usage error, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            LaunchError::NoRanks(_) | LaunchError::EmptyCommand | LaunchError::Nodes(_) => 2,
+            LaunchError::NoRanks(_)
+            | LaunchError::EmptyCommand
+            | LaunchError::Nodes(_)
+            | LaunchError::Host(_) => 2,
             LaunchError::FreePort(_) | LaunchError::Io { .. } => 1,
             LaunchError::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => 127,
             LaunchError::Spawn { .. } => 126,
@@ -284,6 +294,10 @@ const FOREIGN_PREFIX: &str = "OMPI_COMM_WORLD_";
 /// How often the wait loop looks at the ranks and at pending signals.
 const POLL: Duration = Duration::from_millis(10);
 
+/// After a rank fails, how long the others get to end on their own (and say why)
+/// before they are stopped.
+const SETTLE: Duration = Duration::from_millis(700);
+
 /// How long ranks being stopped get to write their flight recorders at most.
 const DUMP_WAIT: Duration = Duration::from_secs(2);
 /// After every rank has exited, output forwarding is abandoned once no reader has made
@@ -322,6 +336,10 @@ pub fn run(nproc: usize, command: &[OsString], opts: &LaunchOptions) -> Result<(
                 .into(),
         ));
     }
+    crate::args::host_can_run(&crate::args::Host::read(), nproc, opts.rank_needs)
+        .map_err(LaunchError::Host)?;
+    // The launcher holds two pipes per rank; a ferroccl rank two links per peer.
+    crate::args::raise_nofile(64 + 2 * nproc as u64 + opts.rank_needs.files.unwrap_or(0));
     let signals = SignalGuard::install().map_err(|source| LaunchError::Io {
         what: "installing SIGINT/SIGTERM handlers",
         source,
@@ -409,6 +427,9 @@ fn run_attempt(
         }
     };
     job.reap_and_drain();
+    if let Err(LaunchError::RankFailed { .. } | LaunchError::Interrupted { .. }) = &result {
+        job.print_last_words();
+    }
     result
 }
 
@@ -525,6 +546,24 @@ impl Job {
             if let Some(err) = err {
                 self.forward(rank, err, Stream::Stderr)?;
             }
+            // Starting many ranks takes a while: a signal, or a rank that failed
+            // already, stops the start-up here (the caller stops those started).
+            let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+            if sig != 0 {
+                return Err(LaunchError::Interrupted {
+                    signal: sig,
+                    stopped: self.running(),
+                });
+            }
+            if local % 8 == 7 || local + 1 == nproc {
+                if let Some((rank, status)) = self.poll() {
+                    return Err(LaunchError::RankFailed {
+                        rank,
+                        status,
+                        stopped: self.running(),
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -640,17 +679,34 @@ impl Job {
     }
 
     /// The wait loop: returns when every rank has ended.
+    ///
+    /// When a rank fails, the others get [`SETTLE`] to end on their own first: a
+    /// ferroccl rank told of the failure errors within milliseconds and says why on
+    /// stderr, words a SIGTERM would cut off. Those still running then are stopped.
     fn wait(&mut self, grace: Duration) -> Result<(), LaunchError> {
         let mut outcome: Option<LaunchError> = None;
         let mut stopping_since: Option<Instant> = None;
+        let mut settle_until: Option<Instant> = None;
         let mut killed = false;
         loop {
             let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
             if sig != 0 {
-                if outcome.is_none() {
-                    outcome = Some(LaunchError::Interrupted {
-                        signal: sig,
-                        stopped: self.running(),
+                if outcome.is_none() || settle_until.is_some() {
+                    // A signal stops the job now, also while a failure settles.
+                    settle_until = None;
+                    let stopped = self.running();
+                    outcome = Some(match outcome.take() {
+                        Some(LaunchError::RankFailed { rank, status, .. }) => {
+                            LaunchError::RankFailed {
+                                rank,
+                                status,
+                                stopped,
+                            }
+                        }
+                        _ => LaunchError::Interrupted {
+                            signal: sig,
+                            stopped,
+                        },
                     });
                     self.request_dumps();
                     self.signal_all(sig);
@@ -666,11 +722,24 @@ impl Job {
                     outcome = Some(LaunchError::RankFailed {
                         rank,
                         status,
-                        stopped: self.running(),
+                        stopped: Vec::new(),
                     });
-                    self.request_dumps();
-                    self.signal_all(libc::SIGTERM);
-                    stopping_since = Some(Instant::now());
+                    settle_until = Some(Instant::now() + SETTLE);
+                }
+            }
+            if let Some(until) = settle_until {
+                let all_ended = self.ranks.iter().all(|r| r.exit.is_some());
+                if all_ended || Instant::now() >= until {
+                    settle_until = None;
+                    let still = self.running();
+                    if let Some(LaunchError::RankFailed { stopped, .. }) = &mut outcome {
+                        *stopped = still;
+                    }
+                    if !all_ended {
+                        self.request_dumps();
+                        self.signal_all(libc::SIGTERM);
+                        stopping_since = Some(Instant::now());
+                    }
                 }
             }
             if self.ranks.iter().all(|r| r.exit.is_some()) {
@@ -706,6 +775,31 @@ impl Job {
             thread::sleep(POLL);
         }
         self.signal_all(libc::SIGKILL);
+    }
+
+    /// After a failed or interrupted job: every started rank's last line on stderr
+    /// (its own error, usually), in rank order, so that no rank's word is lost among
+    /// the others' output.
+    fn print_last_words(&self) {
+        let words = self
+            .fwd
+            .last_words
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let _guard = lock_output();
+        let mut err = io::stderr().lock();
+        let _ = writeln!(err, "ferroccl launch: each rank's last line on stderr:");
+        for (i, r) in self.ranks.iter().enumerate() {
+            let rank = self.first_rank + i;
+            let how = r
+                .exit
+                .map_or("not seen ending".to_string(), |e| e.to_string());
+            let _ = match words.get(&rank) {
+                Some(w) => writeln!(err, "  [{rank}] ({how}) {w}"),
+                None => writeln!(err, "  [{rank}] ({how}) nothing on stderr"),
+            };
+        }
     }
 
     /// Reaps every rank, then waits for the forwarders to reach end of output.
@@ -831,6 +925,8 @@ struct Forwarding {
     progress: AtomicU64,
     /// The rank whose stdout lines get no prefix.
     bare_stdout_rank: Option<usize>,
+    /// Each rank's last non-empty stderr line.
+    last_words: Mutex<std::collections::BTreeMap<usize, String>>,
 }
 
 /// Held while writing a line to stdout or stderr, so that lines of different ranks (and of
@@ -862,6 +958,16 @@ fn forward_lines(rank: usize, pipe: impl Read, stream: Stream, fwd: &Forwarding)
             Ok(_) => {}
         }
         fwd.progress.fetch_add(1, Ordering::SeqCst);
+        if matches!(stream, Stream::Stderr) {
+            let words = String::from_utf8_lossy(&line[prefix.len()..]);
+            let words = words.trim();
+            if !words.is_empty() {
+                fwd.last_words
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(rank, words.to_string());
+            }
+        }
         if line.last() != Some(&b'\n') {
             line.push(b'\n');
         }

@@ -19,6 +19,7 @@ macro_rules! with_dtype {
     };
 }
 
+mod args;
 mod bench;
 mod gpu_check;
 mod launch;

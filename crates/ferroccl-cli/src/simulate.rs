@@ -7,7 +7,7 @@
 //! model (`FERROCCL_COST_MODEL`, [`ferroccl::sim::choose_by_model`]) would choose on the
 //! same network, with its simulated time over the least.
 
-use crate::bench::parse_size;
+use crate::args::size as parse_size;
 use clap::Args;
 use ferroccl::sim::{choose_all_reduce, choose_by_model, Network};
 use ferroccl::{Algorithm, Error, Result};

@@ -103,7 +103,7 @@ pub struct TrainArgs {
     #[arg(long)]
     summary: Option<PathBuf>,
     /// Ranks to start when not under a launcher.
-    #[arg(short = 'n', long, default_value_t = 1)]
+    #[arg(short = 'n', long, default_value = "1", value_parser = crate::args::ranks)]
     ranks: usize,
     /// With --ranks N (no launcher): when a rank fails or the job is preempted, start
     /// every rank again, up to this many times (see `ferroccl launch --max-restarts`);
@@ -118,8 +118,8 @@ pub struct TrainArgs {
     #[arg(long, default_value = "scaling.svg")]
     plot: PathBuf,
     /// Seconds without progress before a collective fails.
-    #[arg(long, default_value_t = 60.0)]
-    timeout: f64,
+    #[arg(long, default_value = "60", value_parser = crate::args::seconds, allow_negative_numbers = true)]
+    timeout: std::time::Duration,
     /// Record every rank's flight recorder into DIR/rank-<rank>.jsonl: at the end of
     /// the run, and on a failure (with --scaling: DIR/ranks-N per world size). Read
     /// them with `ferroccl trace DIR`.
@@ -217,11 +217,11 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     let comm = if let Some(env) = &launch {
         share_cores(env);
         let mut c = Config::from_env()?;
-        c.tuning.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
+        c.tuning.timeout = a.timeout;
         Communicator::init(c)?
     } else if a.ranks <= 1 {
         let mut base = Config::new(0, 1, "");
-        base.tuning.timeout = std::time::Duration::from_secs_f64(a.timeout.max(0.001));
+        base.tuning.timeout = a.timeout;
         Communicator::local_group(1, &base)?.remove(0)
     } else {
         return relaunch(a.ranks, a.max_restarts, &[], &[]);
@@ -290,6 +290,8 @@ fn relaunch(
     let opts = crate::launch::LaunchOptions {
         bare_stdout_rank: Some(0),
         max_restarts,
+        // The model, its gradients and optimizer state, candle's buffers: 256 MiB.
+        rank_needs: crate::args::RankNeeds::ferroccl(n, 256 << 20),
         ..Default::default()
     };
     crate::launch::run(n, &cmd, &opts).map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))

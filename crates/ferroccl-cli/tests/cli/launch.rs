@@ -347,7 +347,7 @@ fn zero_ranks_is_an_error() {
     let o = launch(&["-n", "0", "--", "true"]);
     let stderr = o.stderr();
     assert_eq!(o.code(), Some(2), "stderr: {stderr}");
-    assert!(stderr.contains("-n must be at least 1"), "stderr: {stderr}");
+    assert!(stderr.contains("at least 1 rank"), "stderr: {stderr}");
 }
 
 #[test]
@@ -557,4 +557,129 @@ fn a_preempted_rank_restarts_the_job_and_is_named_so() {
     // Without restarts left, the launcher exits 75 itself, for a requeueing wrapper.
     let out = launch(&["-n", "1", "--", "sh", "-c", "exit 75"]);
     assert_eq!(out.code(), Some(75), "{}", out.stderr());
+}
+
+/// A rank count this host cannot run is refused before anything starts, saying which
+/// limit it breaks.
+#[test]
+fn a_rank_count_the_host_cannot_run_is_refused_up_front() {
+    let o = launch(&["-n", "65536", "--", "true"]);
+    let stderr = o.stderr();
+    assert_eq!(o.code(), Some(2), "stderr: {stderr}");
+    assert!(
+        stderr.contains("this host cannot run the job") && stderr.contains("CPUs"),
+        "stderr: {stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(o.stdout.is_empty());
+}
+
+/// A script for ranks that record their pid, then sleep (as `exec`, so the pid is
+/// the sleeping process's).
+const SLEEPER: &str =
+    r#"echo $$ > "$DIR/tmp.$RANK" && mv "$DIR/tmp.$RANK" "$DIR/pid.$RANK"; exec sleep 30"#;
+
+/// SIGTERM while ranks are still being started: the start-up stops there, every rank
+/// started is stopped and reaped, and the launcher exits 128 + 15 within a second or
+/// two (it used to go on starting ranks and ignore the signal).
+#[test]
+fn sigterm_during_start_up_stops_everything_at_once() {
+    let dir = temp_dir("term-start");
+    let started = Instant::now();
+    let child = launcher(&["-n", "60", "--", "sh", "-c", SLEEPER])
+        .env("DIR", &dir)
+        .spawn()
+        .unwrap();
+    let pid = i32::try_from(child.id()).unwrap();
+    // As soon as the first rank is up: the others are being started.
+    wait_for_pids(&dir, 1);
+    // SAFETY: signals the launcher this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let signalled = Instant::now();
+    let o = finish(child, started, "-n 60 (SIGTERM while starting)");
+    let stderr = o.stderr();
+    assert_eq!(o.code(), Some(128 + 15), "stderr: {stderr}");
+    assert!(
+        stderr.contains("interrupted by signal 15 SIGTERM"),
+        "{stderr}"
+    );
+    // Generous for a loaded machine: the launcher polls every 10 ms, ranks die on
+    // SIGTERM at once, and stragglers are killed after the 3 s grace period.
+    assert!(
+        signalled.elapsed() < Duration::from_secs(8),
+        "took {:?} after SIGTERM",
+        signalled.elapsed()
+    );
+    assert_all_gone(&pids_in(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A rank that fails while the others are still being started stops the start-up.
+#[test]
+fn a_failure_during_start_up_stops_the_start() {
+    let dir = temp_dir("fail-start");
+    let script = r#"if [ "$RANK" = 0 ]; then exit 4; fi
+echo $$ > "$DIR/tmp.$RANK" && mv "$DIR/tmp.$RANK" "$DIR/pid.$RANK"; exec sleep 30"#;
+    let o = run(
+        launcher(&["-n", "60", "--", "sh", "-c", script]).env("DIR", &dir),
+        "-n 60 (rank 0 exits 4 at once)",
+    );
+    let stderr = o.stderr();
+    assert_eq!(o.code(), Some(4), "stderr: {stderr}");
+    assert!(stderr.contains("rank 0 failed (exit status 4)"), "{stderr}");
+    assert_all_gone(&pids_in(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// When one rank fails, the others' own last words (their errors) reach the output:
+/// they get a moment to end on their own before being stopped, and the launcher
+/// repeats every rank's last stderr line at the end.
+#[test]
+fn every_ranks_last_line_reaches_the_output() {
+    let dir = temp_dir("last-words");
+    // Rank 1 fails once all are up; the others notice (as ferroccl ranks notice a
+    // failed peer) and say so on stderr before exiting; rank 2 says nothing and
+    // sleeps, so it is stopped.
+    let script = r#"
+        echo $$ > "$DIR/tmp.$RANK" && mv "$DIR/tmp.$RANK" "$DIR/pid.$RANK"
+        while [ "$(ls "$DIR" | grep -c '^pid\.')" -lt 4 ]; do sleep 0.02; done
+        case "$RANK" in
+        1) echo "progress line" >&2; echo "rank 1: the disk is full" >&2; touch "$DIR/failed"; exit 3 ;;
+        2) exec sleep 30 ;;
+        *) while [ ! -e "$DIR/failed" ]; do sleep 0.02; done
+           echo "rank $RANK: peer 1 failed first" >&2; exit 1 ;;
+        esac
+    "#;
+    let o = run(
+        launcher(&["-n", "4", "--", "sh", "-c", script]).env("DIR", &dir),
+        "-n 4 (last words)",
+    );
+    let stderr = o.stderr();
+    assert_eq!(o.code(), Some(3), "stderr: {stderr}");
+    let summary = stderr
+        .split_once("ferroccl launch: each rank's last line on stderr:\n")
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| panic!("no summary: {stderr}"));
+    assert!(
+        summary.contains("  [1] (exit status 3) rank 1: the disk is full\n"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("  [0] (exit status 1) rank 0: peer 1 failed first\n"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("  [3] (exit status 1) rank 3: peer 1 failed first\n"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("  [2] (killed by signal 15 SIGTERM) nothing on stderr\n"),
+        "{summary}"
+    );
+    assert!(
+        stderr.contains("rank 1 failed (exit status 3); stopped rank 2"),
+        "{stderr}"
+    );
+    assert_all_gone(&pids_in(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
 }

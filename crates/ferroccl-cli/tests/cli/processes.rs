@@ -155,6 +155,63 @@ fn bench_refuses_bad_flags_clearly() {
     }
 }
 
+/// Numbers out of range are refused in one line with exit status 2, naming the flag
+/// and the range: no panic, no abort, no rank started, and nothing quietly rounded.
+#[test]
+fn bench_and_train_refuse_numbers_out_of_range() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "--timeout", "inf"], "finite"),
+        (&["bench", "--timeout", "1e300"], "longest allowed"),
+        (
+            &["bench", "--timeout", "99999999999999999999"],
+            "longest allowed",
+        ),
+        (&["bench", "--timeout", "0"], "shortest allowed"),
+        (&["bench", "--timeout", "nan"], "finite"),
+        (&["bench", "--timeout", "-1"], "shortest allowed"),
+        (&["bench", "--connect-timeout", "0"], "shortest allowed"),
+        (&["bench", "-e", "18446744073709551615"], "largest size"),
+        (&["bench", "-e", "99999999G"], "largest size"),
+        (&["bench", "-e", "1024G"], "available"),
+        (&["bench", "-b", "0"], "whole float elements"),
+        (&["bench", "-b", "3"], "whole float elements"),
+        (
+            &["bench", "-b", "6", "-d", "double"],
+            "whole double elements",
+        ),
+        (&["bench", "--ranks", "0"], "at least 1 rank"),
+        (&["bench", "--ranks", "100000"], "most allowed"),
+        (&["bench", "--ranks", "60000"], "CPUs"),
+        (&["train", "-n", "0"], "at least 1 rank"),
+        (&["train", "--timeout", "inf"], "finite"),
+        (&["launch", "-n", "0", "--", "true"], "at least 1 rank"),
+    ];
+    for (args, want) in cases {
+        let mut cmd = Command::new(EXE);
+        cmd.args(*args);
+        let t0 = Instant::now();
+        let out = run(cmd, Duration::from_secs(20));
+        let (so, se) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {so}{se}");
+        assert!(se.contains(want), "{args:?}: stderr lacks {want:?}: {se}");
+        assert!(
+            !se.contains("panicked") && so.is_empty(),
+            "{args:?}: {so}{se}"
+        );
+        // One line (clap adds a blank line and a hint after its own).
+        let first = se.lines().next().unwrap_or("");
+        assert!(
+            first.contains(want),
+            "{args:?}: the first line says it: {se}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{args:?}: {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
 #[test]
 fn inconsistent_launcher_environment_is_refused() {
     // run() clears launcher variables from our own environment; set them in a shell.
