@@ -631,6 +631,11 @@ impl Job {
                 if libc::kill(-r.pid, sig) != 0 {
                     libc::kill(r.pid, sig);
                 }
+                // A stopped rank (SIGSTOP, a debugger let go) acts on a stop signal
+                // only once it runs again: wake it, or only SIGKILL would end it.
+                if sig != libc::SIGKILL && libc::kill(-r.pid, libc::SIGCONT) != 0 {
+                    libc::kill(r.pid, libc::SIGCONT);
+                }
             }
         }
     }

@@ -44,7 +44,7 @@ use scope::{Completion, JobFn};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Round trips to the store at start-up for the flight recorder's clock offset.
 const CLOCK_ROUNDS: usize = 5;
@@ -235,12 +235,21 @@ impl Communicator {
         cfg.job.master_addr = store_addr;
         cfg.job.agent_store = false;
         let j = &cfg.job;
+        // The join, answers included, within the connect timeout.
+        let join_end = Instant::now() + cfg.tuning.connect_timeout;
         let mut store = StoreClient::connect_with_token(
             &j.master_addr,
             cfg.tuning.connect_timeout,
             j.token.as_deref(),
         )?;
-        let comm_id = store.join_job(j.rank, j.world_size, j.job_id.as_deref())?;
+        let comm_id = store.join_job_within(
+            j.rank,
+            j.world_size,
+            j.job_id.as_deref(),
+            join_end
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(50)),
+        )?;
         // The flight recorder's clock offset to the store's host (rank 0's); a store
         // that cannot say leaves it unknown.
         let clock = if server.is_some() {

@@ -103,8 +103,9 @@ impl Health {
 
 /// The longest single sleep in a wait: bounds how late an abort is noticed.
 const MAX_WAIT_SLICE: Duration = Duration::from_millis(100);
-/// How long a timed-out rank spends asking its peers where they are.
-const STATUS_BUDGET: Duration = Duration::from_secs(2);
+/// How long a timed-out rank spends asking its peers where they are (all at once):
+/// the margin by which a timeout's error comes after the timeout itself.
+pub const STATUS_BUDGET: Duration = Duration::from_millis(500);
 /// Idle time after which an operation in flight is shown to the flight recorder (so
 /// that a dump taken during a hang has it); shorter ones are recorded when they end.
 const SHOW_AFTER_NS: u64 = 1_000_000;
@@ -628,20 +629,36 @@ impl Engine {
         }
         let skipped = order.len().saturating_sub(STATUS_MAX_PEERS);
         order.truncate(STATUS_MAX_PEERS);
-        let deadline = Instant::now() + STATUS_BUDGET.min(self.cfg.timeout);
+        let budget = STATUS_BUDGET.min(self.cfg.timeout);
+        let deadline = Instant::now() + budget;
         let mut same = Vec::new();
         let mut parts = Vec::new();
-        for p in order {
-            match self.connector.peer_status(p, deadline) {
+        let answers = self.connector.peers_status(&order, deadline);
+        for (p, answer) in order.into_iter().zip(answers) {
+            match answer {
                 Ok(Some((seq, kind))) if seq == fp.seq && kind == fp.kind.code() => same.push(p),
                 Ok(Some((seq, kind))) => {
                     let name = OpKind::from_code(kind).map_or("?", OpKind::name);
                     parts.push(format!("rank {p} is at #{seq} ({name})"));
                 }
                 Ok(None) => parts.push(format!("rank {p} has not started any operation")),
+                // A peer that took the whole budget is there but silent (stopped, or
+                // starved of CPU); one that failed sooner could not be reached.
+                Err(e @ Error::Timeout { .. }) => {
+                    tracing::debug!("status query to rank {p}: no answer: {e}");
+                    parts.push(format!(
+                        "rank {p} did not answer within {budget:?} (stopped or starved?)"
+                    ));
+                }
+                Err(e @ Error::Rendezvous(_)) => {
+                    tracing::debug!("status query to rank {p}: no address: {e}");
+                    parts.push(format!(
+                        "rank {p} not asked (its address is not known here and the store did not answer)"
+                    ));
+                }
                 Err(e) => {
                     tracing::debug!("status query to rank {p} failed: {e}");
-                    parts.push(format!("rank {p} unreachable"));
+                    parts.push(format!("rank {p} unreachable ({e})"));
                 }
             }
         }

@@ -16,8 +16,18 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// How long a JOIN, SET or ADD may wait for its reply, and any request for its send.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
-/// How much longer than its own timeout a GET waits for the reply.
-const GET_MARGIN: Duration = Duration::from_secs(5);
+/// How much longer than its own timeout a GET waits for the reply: a quarter of the
+/// timeout, from 100 ms to 5 s (a short GET, such as a timed-out rank's lookup of a
+/// peer's address, must not outlast its caller's deadline by seconds).
+fn get_margin(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+}
+
+/// What is left until `end`, at least 50 ms (a reply that is on its way gets to land).
+fn left(end: Instant) -> Duration {
+    end.saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(50))
+}
 
 /// A connection to the store.
 ///
@@ -115,21 +125,23 @@ impl StoreClient {
         deadline: Duration,
         token: Option<&[u8]>,
     ) -> Result<Self> {
+        // The whole of it, answers included, by `deadline`: a program that holds the
+        // port and accepts, but says nothing, costs no more than that.
+        let end = Instant::now() + deadline;
         let mut c = Self::connect_plain(addr, deadline)?;
         if let Some(token) = token {
-            c.prove(token)?;
+            c.prove(token, end)?;
         }
         Ok(c)
     }
 
-    fn prove(&mut self, token: &[u8]) -> Result<()> {
+    fn prove(&mut self, token: &[u8], end: Instant) -> Result<()> {
         let what = "authenticating with the job token";
         let client = super::auth::nonce();
-        let (server, mac) =
-            match self.call(what, &Request::Auth { nonce: client }, REPLY_TIMEOUT)? {
-                Response::Challenge { nonce, mac } => (nonce, mac),
-                other => return Err(self.unexpected(what, &other)),
-            };
+        let (server, mac) = match self.call(what, &Request::Auth { nonce: client }, left(end))? {
+            Response::Challenge { nonce, mac } => (nonce, mac),
+            other => return Err(self.unexpected(what, &other)),
+        };
         if !super::auth::verify(token, "ferroccl store server", &[&client, &server], &mac) {
             let message = format!(
                 "the store at {} could not prove the job token: a store of another job, or a different FERROCCL_TOKEN",
@@ -139,7 +151,7 @@ impl StoreClient {
             return Err(Error::Rendezvous(message));
         }
         let proof = super::auth::mac(token, "ferroccl store client", &[&client, &server]);
-        match self.call(what, &Request::Proof { mac: proof }, REPLY_TIMEOUT)? {
+        match self.call(what, &Request::Proof { mac: proof }, left(end))? {
             Response::Done => Ok(()),
             other => Err(self.unexpected(what, &other)),
         }
@@ -187,6 +199,18 @@ impl StoreClient {
         world_size: usize,
         job_id: Option<&str>,
     ) -> Result<u64> {
+        self.join_job_within(rank, world_size, job_id, REPLY_TIMEOUT)
+    }
+
+    /// [`StoreClient::join_job`] waiting at most `timeout` for the store's answer
+    /// (what is left of a join's connect timeout).
+    pub fn join_job_within(
+        &mut self,
+        rank: usize,
+        world_size: usize,
+        job_id: Option<&str>,
+        timeout: Duration,
+    ) -> Result<u64> {
         let what = format!("JOIN as rank {rank} of {world_size}");
         let ours = job_id.unwrap_or_default();
         if ours.len() > MAX_JOB_ID_LEN {
@@ -200,7 +224,7 @@ impl StoreClient {
             world_size: world_size as u64,
             job_id: ours.to_owned(),
         };
-        match self.call(&what, &request, REPLY_TIMEOUT)? {
+        match self.call(&what, &request, timeout)? {
             Response::Joined { comm_id } => Ok(comm_id),
             other => Err(self.unexpected(&what, &other)),
         }
@@ -257,7 +281,7 @@ impl StoreClient {
             key: key.to_owned(),
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         };
-        match self.call(&what, &request, timeout.saturating_add(GET_MARGIN))? {
+        match self.call(&what, &request, timeout.saturating_add(get_margin(timeout)))? {
             Response::Value(v) => Ok(v),
             other => Err(self.unexpected(&what, &other)),
         }

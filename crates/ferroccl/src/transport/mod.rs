@@ -281,6 +281,21 @@ pub trait Connector: Send {
         deadline: Instant,
     ) -> crate::error::Result<Option<(u64, u8)>>;
 
+    /// [`Connector::peer_status`] of each of `peers`, all by the same `deadline`. A
+    /// connector whose queries wait on the peer (a stopped peer answers nothing) asks
+    /// them all at once, so that one silent peer does not use up the others' time.
+    /// The default asks one after the other.
+    fn peers_status(
+        &mut self,
+        peers: &[usize],
+        deadline: Instant,
+    ) -> Vec<crate::error::Result<Option<(u64, u8)>>> {
+        peers
+            .iter()
+            .map(|&p| self.peer_status(p, deadline))
+            .collect()
+    }
+
     /// Whether [`Connector::connect`] to `peer` on `channel` would return without
     /// waiting for the peer (it has dialled in already, or this rank dials): the
     /// point-to-point engine links a peer only then, so a peer that has posted

@@ -995,9 +995,51 @@ impl TcpConnector {
         let mut s = connect_with_retry(&addr, &self.ep.opts, deadline)?;
         let io = |e: io::Error| hs_err(&who, format!("status query failed: {e}"));
         self.handshake_out(&mut s, p, Channel::Status, deadline, &who)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .map_err(io)?;
         let mut b = [0u8; 8];
         s.read_exact(&mut b).map_err(io)?;
         Ok(Beacon::decode(u64::from_le_bytes(b)))
+    }
+
+    /// [`TcpConnector::ask_status`] of each of `peers` (ranks of this connector's
+    /// group), on a thread each, all by `deadline`.
+    fn ask_all(&self, peers: &[usize], deadline: Instant) -> Vec<Result<Option<(u64, u8)>>> {
+        std::thread::scope(|s| {
+            let asks: Vec<_> = peers
+                .iter()
+                .map(|&p| {
+                    s.spawn(move || {
+                        super::check_peer(self.rank, p, self.members.len())?;
+                        let started = Instant::now();
+                        self.ask_status(self.job_rank(p), deadline).map_err(|e| {
+                            match Instant::now() >= deadline {
+                                // The address lookup failed (the store is silent):
+                                // the peer itself was never asked.
+                                _ if matches!(e, Error::Rendezvous(_)) => e,
+                                // There but silent: no answer by the deadline.
+                                true => Error::Timeout {
+                                    rank: self.rank,
+                                    op: "status query".into(),
+                                    after: started.elapsed(),
+                                    waiting_for: format!("rank {p}'s answer"),
+                                    peers: e.to_string(),
+                                },
+                                false => e,
+                            }
+                        })
+                    })
+                })
+                .collect();
+            asks.into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Rendezvous("a status query thread panicked".into()))
+                    })
+                })
+                .collect()
+        })
     }
 
     /// The connector of a group of this connector's ranks (see [`Connector::group`]):
@@ -1030,6 +1072,14 @@ impl Connector for TcpConnector {
     fn peer_status(&mut self, peer: usize, deadline: Instant) -> Result<Option<(u64, u8)>> {
         super::check_peer(self.rank, peer, self.members.len())?;
         self.ask_status(self.job_rank(peer), deadline)
+    }
+
+    fn peers_status(
+        &mut self,
+        peers: &[usize],
+        deadline: Instant,
+    ) -> Vec<Result<Option<(u64, u8)>>> {
+        self.ask_all(peers, deadline)
     }
 
     fn connect(

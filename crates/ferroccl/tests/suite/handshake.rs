@@ -231,6 +231,36 @@ fn store_unreachable_is_a_typed_error() {
     assert!(matches!(e, Error::StoreUnreachable { .. }), "{e}");
 }
 
+/// A program that holds the store's port, accepts, and says nothing: the join gives up
+/// within its connect timeout (it used to wait 30 s for the store's answer), with or
+/// without a job token.
+#[test]
+fn a_mute_program_on_the_store_port_costs_only_the_connect_timeout() {
+    let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = mute.local_addr().unwrap();
+    for token in [None, Some(b"t0ken".to_vec())] {
+        let mut c = Config::new(1, 2, addr.to_string());
+        c.tuning.connect_timeout = Duration::from_millis(800);
+        c.job.token = token.clone();
+        let t0 = std::time::Instant::now();
+        let e = common::with_deadline(Duration::from_secs(60), move || {
+            Communicator::init(c).unwrap_err()
+        });
+        // Its own bound is the connect timeout; 20 s only tells it from the old 30 s on
+        // any machine.
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "token {token:?}: {:?}: {e}",
+            t0.elapsed()
+        );
+        assert!(
+            matches!(e, Error::Rendezvous(ref m) if m.contains("did not answer")),
+            "token {token:?}: {e}"
+        );
+    }
+    drop(mute);
+}
+
 #[test]
 fn master_port_in_use_is_a_typed_error() {
     let busy = TcpListener::bind("127.0.0.1:0").unwrap();

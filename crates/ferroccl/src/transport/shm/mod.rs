@@ -582,6 +582,14 @@ impl Connector for ShmConnector {
         self.tcp.peer_status(peer, deadline)
     }
 
+    fn peers_status(
+        &mut self,
+        peers: &[usize],
+        deadline: Instant,
+    ) -> Vec<Result<Option<(u64, u8)>>> {
+        self.tcp.peers_status(peers, deadline)
+    }
+
     fn ready(&mut self, peer: usize, channel: Channel) -> bool {
         self.tcp.ready_now(peer, channel)
     }
