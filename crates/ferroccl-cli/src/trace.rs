@@ -362,6 +362,14 @@ struct RankStat {
     late_total_ns: u64,
     /// Its part of all ranks' summed lateness.
     late_share: f64,
+    /// Time the other ranks spent inside operations waiting on it (their recorders'
+    /// idle time per peer): what a rank that stalls *inside* calls costs them, which
+    /// lateness at the start of calls does not see.
+    waited_on_ns: u64,
+    /// Its part of all the waiting inside operations.
+    waited_on_share: f64,
+    /// `waited_on_ns` over the other ranks' summed time in operations.
+    waited_on_frac: f64,
 }
 
 #[derive(Serialize, Debug)]
@@ -507,10 +515,31 @@ fn matched_op(x: &Matched, t0: i64) -> MatchedOp {
 
 fn rank_stats(m: &Merged<'_>, matched: &[Matched]) -> Vec<RankStat> {
     let total: u128 = matched.iter().map(|x| u128::from(x.late)).sum();
+    // Waiting inside operations, by the rank waited on; and each rank's time in them.
+    let mut waited = vec![0u128; m.world_size];
+    let mut busy = vec![0u128; m.world_size];
+    for ops in &m.ops {
+        for o in ops {
+            if let Some(b) = busy.get_mut(o.rank) {
+                *b += u128::try_from(o.end.saturating_sub(o.start).max(0)).unwrap_or(0);
+            }
+            for w in &o.rec.waits {
+                if w.peer != o.rank {
+                    if let Some(x) = waited.get_mut(w.peer) {
+                        *x += u128::from(w.ns);
+                    }
+                }
+            }
+        }
+    }
+    let all_waits: u128 = waited.iter().sum();
+    let all_busy: u128 = busy.iter().sum();
     m.traces
         .iter()
         .map(|t| {
             let r = t.info.rank;
+            let on_r = waited.get(r).copied().unwrap_or(0);
+            let others_busy = all_busy - busy.get(r).copied().unwrap_or(0);
             let ops = matched
                 .iter()
                 .filter(|x| x.at.iter().any(|e| e.0 == r))
@@ -538,6 +567,17 @@ fn rank_stats(m: &Merged<'_>, matched: &[Matched]) -> Vec<RankStat> {
                 } else {
                     sum as f64 / total as f64
                 },
+                waited_on_ns: u64::try_from(on_r).unwrap_or(u64::MAX),
+                waited_on_share: if all_waits == 0 {
+                    0.0
+                } else {
+                    on_r as f64 / all_waits as f64
+                },
+                waited_on_frac: if others_busy == 0 {
+                    0.0
+                } else {
+                    on_r as f64 / others_busy as f64
+                },
             }
         })
         .collect()
@@ -553,6 +593,11 @@ fn stands_out_above(world_size: usize) -> f64 {
 
 /// Fewest matched collectives for naming a straggler.
 const MIN_OPS: usize = 3;
+
+/// Share of the other ranks' time in operations spent waiting on one rank, above
+/// which a rank that stalls inside operations is named (with a share of all the
+/// waiting above [`stands_out_above`]).
+const WAITED_ON_FRAC: f64 = 0.10;
 
 /// The straggler, if one stands out, and the sentence that says so or why not.
 /// `err_ns`: the clock error bound of one rank; two ranks' starts differ by up to twice
@@ -575,18 +620,56 @@ fn verdict(
             format!("only {collectives} collective(s) on two or more ranks: too few to name a straggler"),
         );
     }
+    let thr = stands_out_above(world_size);
+    // A rank the others wait on inside their operations: it arrives on time but
+    // stalls in them (descheduled, stopped, slow memory), which lateness at entry
+    // does not show.
+    let inside = stats
+        .iter()
+        .max_by(|a, b| a.waited_on_share.total_cmp(&b.waited_on_share))
+        .filter(|w| w.waited_on_share > thr && w.waited_on_frac > WAITED_ON_FRAC);
+    let inside_words = |w: &RankStat| {
+        format!(
+            "the others spent {} waiting on it inside collectives, {:.0} % of all the waiting and {:.0} % of their time in collectives",
+            fmt_ns(w.waited_on_ns as f64),
+            100.0 * w.waited_on_share,
+            100.0 * w.waited_on_frac
+        )
+    };
     let Some(c) = stats.iter().filter(|s| s.last > 0).max_by(|a, b| {
         a.late_share
             .total_cmp(&b.late_share)
             .then(a.share.total_cmp(&b.share))
     }) else {
+        if let Some(w) = inside {
+            return (
+                Some(w.rank),
+                format!(
+                    "straggler: rank {} — it stalls inside operations: {}",
+                    w.rank,
+                    inside_words(w)
+                ),
+            );
+        }
         return (None, "no rank ever started last (every start tied)".into());
     };
-    let thr = stands_out_above(world_size);
     let med = c.median_late_ns.unwrap_or(0);
     let bound = err_ns.saturating_mul(2);
     let fair = 100.0 / world_size.max(1) as f64;
     let often = c.share > thr || c.late_share > thr;
+    match inside {
+        Some(w) if !(often && med > bound) => {
+            return (
+                Some(w.rank),
+                format!(
+                    "straggler: rank {} — it starts on time but stalls inside operations: {}",
+                    w.rank,
+                    inside_words(w)
+                ),
+            );
+        }
+        _ => {}
+    }
     if often && med > bound {
         (
             Some(c.rank),
@@ -1321,6 +1404,54 @@ mod tests {
         assert_eq!(fmt_ns(12_100_000.0), "12.1 ms");
         assert_eq!(median_sorted(&[1, 3]), 2);
         assert_eq!(median_sorted(&[1, 3, 10]), 3);
+    }
+
+    /// A rank that arrives on time but stalls inside operations (SIGSTOP a moment
+    /// every second): the others' recorders hold their idle time on it, and the
+    /// verdict names it though it is never the last to start.
+    #[test]
+    fn a_rank_that_stalls_inside_operations_is_named() {
+        let n = 3;
+        let mut traces = Vec::new();
+        for r in 0..n {
+            let ops = (0..10u64)
+                .map(|k| {
+                    // Starts move between ranks (rank k % 3 is last, by 1 µs); each
+                    // op takes 1 ms, of which the others wait 400 µs on rank 2.
+                    let start = k * 10_000_000 + u64::from((k % 3) as usize == r) * 1_000;
+                    let mut o = op(k, start, Some(start + 1_000_000), "ok", None);
+                    o.waits = match r {
+                        2 => vec![PeerWait { peer: 0, ns: 1_000 }],
+                        _ => vec![PeerWait {
+                            peer: 2,
+                            ns: 400_000,
+                        }],
+                    };
+                    o
+                })
+                .collect();
+            traces.push(trace(r, n, ops));
+        }
+        let m = merge(&traces).expect("merges");
+        let matched = match_collectives(&m);
+        let stats = rank_stats(&m, &matched);
+        let (who, words) = verdict(&stats, matched.len(), n, 0);
+        assert_eq!(who, Some(2), "{words}");
+        assert!(words.contains("stalls inside operations"), "{words}");
+        assert!(
+            stats[2].waited_on_frac > 0.35 && stats[2].waited_on_frac < 0.45,
+            "{stats:?}"
+        );
+        // The same job without the stall names nobody.
+        for t in &mut traces {
+            for o in &mut t.ops {
+                o.waits = vec![PeerWait { peer: 0, ns: 1_000 }];
+            }
+        }
+        let m = merge(&traces).expect("merges");
+        let matched = match_collectives(&m);
+        let (who, words) = verdict(&rank_stats(&m, &matched), matched.len(), n, 0);
+        assert_eq!(who, None, "{words}");
     }
 
     #[test]
