@@ -11,7 +11,15 @@
 
 pub mod data;
 pub mod ddp;
+pub mod error;
 pub mod model;
+
+/// candle, as this crate builds on it: a user's model needs no version of its own.
+pub use candle_core;
+/// candle's layers, losses and `VarMap`, as this crate builds on them.
+pub use candle_nn;
+/// The communication library, as this crate builds on it.
+pub use ferroccl;
 
 use data::{Dataset, PIXELS, SIDE};
 use ddp::{Ddp, DdpConfig, Sgd};
@@ -163,8 +171,14 @@ pub struct Summary {
     pub steps_run: u64,
     /// Images per optimizer step over all ranks.
     pub global_batch: usize,
-    /// Mean training loss of the last logged interval.
+    /// Mean training loss of the last logged window (the last `log_every` steps, or
+    /// fewer at the end): it depends on `log_every`.
     pub final_loss: f64,
+    /// Training loss of the final step, averaged over ranks: the same whatever
+    /// `log_every`, and for a resumed run the same as for one that never stopped.
+    pub step_loss: f64,
+    /// Steps the `final_loss` window covers.
+    pub final_loss_steps: u64,
     /// Accuracy on the held-out test set at the end.
     pub test_accuracy: f64,
     /// Images per second over the job (sum over ranks), this invocation.
@@ -355,6 +369,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     let mut interval = Interval::default();
     let mut totals = Interval::default();
     let mut last_loss = f64::NAN;
+    let (mut last_step_loss, mut last_window) = (f64::NAN, 0u64);
     let mut epoch_cache: Option<(u64, Vec<usize>)> = None;
     // One micro-batch, refilled in place every pass (augmentation edits it in place).
     let mut mb = Dataset {
@@ -427,6 +442,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         interval.exposed += exposed;
         interval.steps += 1;
         interval.wall += dt;
+        last_step_loss = step_loss;
         state.step += 1;
         state.epoch = state.step / steps_per_epoch;
         state.batch_in_epoch = state.step % steps_per_epoch;
@@ -443,6 +459,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         if state.step.is_multiple_of(cfg.log_every.max(1)) || end {
             let rec = interval.record(rank, world, &state, lr);
             last_loss = log(comm, &rec, metrics.as_mut())?.loss;
+            last_window = interval.steps;
             totals.absorb(&interval);
             interval = Interval::default();
         }
@@ -483,6 +500,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         totals.images as f64 / wall.as_secs_f64().max(1e-9),
         totals.compute.as_secs_f64() / steps_run.max(1) as f64,
         totals.exposed.as_secs_f64() / steps_run.max(1) as f64,
+        last_step_loss,
     ];
     comm.all_reduce(&mut job, ReduceOp::Sum)?;
     let summary = Summary {
@@ -491,6 +509,8 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         steps_run,
         global_batch: cfg.global_batch,
         final_loss: last_loss,
+        step_loss: job[3] / world as f64,
+        final_loss_steps: last_window,
         test_accuracy: accuracy,
         images_per_s: job[0],
         compute_s: job[1] / world as f64,

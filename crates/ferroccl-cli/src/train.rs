@@ -234,11 +234,14 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     if comm.rank() == 0 {
         let s = &out.summary;
         println!(
-            "ranks {}  steps {} (this run {})  global batch {}  loss {:.4}  test accuracy {:.2}%",
+            "ranks {}  steps {} (this run {})  global batch {}  loss {:.4} (step {}; mean of the last {} steps {:.4})  test accuracy {:.2}%",
             s.world,
             s.steps,
             s.steps_run,
             s.global_batch,
+            s.step_loss,
+            s.steps,
+            s.final_loss_steps,
             s.final_loss,
             100.0 * s.test_accuracy
         );

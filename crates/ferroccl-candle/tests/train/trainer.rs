@@ -292,3 +292,31 @@ fn divergence_stops_every_rank_with_a_clear_error() {
         }
     }
 }
+
+/// The loss a run ends with is its final step's, the same whatever `log_every` (the
+/// logged window's mean is reported beside it, with the steps it covers).
+#[test]
+fn the_final_loss_does_not_depend_on_log_every() {
+    let summary = |log_every: u64| {
+        let cfg = TrainConfig {
+            log_every,
+            ..small(32, 6)
+        };
+        run(2, Net::Local, &test_config(), DEADLINE, move |c| {
+            Ok(train(c, &cfg)?.summary)
+        })
+        .unwrap_or_else(|e| panic!("training failed: {e:?}"))
+        .remove(0)
+    };
+    let (a, b) = (summary(1), summary(4));
+    assert!(
+        a.step_loss.is_finite() && a.step_loss > 0.0,
+        "{}",
+        a.step_loss
+    );
+    assert_eq!(a.step_loss.to_bits(), b.step_loss.to_bits());
+    assert_eq!((a.final_loss_steps, b.final_loss_steps), (1, 2));
+    // The windows differ (one step vs the mean of the last two).
+    assert_ne!(a.final_loss.to_bits(), b.final_loss.to_bits());
+    assert_eq!(a.final_loss.to_bits(), a.step_loss.to_bits());
+}
