@@ -952,6 +952,82 @@ impl ConfigBuilder {
 mod tests {
     use super::*;
 
+    /// Every variable the launcher environment is read from.
+    const ENV_VARS: [&str; 37] = [
+        "FERROCCL_ALGO",
+        "FERROCCL_COST_MODEL",
+        "FERROCCL_JOB_ID",
+        "FERROCCL_RDMA_GID_INDEX",
+        "FERROCCL_SHM_SINGLE_COPY",
+        "FERROCCL_TCP_CONGESTION",
+        "FERROCCL_TOKEN",
+        "FERROCCL_TRACE_CAPACITY",
+        "FERROCCL_TRANSPORT",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "MPI_LOCALNRANKS",
+        "MPI_LOCALRANKID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_NAMESPACE",
+        "PMI_KVSNAME",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "RANK",
+        "SLURM_CPUS_PER_TASK",
+        "SLURM_JOBID",
+        "SLURM_JOB_ID",
+        "SLURM_LOCALID",
+        "SLURM_NTASKS",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_PROCID",
+        "SLURM_STEPID",
+        "SLURM_STEP_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "WORLD_SIZE",
+    ];
+
+    fn env_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u64..10).prop_map(|v| v.to_string()),
+            any::<u64>().prop_map(|v| v.to_string()),
+            any::<i64>().prop_map(|v| v.to_string()),
+            Just("99999999999999999999999".to_string()),
+            Just("nan".to_string()),
+            Just("inf".to_string()),
+            Just("-1".to_string()),
+            Just("".to_string()),
+            "[ -~]{0,12}",
+            any::<String>(),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+        /// No environment panics the parser: whatever it accepts is a config that
+        /// validates, with the rank inside the world.
+        #[test]
+        fn no_environment_panics_the_parser(
+            vals in proptest::collection::vec(
+                proptest::option::of(env_value()), ENV_VARS.len()..=ENV_VARS.len())
+        ) {
+            let get = |k: &str| {
+                ENV_VARS.iter().position(|v| *v == k).and_then(|i| vals[i].clone())
+            };
+            if let Ok(c) = Config::from_lookup(get) {
+                proptest::prop_assert!(c.job.rank < c.job.world_size, "{c:?}");
+                proptest::prop_assert!(c.validate().is_ok(), "{c:?}");
+            }
+        }
+    }
+
     #[test]
     fn builder_checks_what_it_builds() {
         let c = Config::builder(1, 3, "h:1")
