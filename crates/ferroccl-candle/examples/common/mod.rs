@@ -139,7 +139,6 @@ pub fn train_rank<M: Module>(
     let micro = args.global_batch / (world * args.accum);
     // Rank 0's, before its weights are every rank's.
     let first_loss = test_loss(&model, test)?;
-    // README:begin
     // Rank 0's weights reach every rank; the optimizer steps on f32 master weights.
     let mut ddp = Ddp::new(comm, &varmap, Sgd::new(0.9, 0.0), DdpConfig::default())?;
     let sampler = DistributedSampler::new(train.len(), world, rank, 7)?;
@@ -167,7 +166,6 @@ pub fn train_rank<M: Module>(
         }
         ddp.step(lr.at(step))?; // each bucket's parameters stepped once it is reduced
     }
-    // README:end
     Ok(RankRun {
         weights: ddp.weights(),
         first_loss,

@@ -355,22 +355,46 @@ fn a_step_after_no_sync_alone_is_refused() {
     assert_eq!(out[0].1, out[1].1);
 }
 
-/// The README's "use DDP in your candle model" code is the examples' code.
+/// The README's "use DDP in your candle model" program is examples/my_trainer.rs from
+/// its first `use` on, verbatim, under the marker `tools/readme-crate` reads; its
+/// Cargo.toml names only ferroccl-candle. The examples' shared loop is the same loop.
 #[test]
 fn readme_shows_the_examples_code() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("../../README.md")).expect("README");
+    let program =
+        std::fs::read_to_string(root.join("examples/my_trainer.rs")).expect("my_trainer.rs");
+    let body = &program[program.find("use ferroccl_candle").expect("a use line")..];
+    let block = readme
+        .split_once("<!-- readme-crate: src/main.rs -->\n```rust\n")
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .map(|(b, _)| b)
+        .expect("the README's src/main.rs block");
+    assert_eq!(
+        block, body,
+        "README's src/main.rs differs from examples/my_trainer.rs"
+    );
+    let toml = readme
+        .split_once("<!-- readme-crate: Cargo.toml -->\n```toml\n")
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .map(|(b, _)| b)
+        .expect("the README's Cargo.toml block");
+    assert!(
+        toml.contains(
+            "[dependencies]\nferroccl-candle = { path = \"../ferroccl/crates/ferroccl-candle\" }\n"
+        ),
+        "{toml}"
+    );
+    // The examples' loop (examples/common) is the README's, but for the names the
+    // examples take from their arguments.
     let src =
         std::fs::read_to_string(root.join("examples/common/mod.rs")).expect("examples/common");
-    let readme = std::fs::read_to_string(root.join("../../README.md")).expect("README");
-    let (_, rest) = src.split_once("// README:begin\n").expect("begin marker");
-    let (block, _) = rest.split_once("    // README:end").expect("end marker");
-    let dedented: String = block
-        .lines()
-        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
-        .collect();
-    assert!(block.lines().count() > 10);
-    assert!(
-        readme.contains(&dedented),
-        "README lacks the code of examples/common/mod.rs:\n{dedented}"
-    );
+    for line in [
+        "let mut ddp = Ddp::new(",
+        "ddp.backward_no_sync(&loss)?; // gradients accumulate, nothing sent",
+        "ddp.backward(&loss)?; // buckets all-reduced in the background",
+        "ddp.step(lr.at(step))?; // each bucket's parameters stepped once it is reduced",
+    ] {
+        assert!(src.contains(line) && body.contains(line), "{line}");
+    }
 }
