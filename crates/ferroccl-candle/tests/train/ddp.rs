@@ -365,20 +365,20 @@ fn readme_shows_the_examples_code() {
     let program =
         std::fs::read_to_string(root.join("examples/my_trainer.rs")).expect("my_trainer.rs");
     let body = &program[program.find("use ferroccl_candle").expect("a use line")..];
-    let block = readme
-        .split_once("<!-- readme-crate: src/main.rs -->\n```rust\n")
-        .and_then(|(_, rest)| rest.split_once("```\n"))
-        .map(|(b, _)| b)
-        .expect("the README's src/main.rs block");
+    // The fenced block under the marker tools/readme-crate reads.
+    let block = |file: &str, lang: &str| {
+        readme
+            .split_once(&format!("<!-- readme-crate: {file} -->\n```{lang}\n"))
+            .and_then(|(_, rest)| rest.split_once("```\n"))
+            .map(|(b, _)| b)
+            .unwrap_or_else(|| panic!("the README's {file} block"))
+    };
     assert_eq!(
-        block, body,
+        block("src/main.rs", "rust"),
+        body,
         "README's src/main.rs differs from examples/my_trainer.rs"
     );
-    let toml = readme
-        .split_once("<!-- readme-crate: Cargo.toml -->\n```toml\n")
-        .and_then(|(_, rest)| rest.split_once("```\n"))
-        .map(|(b, _)| b)
-        .expect("the README's Cargo.toml block");
+    let toml = block("Cargo.toml", "toml");
     assert!(
         toml.contains(
             "[dependencies]\nferroccl-candle = { path = \"../ferroccl/crates/ferroccl-candle\" }\n"
