@@ -21,6 +21,8 @@ pub const MAX_SECONDS: f64 = ferroccl::config::MAX_TIMEOUT.as_secs() as f64;
 pub const MIN_SECONDS: f64 = 0.001;
 /// The largest size a flag takes: 1 TiB (a bench is also held to this host's memory).
 pub const MAX_BYTES: usize = 1 << 40;
+/// The most iterations a bench runs per size (a billion: days at any size).
+pub const MAX_ITERS: usize = 1_000_000_000;
 /// The most ranks any command starts on one host (before the host's own limits).
 pub const MAX_RANKS: usize = 65_536;
 /// Local ranks per CPU at most: ranks busy-poll, so beyond this they mostly wait for
@@ -71,6 +73,62 @@ pub fn size(s: &str) -> Result<usize, String> {
             MAX_BYTES
         )),
     }
+}
+
+fn real(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not a finite number"))
+    }
+}
+
+/// A finite number above 0 (a learning rate).
+pub fn positive(s: &str) -> Result<f64, String> {
+    match real(s)? {
+        v if v > 0.0 => Ok(v),
+        _ => Err(format!("{s} must be above 0")),
+    }
+}
+
+/// A finite number of 0 or more (a weight decay).
+pub fn non_negative(s: &str) -> Result<f32, String> {
+    match real(s)? {
+        v if v >= 0.0 && v <= f32::MAX as f64 => Ok(v as f32),
+        _ => Err(format!("{s} must be 0 or more")),
+    }
+}
+
+/// A momentum: 0 <= m < 1 (at 1 or above, velocity never decays).
+pub fn momentum(s: &str) -> Result<f32, String> {
+    match real(s)? {
+        v if (0.0..1.0).contains(&v) => Ok(v as f32),
+        _ => Err(format!("{s} must be from 0 up to, not including, 1")),
+    }
+}
+
+/// A share of something: 0 <= f < 1.
+pub fn fraction(s: &str) -> Result<f64, String> {
+    match real(s)? {
+        v if (0.0..1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s} must be from 0 up to, not including, 1")),
+    }
+}
+
+/// An iteration count: 0..=[`MAX_ITERS`].
+pub fn iters(s: &str) -> Result<usize, String> {
+    let v: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a count (a whole number from 0)"))?;
+    if v > MAX_ITERS as u64 {
+        return Err(format!("{v} is above the most allowed, {MAX_ITERS}"));
+    }
+    Ok(v as usize)
 }
 
 /// A rank count: 1..=[`MAX_RANKS`] (what this host can run is [`host_can_run`]'s).
@@ -321,6 +379,23 @@ mod tests {
     }
 
     #[test]
+    fn reals_are_finite_and_in_range() {
+        assert_eq!(positive("0.05"), Ok(0.05));
+        assert_eq!(momentum("0"), Ok(0.0));
+        assert_eq!(fraction("0.1"), Ok(0.1));
+        assert_eq!(non_negative("1e-4"), Ok(1e-4));
+        for bad in ["nan", "inf", "-1", "0", "x"] {
+            assert!(positive(bad).is_err(), "{bad}");
+        }
+        for bad in ["1", "1.5", "-0.1", "nan"] {
+            assert!(momentum(bad).is_err() && fraction(bad).is_err(), "{bad}");
+        }
+        assert!(non_negative("1e300").is_err() && non_negative("-1").is_err());
+        assert_eq!(iters("20"), Ok(20));
+        assert!(iters("18446744073709551615").is_err() && iters("-1").is_err());
+    }
+
+    #[test]
     fn rank_counts_are_positive_and_bounded() {
         assert_eq!(ranks("4"), Ok(4));
         for bad in ["0", "-1", "65537", "100000", "3.5", "x"] {
@@ -333,7 +408,7 @@ mod tests {
             cpus: 2,
             mem_available: 24 << 30,
             nofile: (1024, 20_000),
-            tasks_free: 90_000,
+            tasks_free: 50_000,
         }
     }
 
@@ -369,6 +444,15 @@ mod tests {
                 }
                 if let Ok(n) = ranks(s) {
                     prop_assert!((1..=MAX_RANKS).contains(&n));
+                }
+                if let Ok(n) = iters(s) {
+                    prop_assert!(n <= MAX_ITERS);
+                }
+                for v in [positive(s), fraction(s)].into_iter().flatten() {
+                    prop_assert!(v.is_finite() && v >= 0.0);
+                }
+                for v in [momentum(s), non_negative(s)].into_iter().flatten() {
+                    prop_assert!(v.is_finite() && v >= 0.0);
                 }
             }
         }

@@ -44,10 +44,10 @@ pub struct BenchArgs {
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
     pub step_factor: usize,
     /// Timed iterations per size.
-    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    #[arg(short = 'n', long = "iters", default_value = "20", value_parser = crate::args::iters)]
     pub iters: usize,
     /// Warm-up iterations per size.
-    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    #[arg(short = 'w', long = "warmup_iters", default_value = "5", value_parser = crate::args::iters)]
     pub warmup: usize,
     /// Check results (1) or not (0).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
@@ -409,6 +409,15 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
                 "{flag} {v}: sizes are whole {} elements of {esize} B, from {esize} B (the sizes between -b and -e are rounded down to whole elements)",
                 a.dtype
             )));
+        }
+    }
+    // The tuning flags, checked once here rather than by every rank it starts.
+    config_for(&a, Config::new(0, a.ranks.max(1), "127.0.0.1:1")).validate()?;
+    if let Some(k) = a.split {
+        if k == 0 {
+            return Err(ferroccl::Error::InvalidArgument(
+                "--split 0: groups need at least 1 rank".into(),
+            ));
         }
     }
     // What this host can run (CPUs, processes, files) first, then the memory: every
@@ -774,7 +783,7 @@ fn timed(
         (c.wire_stats().since(&before.0), by_host)
     };
     if a.stat == "median" {
-        let mut ts = Vec::with_capacity(a.iters);
+        let mut ts = Vec::with_capacity(a.iters.min(1 << 20));
         for _ in 0..a.iters {
             c.barrier()?;
             let t0 = Instant::now();

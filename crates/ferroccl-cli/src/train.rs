@@ -21,10 +21,10 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 5000)]
     synthetic: usize,
     /// Share of the data held out for test accuracy.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value = "0.1", value_parser = crate::args::fraction, allow_negative_numbers = true)]
     test_fraction: f64,
     /// Epochs.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     epochs: u64,
     /// Stop after this many optimizer steps.
     #[arg(long)]
@@ -36,7 +36,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     accum: usize,
     /// Learning rate for --base-batch; scaled linearly to the global batch.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value = "0.05", value_parser = crate::args::positive, allow_negative_numbers = true)]
     lr: f64,
     /// The batch --lr is tuned for.
     #[arg(long, default_value_t = 64)]
@@ -48,10 +48,10 @@ pub struct TrainArgs {
     #[arg(long)]
     cosine: bool,
     /// SGD momentum.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value = "0.9", value_parser = crate::args::momentum, allow_negative_numbers = true)]
     momentum: f32,
     /// Weight decay.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value = "0", value_parser = crate::args::non_negative, allow_negative_numbers = true)]
     weight_decay: f32,
     /// Forward/backward precision: f32 or f16 (f32 master weights, dynamic loss
     /// scaling); bf16 is refused on the CPU (candle has no bf16 matmul there).

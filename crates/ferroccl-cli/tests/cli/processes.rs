@@ -183,6 +183,17 @@ fn bench_and_train_refuse_numbers_out_of_range() {
         (&["bench", "--ranks", "100000"], "most allowed"),
         (&["bench", "--ranks", "60000"], "CPUs"),
         (&["train", "-n", "0"], "at least 1 rank"),
+        (&["bench", "-n", "18446744073709551615"], "most allowed"),
+        (&["bench", "--split", "0"], "at least 1 rank"),
+        (&["bench", "--segment-bytes", "0"], "segment_bytes"),
+        (&["train", "--epochs", "0"], "not in 1.."),
+        (&["train", "--lr", "nan"], "finite"),
+        (&["train", "--lr", "-0.1"], "above 0"),
+        (&["train", "--momentum", "1"], "up to, not including, 1"),
+        (
+            &["train", "--test-fraction", "2"],
+            "up to, not including, 1",
+        ),
         (&["train", "--timeout", "inf"], "finite"),
         (&["launch", "-n", "0", "--", "true"], "at least 1 rank"),
     ];
