@@ -12,6 +12,8 @@
 pub mod data;
 pub mod ddp;
 pub mod model;
+pub mod pipeline;
+pub mod zero;
 
 use data::{Dataset, PIXELS, SIDE};
 use ddp::{Ddp, DdpConfig, Sgd};

@@ -1,6 +1,7 @@
 //! ferroccl-candle's test suite: the data-parallel trainer on real ranks.
 
 mod ddp;
+mod pipeline;
 mod trainer;
 
 /// Rank 0's [`ferroccl::Error::Checkpoint`] as (path, why), once rank 1's error has been
