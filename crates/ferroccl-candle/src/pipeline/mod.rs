@@ -51,6 +51,7 @@
 //! stages; rank r is stage r mod P of replica r / P, and the ranks holding the same
 //! stage form its data-parallel group.
 
+pub mod mlp;
 pub mod schedule;
 
 use crate::ddp::Optimizer;
@@ -90,7 +91,8 @@ impl Default for PipelineConfig {
 /// What one [`Pipeline::step`] did on this stage.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepReport {
-    /// The step's loss: the mean over the whole batch (the same on every stage).
+    /// The step's loss: the mean over the whole batch, over every replica's share
+    /// (the same on every rank).
     pub loss: f64,
     /// Time spent computing forwards and backwards.
     pub busy: Duration,
@@ -456,6 +458,10 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
         self.params.step(lr)?;
         let mut l = [loss_sum / m as f64];
         self.pipe.broadcast(&mut l, p - 1)?;
+        if let Some(c) = self.params.comm() {
+            // Each replica had its share of the batch: the loss of the whole.
+            c.all_reduce(&mut l, ferroccl::ReduceOp::Avg)?;
+        }
         rep.loss = l[0];
         Ok(rep)
     }
