@@ -53,6 +53,7 @@
 
 pub mod mlp;
 pub mod schedule;
+pub mod train;
 
 use crate::ddp::Optimizer;
 use crate::model::ce;
