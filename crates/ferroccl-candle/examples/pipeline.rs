@@ -67,6 +67,7 @@ fn pipeline_rank(
     stages: usize,
     cfg: PipelineConfig,
 ) -> Result<RankOut> {
+    // README:begin
     let layout = Layout::split(comm, stages)?;
     let (stage, replica) = (layout.pipe.rank(), layout.data.rank());
     let layers = even_split(WIDTHS.len() - 1, stages)?.swap_remove(stage);
@@ -94,6 +95,7 @@ fn pipeline_rank(
         last = report.loss;
         peak = peak.max(report.peak_live);
     }
+    // README:end
     Ok((stage, replica, pipe.weights(), last, peak))
 }
 

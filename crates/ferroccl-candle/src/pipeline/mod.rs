@@ -176,6 +176,16 @@ struct Incoming {
     data: Pending<f32>,
 }
 
+/// A step's operations in flight: sends not yet confirmed and the receives posted
+/// ahead.
+#[derive(Default)]
+struct InFlight {
+    sends: Vec<Pending<f32>>,
+    heads: Vec<Pending<i64>>,
+    next_fwd: Option<Incoming>,
+    next_bwd: Option<(usize, Incoming)>,
+}
+
 /// What a forward keeps for its backward.
 struct Live {
     input: Option<Var>,
@@ -291,13 +301,17 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                 }
             }
         }
-        let r = self.run(batch / m, input, loss, lr);
+        let mut flight = InFlight::default();
+        let r = self.run(batch / m, input, loss, lr, &mut flight);
         if r.is_err() {
+            // Before the operations still in flight are dropped (a drop waits for its
+            // operation): aborted, they end at once instead of at the timeout.
             self.pipe.abort_handle().abort();
             if let Some(c) = self.params.comm() {
                 c.abort_handle().abort();
             }
         }
+        drop(flight);
         r
     }
 
@@ -307,14 +321,13 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
         input: Option<&Tensor>,
         loss: &dyn Fn(&Tensor, Range<usize>) -> candle_core::Result<Tensor>,
         lr: f64,
+        fl: &mut InFlight,
     ) -> Result<StepReport> {
         let (p, s, m) = (self.pipe.world_size(), self.stage(), self.cfg.micro_batches);
         let last = s + 1 == p;
         let in_len: usize = mb * self.in_shape.iter().product::<usize>();
         let mut live: Vec<Option<Live>> = (0..m).map(|_| None).collect();
         let (mut n_live, mut peak) = (0usize, 0usize);
-        let mut sends: Vec<Pending<f32>> = Vec::new();
-        let mut heads: Vec<Pending<i64>> = Vec::new();
         let mut rep = StepReport::default();
         let mut loss_sum = 0.0f64;
         let t0 = Instant::now();
@@ -335,8 +348,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                 _ => Ok(None),
             }
         };
-        let mut next_fwd = post_fwd(0)?;
-        let mut next_bwd: Option<(usize, Incoming)> = None;
+        fl.next_fwd = post_fwd(0)?;
         for &a in &self.plan.clone() {
             match a {
                 Action::Forward(k) => {
@@ -346,9 +358,9 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                             .narrow(0, k * mb, mb)
                             .map_err(ce("taking a micro-batch"))?
                     } else {
-                        let inc = next_fwd.take().expect("posted ahead");
+                        let inc = fl.next_fwd.take().expect("posted ahead");
                         fi += 1;
-                        next_fwd = post_fwd(fi)?;
+                        fl.next_fwd = post_fwd(fi)?;
                         let mut want = vec![mb];
                         want.extend_from_slice(&self.in_shape);
                         let w = Instant::now();
@@ -374,8 +386,10 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                     if !last {
                         let h = header(out.dims())?;
                         let data = flat(&out)?;
-                        heads.push(self.pipe.send_start(h, s + 1, tag(FWD_HEAD, k))?);
-                        sends.push(self.pipe.send_start(data, s + 1, tag(FWD_DATA, k))?);
+                        fl.heads
+                            .push(self.pipe.send_start(h, s + 1, tag(FWD_HEAD, k))?);
+                        fl.sends
+                            .push(self.pipe.send_start(data, s + 1, tag(FWD_DATA, k))?);
                     }
                     live[k] = Some(Live {
                         input: inp,
@@ -396,7 +410,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                         rep.busy += c.elapsed();
                         g
                     } else {
-                        let (k0, inc) = match next_bwd.take() {
+                        let (k0, inc) = match fl.next_bwd.take() {
                             Some(x) => x,
                             None => (k, self.post_bwd(k, output.dims())?),
                         };
@@ -405,7 +419,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                         // The next gradient's receive goes out before this one is used.
                         if let Some(&k1) = bwd_order.get(bi) {
                             if let Some(o) = live[k1].as_ref() {
-                                next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
+                                fl.next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
                             }
                         }
                         let w = Instant::now();
@@ -429,8 +443,10 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                         })?;
                         let h = header(gi.dims())?;
                         let data = flat(gi)?;
-                        heads.push(self.pipe.send_start(h, s - 1, tag(BWD_HEAD, k))?);
-                        sends.push(self.pipe.send_start(data, s - 1, tag(BWD_DATA, k))?);
+                        fl.heads
+                            .push(self.pipe.send_start(h, s - 1, tag(BWD_HEAD, k))?);
+                        fl.sends
+                            .push(self.pipe.send_start(data, s - 1, tag(BWD_DATA, k))?);
                     }
                     n_live -= 1;
                     rep.busy += c.elapsed();
@@ -438,19 +454,19 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             }
             // Once the next backward's forward is done, its gradient's receive is
             // posted, so it lands while this stage computes.
-            if !last && next_bwd.is_none() {
+            if !last && fl.next_bwd.is_none() {
                 if let Some(&k1) = bwd_order.get(bi) {
                     if let Some(o) = live[k1].as_ref() {
-                        next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
+                        fl.next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
                     }
                 }
             }
         }
         let w = Instant::now();
-        for h in heads {
+        for h in fl.heads.drain(..) {
             h.wait()?;
         }
-        for d in sends {
+        for d in fl.sends.drain(..) {
             d.wait()?;
         }
         rep.waiting += w.elapsed();

@@ -358,19 +358,5 @@ fn a_step_after_no_sync_alone_is_refused() {
 /// The README's "use DDP in your candle model" code is the examples' code.
 #[test]
 fn readme_shows_the_examples_code() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src =
-        std::fs::read_to_string(root.join("examples/common/mod.rs")).expect("examples/common");
-    let readme = std::fs::read_to_string(root.join("../../README.md")).expect("README");
-    let (_, rest) = src.split_once("// README:begin\n").expect("begin marker");
-    let (block, _) = rest.split_once("    // README:end").expect("end marker");
-    let dedented: String = block
-        .lines()
-        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
-        .collect();
-    assert!(block.lines().count() > 10);
-    assert!(
-        readme.contains(&dedented),
-        "README lacks the code of examples/common/mod.rs:\n{dedented}"
-    );
+    crate::readme_shows("examples/common/mod.rs");
 }

@@ -520,3 +520,8 @@ fn a_stage_that_dies_mid_step_fails_every_other_stage() {
         assert!(e.contains("rank 2"), "stage {s} does not name rank 2: {e}");
     }
 }
+
+#[test]
+fn readme_shows_the_pipeline_examples_code() {
+    crate::readme_shows("examples/pipeline.rs");
+}
