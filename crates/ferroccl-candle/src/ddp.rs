@@ -752,3 +752,42 @@ pub(crate) fn broadcast_bytes(comm: &Communicator, bytes: &mut Vec<u8>) -> Resul
     bytes.resize(len[0] as usize, 0);
     comm.broadcast(bytes, 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Adam, Optimizer};
+
+    #[test]
+    fn adams_first_step_moves_each_weight_by_lr_against_its_gradient() {
+        // With bias correction, step 1 is w −= lr × g / (|g| + ε): about lr × sign(g).
+        let mut a = Adam::new(0.0);
+        a.init(&[3]);
+        a.begin_step();
+        let mut w = [1.0f32, 1.0, 1.0];
+        a.update(0, &mut w, &[0.5, -2.0, 1e-3], 0.1, 1.0);
+        for (wi, want) in w.iter().zip([0.9f32, 1.1, 0.9]) {
+            assert!((wi - want).abs() < 1e-4, "{w:?}");
+        }
+        assert_eq!(a.steps(), 1);
+    }
+
+    #[test]
+    fn adamw_decays_the_weights_apart_from_the_gradient_and_adam_through_it() {
+        // A zero gradient: AdamW still shrinks w by lr × wd × w; Adam's L2 decay turns
+        // into a gradient of wd × w, normalised to a step of about lr.
+        let (mut w1, mut w2) = ([2.0f32], [2.0f32]);
+        let mut aw = Adam::adamw(0.5);
+        aw.init(&[1]);
+        aw.begin_step();
+        aw.update(0, &mut w1, &[0.0], 0.1, 1.0);
+        assert!((w1[0] - 1.9).abs() < 1e-6, "{w1:?}");
+        let mut a = Adam::new(0.5);
+        a.init(&[1]);
+        a.begin_step();
+        a.update(0, &mut w2, &[0.0], 0.1, 1.0);
+        assert!((w2[0] - 1.9).abs() < 1e-4, "{w2:?}");
+        // The second moment holds (wd × w)² × (1 − β2) for Adam, nothing for AdamW.
+        assert!(a.state()[1].1[0][0] > 0.0);
+        assert_eq!(aw.state()[1].1[0][0], 0.0);
+    }
+}

@@ -525,3 +525,51 @@ fn a_stage_that_dies_mid_step_fails_every_other_stage() {
 fn readme_shows_the_pipeline_examples_code() {
     crate::readme_shows("examples/pipeline.rs");
 }
+
+#[test]
+fn ddp_with_adam_checkpoints_its_step_count_and_resumes_bit_for_bit() {
+    let dir = tempdir("adam");
+    let d2 = dir.clone();
+    let out = run(2, Net::Local, &test_config(), DEADLINE, move |c| {
+        let (model, vars) = layers(0..DIMS.len() - 1);
+        let opt = || Adam::adamw(1e-2);
+        let mut ddp = Ddp::from_vars(c, vars, opt(), DdpConfig::default())?;
+        let step = |ddp: &mut Ddp<'_, Adam>, m: &Layers, s: u64| -> Result<()> {
+            let (x, y) = batch(s, c.rank() * 16..(c.rank() + 1) * 16);
+            let l = candle_nn::loss::cross_entropy(&m.forward(&x).expect("fwd"), &y).expect("loss");
+            ddp.backward(&l)?;
+            ddp.step(1e-2).map(|_| ())
+        };
+        for s in 0..4 {
+            step(&mut ddp, &model, s)?;
+        }
+        let ck = ddp.snapshot(serde_json::json!({"step": 4}));
+        if c.rank() == 0 {
+            CheckpointDir::new(&d2, 2)?.save(4, &ck)?;
+        }
+        for s in 4..8 {
+            step(&mut ddp, &model, s)?;
+        }
+        let straight = ddp.weights();
+        c.barrier()?;
+        let (model2, vars2) = layers(0..DIMS.len() - 1);
+        let mut again = Ddp::from_vars(c, vars2, opt(), DdpConfig::default())?;
+        let loaded = if c.rank() == 0 {
+            CheckpointDir::new(&d2, 2)?.load_latest()
+        } else {
+            Ok(None)
+        };
+        again.restore(loaded)?;
+        let t = again.optimizer().steps();
+        for s in 4..8 {
+            step(&mut again, &model2, s)?;
+        }
+        Ok((straight, again.weights(), t))
+    })
+    .expect("2 ranks");
+    for (r, (straight, resumed, t)) in out.iter().enumerate() {
+        assert_eq!(*t, 4, "rank {r}: Adam's step count was not restored");
+        assert_eq!(resumed, straight, "rank {r}: the resumed run differs");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
