@@ -61,6 +61,8 @@ pub struct Zero<'c, O> {
     sharded: bool,
     opt: O,
     layout: serde_json::Value,
+    /// Ranks that must all load their checkpoints for any to (a pipeline's stages).
+    together: Option<&'c Communicator>,
     steps: u64,
 }
 
@@ -106,6 +108,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
             sharded,
             opt,
             layout: json!({"stage": 0, "stages": 1}),
+            together: None,
             steps: 0,
         };
         if let Some(c) = comm {
@@ -116,8 +119,11 @@ impl<'c, O: Optimizer> Zero<'c, O> {
     }
 
     /// The layout written into checkpoints and required of those restored.
-    pub(crate) fn set_layout(&mut self, layout: serde_json::Value) {
+    /// A pipeline stage's: its `layout`, and the pipeline group, all of whose stages
+    /// must load their checkpoints for any to.
+    pub(crate) fn set_layout(&mut self, layout: serde_json::Value, pipe: &'c Communicator) {
         self.layout = layout;
+        self.together = Some(pipe);
     }
 
     /// Elements of all parameters (without padding).
@@ -335,11 +341,26 @@ impl<'c, O: Optimizer> Zero<'c, O> {
         } else {
             Ok(())
         };
+        let r = match self.comm {
+            Some(c) => agree(c, r, "to load the checkpoint"),
+            None => r,
+        };
+        // Every stage of a pipeline loads, or none does: no half-restored model.
+        if let Some(p) = self.together {
+            let mut ok = [i32::from(r.is_ok())];
+            p.all_reduce(&mut ok, ReduceOp::Min)?;
+            if ok[0] == 0 {
+                r?;
+                return Err(Error::InvalidArgument(
+                    "another pipeline stage failed to load its checkpoint (its error says \
+                     why); nothing was loaded"
+                        .into(),
+                ));
+            }
+        }
+        r?;
         if let Some(c) = self.comm {
-            agree(c, r, "to load the checkpoint")?;
             broadcast_bytes(c, &mut blob)?;
-        } else {
-            r?;
         }
         if blob.is_empty() {
             return Ok(None);

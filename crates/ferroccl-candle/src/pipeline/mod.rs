@@ -235,7 +235,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
         let (p, s) = (pipe.world_size(), pipe.rank());
         let plan = schedule::plan(cfg.schedule, p, cfg.micro_batches)?.swap_remove(s);
         let mut params = Zero::new(data, vars, opt, cfg.zero)?;
-        params.set_layout(json!({"stage": s, "stages": p}));
+        params.set_layout(json!({"stage": s, "stages": p}), pipe);
         Ok(Pipeline {
             pipe,
             module,
@@ -533,7 +533,9 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     }
 
     /// Restores this stage from a checkpoint (see [`Zero::restore`]); one written by
-    /// another stage or another stage count is [`Error::Checkpoint`].
+    /// another stage or another stage count is [`Error::Checkpoint`]. Collective over
+    /// the data-parallel group and the pipeline: when any stage fails to load, every
+    /// stage fails and none changes.
     pub fn restore(
         &mut self,
         loaded: Result<Option<(PathBuf, ferroccl::ddp::Checkpoint)>>,

@@ -402,10 +402,19 @@ fn a_checkpoint_of_another_stage_is_refused_and_changes_nothing() {
         // Each stage offered the other stage's file.
         let other = d2.join(format!("stage{}.ckpt", 1 - s));
         let r = pl.restore(ferroccl::ddp::checkpoint::load(&other).map(|ck| Some((other, ck))));
-        Ok((r.map(|_| ()), before == pl.weights()))
+        let unchanged = before == pl.weights();
+        // Stage 0 offered its own (good) file, stage 1 stage 0's: neither loads.
+        let file = d2.join("stage0.ckpt");
+        let r2 = pl.restore(ferroccl::ddp::checkpoint::load(&file).map(|ck| Some((file, ck))));
+        Ok((
+            r.map(|_| ()),
+            unchanged,
+            r2.map(|_| ()),
+            before == pl.weights(),
+        ))
     });
     let out = out.expect("2 ranks");
-    for (s, (r, unchanged)) in out.into_iter().enumerate() {
+    for (s, (r, unchanged, r2, still)) in out.into_iter().enumerate() {
         match r {
             Err(Error::Checkpoint { why, .. }) => assert!(why.contains("layout"), "{why}"),
             other => panic!("stage {s}: {other:?}"),
@@ -414,6 +423,14 @@ fn a_checkpoint_of_another_stage_is_refused_and_changes_nothing() {
             unchanged,
             "stage {s}: a refused checkpoint changed the weights"
         );
+        match (s, r2) {
+            (0, Err(Error::InvalidArgument(w))) => {
+                assert!(w.contains("another pipeline stage"), "{w}")
+            }
+            (1, Err(Error::Checkpoint { why, .. })) => assert!(why.contains("layout"), "{why}"),
+            (s, other) => panic!("stage {s}, second restore: {other:?}"),
+        }
+        assert!(still, "stage {s}: a half-restored pipeline");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
