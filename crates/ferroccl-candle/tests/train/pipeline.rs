@@ -149,7 +149,8 @@ fn stage_of(stage: usize, stages: usize) -> (Layers, Vec<(String, Var)>, usize) 
 }
 
 /// Trains `STEPS` steps on a pipeline of `comm`'s ranks (each replica of a 2-D layout
-/// on its share of the batch); returns this rank's stage weights, tagged by stage.
+/// on its share of the batch), checking each step's peak of live activations; returns
+/// this rank's stage weights, tagged by stage.
 fn train_pipeline<O: Optimizer>(
     pipe: &Communicator,
     data: Option<&Communicator>,
@@ -165,7 +166,19 @@ fn train_pipeline<O: Optimizer>(
     for step in 0..STEPS {
         let (x, _) = batch(step, rows.clone());
         let input = (s == 0).then_some(&x);
-        pl.step(share, input, &loss_fn(step, rows.start), LR)?;
+        let r = pl.step(share, input, &loss_fn(step, rows.start), LR)?;
+        // GPipe holds every micro-batch; 1F1B at most p − s of them.
+        let m = cfg.micro_batches;
+        let want = match cfg.schedule {
+            Schedule::GPipe => m,
+            Schedule::OneFOneB => (p - s).min(m),
+        };
+        if r.peak_live != want {
+            return Err(Error::InvalidArgument(format!(
+                "{:?} stage {s}: {} live micro-batches at most, not {want}",
+                cfg.schedule, r.peak_live
+            )));
+        }
     }
     Ok((s, pl.weights()))
 }
