@@ -103,8 +103,8 @@ pub struct TrainArgs {
     #[arg(long)]
     summary: Option<PathBuf>,
     /// Pipeline stages P. Above 1 (or with --zero 1), `train` trains an 8-layer MLP
-    /// (784-512×7-10, even layers: it splits into 2, 4 or 8 equal stages, which LeNet's
-    /// three unequal segments cannot) cut into P stages × ranks/P data-parallel
+    /// (784-512×7-10: it splits evenly into 2, 4 or 8 stages, which LeNet's three
+    /// unequal segments cannot) cut into P stages × ranks/P data-parallel
     /// replicas, and prints each rank's step-time table.
     #[arg(long, default_value_t = 1)]
     pipeline: usize,

@@ -5,10 +5,10 @@
 //!
 //! The model is [`WIDTHS`]: 784 → 512 → 512 → 512 → 512 → 512 → 512 → 512 → 10, eight
 //! linear layers with tanh between. LeNet (the data-parallel trainer's CNN) has three
-//! segments of very unequal cost, so it cannot make 4 or 8 balanced stages; eight
-//! equal-width layers split evenly into 1, 2, 4 or 8 stages of equal compute (the
-//! first layer is wider in: 784 × 512, the last narrower: 512 × 10), so the measured
-//! bubble can be held to the textbook's equal-stage number.
+//! segments of very unequal cost, so it cannot make 4 or 8 stages; these eight layers
+//! split evenly into 1, 2, 4 or 8 stages, seven of them of the same cost (the first is
+//! wider in, 784 × 512; the last narrower, 512 × 10, so the last stage is the lightest
+//! and idles most).
 
 use super::mlp::{even_split, mlp_stage};
 use super::{Layout, Pipeline, PipelineConfig, StepReport};
