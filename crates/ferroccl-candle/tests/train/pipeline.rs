@@ -235,17 +235,25 @@ fn two_stages_by_two_replicas_with_zero_match_one_process() {
             micro_batches: 4,
             zero,
         };
-        let out = run(4, Net::Local, &test_config(), DEADLINE, move |c| {
-            let l = Layout::split(c, 2)?;
-            train_pipeline(&l.pipe, Some(&l.data), cfg, sgd())
-        })
-        .expect("2 x 2");
+        let go = || {
+            run(4, Net::Local, &test_config(), DEADLINE, move |c| {
+                let l = Layout::split(c, 2)?;
+                train_pipeline(&l.pipe, Some(&l.data), cfg, sgd())
+            })
+            .expect("2 x 2")
+        };
+        let out = go();
         // Ranks 0, 1 are replica 0's stages; 2, 3 replica 1's: replicas agree bitwise.
         assert_eq!(out[0].1, out[2].1, "stage 0's replicas differ");
         assert_eq!(out[1].1, out[3].1, "stage 1's replicas differ");
         let got = gather_stages(out, 2);
         let d = rel_diff(&got, &want);
         assert!(d <= 1e-5, "2 x 2 {schedule:?} zero={zero}: relative {d}");
+        assert_eq!(
+            gather_stages(go(), 2),
+            got,
+            "2 x 2 {schedule:?}: a second run differs"
+        );
     }
 }
 
