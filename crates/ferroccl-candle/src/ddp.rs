@@ -102,6 +102,191 @@ pub trait Optimizer {
     /// The state: a name per kind of buffer (used in checkpoints as `name/param`) and
     /// one buffer per parameter, each as long as its parameter.
     fn state(&mut self) -> Vec<(&'static str, &mut Vec<Vec<f32>>)>;
+    /// Called once before the updates of every step that is applied (not of a step
+    /// skipped for overflow): Adam counts its steps here for the bias correction.
+    fn begin_step(&mut self) {}
+    /// Scalar state (Adam: the step count), saved in checkpoints as `opt/NAME`.
+    fn counters(&mut self) -> Vec<(&'static str, &mut u64)> {
+        Vec::new()
+    }
+}
+
+/// Adam (Kingma & Ba) and AdamW (Loshchilov & Hutter), PyTorch's `torch.optim.Adam` /
+/// `AdamW` update with t counted by [`Optimizer::begin_step`]:
+/// g' = g × scale (+ wd × w for Adam's L2 decay); m = β1 m + (1 − β1) g';
+/// v = β2 v + (1 − β2) g'²; w −= lr × (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε), and for
+/// AdamW first w −= lr × wd × w (decoupled decay). All in f32, element by element, so
+/// a shard of a flat buffer steps exactly as the whole ([`crate::zero::Zero`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adam {
+    /// β1, the first moment's decay.
+    pub beta1: f32,
+    /// β2, the second moment's decay.
+    pub beta2: f32,
+    /// ε, added to the root of the second moment.
+    pub eps: f32,
+    /// Weight decay: L2 (added to the gradient) for Adam, decoupled for AdamW.
+    pub weight_decay: f32,
+    /// AdamW's decoupled decay (true) or Adam's L2 (false).
+    pub decoupled: bool,
+    m: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    t: u64,
+}
+
+impl Adam {
+    /// Adam with β = (0.9, 0.999), ε = 1e-8 and L2 weight decay `weight_decay`.
+    pub fn new(weight_decay: f32) -> Self {
+        Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            decoupled: false,
+            m: Vec::new(),
+            v: Vec::new(),
+            t: 0,
+        }
+    }
+
+    /// AdamW with β = (0.9, 0.999), ε = 1e-8 and decoupled weight decay `weight_decay`.
+    pub fn adamw(weight_decay: f32) -> Self {
+        Adam {
+            decoupled: true,
+            ..Adam::new(weight_decay)
+        }
+    }
+
+    /// Steps taken (t).
+    pub fn steps(&self) -> u64 {
+        self.t
+    }
+}
+
+impl Optimizer for Adam {
+    fn init(&mut self, param_lens: &[usize]) {
+        self.m = param_lens.iter().map(|&n| vec![0.0; n]).collect();
+        self.v = self.m.clone();
+        self.t = 0;
+    }
+
+    fn begin_step(&mut self) {
+        self.t += 1;
+    }
+
+    fn update(&mut self, param: usize, w: &mut [f32], g: &[f32], lr: f32, grad_scale: f32) {
+        let t = self.t.clamp(1, i32::MAX as u64) as i32;
+        let (b1, b2) = (self.beta1, self.beta2);
+        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        let (m, v) = (&mut self.m[param], &mut self.v[param]);
+        for (((w, &gi), mi), vi) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let mut d = gi * grad_scale;
+            if self.decoupled {
+                *w -= lr * self.weight_decay * *w;
+            } else {
+                d += self.weight_decay * *w;
+            }
+            *mi = b1 * *mi + (1.0 - b1) * d;
+            *vi = b2 * *vi + (1.0 - b2) * d * d;
+            *w -= lr * (*mi / c1) / ((*vi / c2).sqrt() + self.eps);
+        }
+    }
+
+    fn state(&mut self) -> Vec<(&'static str, &mut Vec<Vec<f32>>)> {
+        vec![("exp_avg", &mut self.m), ("exp_avg_sq", &mut self.v)]
+    }
+
+    fn counters(&mut self) -> Vec<(&'static str, &mut u64)> {
+        vec![("step", &mut self.t)]
+    }
+}
+
+/// The optimizer's counters as checkpoint tensors `opt/NAME`: two f32 holding 24 bits
+/// each (exact below 2^48).
+pub(crate) fn counter_tensors(opt: &mut impl Optimizer) -> Vec<CkptTensor> {
+    opt.counters()
+        .into_iter()
+        .map(|(name, v)| CkptTensor {
+            name: format!("opt/{name}"),
+            shape: vec![2],
+            data: vec![(*v & 0xff_ffff) as f32, (*v >> 24) as f32],
+        })
+        .collect()
+}
+
+/// The elements of `ck`'s tensor `name`, which must have `shape`; else a typed error
+/// naming `source`.
+pub(crate) fn stored<'a>(
+    ck: &'a Checkpoint,
+    name: &str,
+    shape: &[usize],
+    source: &Path,
+) -> Result<&'a [f32]> {
+    let t = ck
+        .tensor(name)
+        .ok_or_else(|| Error::checkpoint(source, format!("no tensor {name}")))?;
+    if t.shape != shape {
+        return Err(Error::checkpoint(
+            source,
+            format!("{name} has shape {:?}, the model {shape:?}", t.shape),
+        ));
+    }
+    Ok(&t.data)
+}
+
+/// Every variable of `varmap`, in the order of their names.
+pub(crate) fn sorted_vars(varmap: &VarMap) -> Result<Vec<(String, Var)>> {
+    let mut vars: Vec<(String, Var)> = varmap
+        .data()
+        .lock()
+        .map_err(|_| Error::InvalidArgument("the VarMap's lock is poisoned".into()))?
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(vars)
+}
+
+/// Checks that `vars` are f32 with distinct names, and reads their values.
+pub(crate) fn read_vars(vars: Vec<(String, Var)>) -> Result<Vec<(String, Var, Vec<f32>)>> {
+    let mut out: Vec<(String, Var, Vec<f32>)> = Vec::with_capacity(vars.len());
+    for (name, var) in vars {
+        if var.dtype() != DType::F32 {
+            return Err(Error::InvalidArgument(format!(
+                "variable {name} is {:?}: the optimizer keeps f32 variables (cast to half \
+                 precision in the forward pass)",
+                var.dtype()
+            )));
+        }
+        if out.iter().any(|p| p.0 == name) {
+            return Err(Error::InvalidArgument(format!(
+                "variable name {name} given twice"
+            )));
+        }
+        let v = var
+            .as_tensor()
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(ce("reading a variable"))?;
+        out.push((name, var, v));
+    }
+    Ok(out)
+}
+
+/// The counter `opt/NAME` of `ck`, or a typed error naming `source`.
+pub(crate) fn read_counter(ck: &Checkpoint, name: &str, source: &Path) -> Result<u64> {
+    let t = ck
+        .tensor(&format!("opt/{name}"))
+        .ok_or_else(|| Error::checkpoint(source, format!("no tensor opt/{name}")))?;
+    match t.data.as_slice() {
+        [lo, hi] if lo.fract() == 0.0 && hi.fract() == 0.0 && *lo >= 0.0 && *hi >= 0.0 => {
+            Ok(*lo as u64 | (*hi as u64) << 24)
+        }
+        _ => Err(Error::checkpoint(
+            source,
+            format!("opt/{name} is not a step counter"),
+        )),
+    }
 }
 
 /// SGD with momentum and L2 weight decay (PyTorch's `torch.optim.SGD` update):
@@ -188,15 +373,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     /// order, or give the order with [`Ddp::from_vars`]. Collective: every rank calls
     /// it; rank 0's weights become every rank's.
     pub fn new(comm: &'c Communicator, varmap: &VarMap, opt: O, cfg: DdpConfig) -> Result<Self> {
-        let mut vars: Vec<(String, Var)> = varmap
-            .data()
-            .lock()
-            .map_err(|_| Error::InvalidArgument("the VarMap's lock is poisoned".into()))?
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
-        Self::from_vars(comm, vars, opt, cfg)
+        Self::from_vars(comm, sorted_vars(varmap)?, opt, cfg)
     }
 
     /// DDP over `vars`, named and in registration (forward) order: buckets are packed
@@ -208,32 +385,15 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
         mut opt: O,
         cfg: DdpConfig,
     ) -> Result<Self> {
-        let mut params = Vec::with_capacity(vars.len());
-        for (name, var) in vars {
-            if var.dtype() != DType::F32 {
-                return Err(Error::InvalidArgument(format!(
-                    "variable {name} is {:?}: Ddp keeps f32 variables (cast to half \
-                     precision in the forward pass)",
-                    var.dtype()
-                )));
-            }
-            if params.iter().any(|p: &Param| p.name == name) {
-                return Err(Error::InvalidArgument(format!(
-                    "variable name {name} given twice"
-                )));
-            }
-            let master = var
-                .as_tensor()
-                .flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(ce("reading a variable"))?;
-            params.push(Param {
+        let params: Vec<Param> = read_vars(vars)?
+            .into_iter()
+            .map(|(name, var, master)| Param {
                 name,
                 shape: var.dims().to_vec(),
                 var,
                 master,
-            });
-        }
+            })
+            .collect();
         let lens: Vec<usize> = params.iter().map(|p| p.master.len()).collect();
         opt.init(&lens);
         let reducer = GradReducer::new(
@@ -414,6 +574,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     /// buckets before the one that held them have been stepped; training is over).
     pub fn step(&mut self, lr: f64) -> Result<StepReport> {
         self.ready_to_step()?;
+        self.opt.begin_step();
         let mut waited = Duration::ZERO;
         for b in 0..self.reducer.plan().buckets.len() {
             let w = Instant::now();
@@ -448,6 +609,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
         let unscale = 1.0 / scaler.scale;
         let applied = scaler.update(finite) == ScaleAction::Apply;
         if applied {
+            self.opt.begin_step();
             for b in 0..nb {
                 self.apply_bucket(b, lr as f32, unscale)?;
             }
@@ -467,7 +629,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     /// and `state`, your own JSON (step, schedule, sampler position). Rank 0 saves it
     /// (`ferroccl::ddp::CheckpointDir`); the replicas are identical.
     pub fn snapshot(&mut self, state: serde_json::Value) -> Checkpoint {
-        let mut tensors = Vec::new();
+        let mut tensors = counter_tensors(&mut self.opt);
         let kinds = self.opt.state();
         for (j, p) in self.params.iter().enumerate() {
             tensors.push(CkptTensor {
@@ -527,33 +689,36 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
                 self.comm.broadcast(b, 0)?;
             }
         }
+        for (_, c) in self.opt.counters() {
+            let mut v = [*c as i64];
+            self.comm.broadcast(&mut v, 0)?;
+            *c = v[0] as u64;
+        }
         self.write_vars(0..self.params.len())?;
         Ok(Some(state))
     }
 
     /// Loads `ck` into the masters and the optimizer state, checking everything first.
     fn load(&mut self, ck: &Checkpoint, source: &Path) -> Result<()> {
-        let bad = |why: String| Error::checkpoint(source, why);
         let kinds: Vec<&'static str> = self.opt.state().iter().map(|(k, _)| *k).collect();
         // Per parameter: its weights, then one buffer per kind of optimizer state.
         let mut found: Vec<(Vec<f32>, Vec<Vec<f32>>)> = Vec::new();
         for p in &self.params {
             let take = |kind: &str| {
-                let name = format!("{kind}/{}", p.name);
-                let t = ck
-                    .tensor(&name)
-                    .ok_or_else(|| bad(format!("no tensor {name}")))?;
-                if t.shape != p.shape {
-                    return Err(bad(format!(
-                        "{name} has shape {:?}, the model {:?}",
-                        t.shape, p.shape
-                    )));
-                }
-                Ok(t.data.clone())
+                stored(ck, &format!("{kind}/{}", p.name), &p.shape, source).map(<[f32]>::to_vec)
             };
             let weights = take("param")?;
             let state = kinds.iter().map(|k| take(k)).collect::<Result<Vec<_>>>()?;
             found.push((weights, state));
+        }
+        let counters = self
+            .opt
+            .counters()
+            .iter()
+            .map(|(k, _)| read_counter(ck, k, source))
+            .collect::<Result<Vec<u64>>>()?;
+        for ((_, c), v) in self.opt.counters().into_iter().zip(counters) {
+            *c = v;
         }
         let mut states = self.opt.state();
         for (j, (p, (weights, state))) in self.params.iter_mut().zip(found).enumerate() {
@@ -568,7 +733,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
 
 /// Broadcasts rank 0's answer to "did it work?"; on other ranks a failure on rank 0
 /// becomes an error naming it.
-fn agree(comm: &Communicator, r: Result<()>, what: &str) -> Result<()> {
+pub(crate) fn agree(comm: &Communicator, r: Result<()>, what: &str) -> Result<()> {
     let mut ok = [u8::from(r.is_ok())];
     comm.broadcast(&mut ok, 0)?;
     match (r, ok[0]) {
@@ -581,9 +746,48 @@ fn agree(comm: &Communicator, r: Result<()>, what: &str) -> Result<()> {
 }
 
 /// Sends rank 0's bytes to every rank.
-fn broadcast_bytes(comm: &Communicator, bytes: &mut Vec<u8>) -> Result<()> {
+pub(crate) fn broadcast_bytes(comm: &Communicator, bytes: &mut Vec<u8>) -> Result<()> {
     let mut len = [bytes.len() as i64];
     comm.broadcast(&mut len, 0)?;
     bytes.resize(len[0] as usize, 0);
     comm.broadcast(bytes, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Adam, Optimizer};
+
+    #[test]
+    fn adams_first_step_moves_each_weight_by_lr_against_its_gradient() {
+        // With bias correction, step 1 is w −= lr × g / (|g| + ε): about lr × sign(g).
+        let mut a = Adam::new(0.0);
+        a.init(&[3]);
+        a.begin_step();
+        let mut w = [1.0f32, 1.0, 1.0];
+        a.update(0, &mut w, &[0.5, -2.0, 1e-3], 0.1, 1.0);
+        for (wi, want) in w.iter().zip([0.9f32, 1.1, 0.9]) {
+            assert!((wi - want).abs() < 1e-4, "{w:?}");
+        }
+        assert_eq!(a.steps(), 1);
+    }
+
+    #[test]
+    fn adamw_decays_the_weights_apart_from_the_gradient_and_adam_through_it() {
+        // A zero gradient: AdamW still shrinks w by lr × wd × w; Adam's L2 decay turns
+        // into a gradient of wd × w, normalised to a step of about lr.
+        let (mut w1, mut w2) = ([2.0f32], [2.0f32]);
+        let mut aw = Adam::adamw(0.5);
+        aw.init(&[1]);
+        aw.begin_step();
+        aw.update(0, &mut w1, &[0.0], 0.1, 1.0);
+        assert!((w1[0] - 1.9).abs() < 1e-6, "{w1:?}");
+        let mut a = Adam::new(0.5);
+        a.init(&[1]);
+        a.begin_step();
+        a.update(0, &mut w2, &[0.0], 0.1, 1.0);
+        assert!((w2[0] - 1.9).abs() < 1e-4, "{w2:?}");
+        // The second moment holds (wd × w)² × (1 − β2) for Adam, nothing for AdamW.
+        assert!(a.state()[1].1[0][0] > 0.0);
+        assert_eq!(aw.state()[1].1[0][0], 0.0);
+    }
 }

@@ -13,6 +13,8 @@ pub mod data;
 pub mod ddp;
 pub mod error;
 pub mod model;
+pub mod pipeline;
+pub mod zero;
 
 /// candle, as this crate builds on it: a user's model needs no version of its own.
 pub use candle_core;

@@ -95,6 +95,18 @@ pub struct PlanArgs {
     /// lump lost to communication and the rest ("about 15 % lost to communication").
     #[arg(long, allow_negative_numbers = true)]
     pub overhead: Option<f64>,
+    /// The pipeline question: stages P. With --micro-batches and --stage-ms, `plan`
+    /// answers with the bubble fraction and step time of P stages × M micro-batches
+    /// instead of the data-parallel report.
+    #[arg(long, allow_negative_numbers = true)]
+    pub pipeline: Option<usize>,
+    /// Micro-batches per step (M), for --pipeline.
+    #[arg(long, allow_negative_numbers = true)]
+    pub micro_batches: Option<usize>,
+    /// Time of one micro-batch's forward and backward on a stage, milliseconds: one
+    /// value for every stage, or one per stage (10,12,10,9), for --pipeline.
+    #[arg(long, allow_hyphen_values = true)]
+    pub stage_ms: Option<String>,
     /// Print every input and output as one JSON object instead of the report.
     #[arg(long)]
     pub json: bool,
@@ -146,6 +158,9 @@ struct PlanFile {
     comm_cut: Option<Count>,
     overlap: Option<f64>,
     overhead: Option<f64>,
+    pipeline: Option<usize>,
+    micro_batches: Option<usize>,
+    stage_ms: Option<Count>,
 }
 
 impl PlanFile {
@@ -180,6 +195,9 @@ impl PlanFile {
             comm_cut: f.comm_cut.map(Count::text),
             overlap: f.overlap,
             overhead: f.overhead,
+            pipeline: f.pipeline,
+            micro_batches: f.micro_batches,
+            stage_ms: f.stage_ms.map(Count::text),
             json: false,
         })
     }
@@ -244,6 +262,9 @@ fn merge(flags: PlanArgs, mut file: PlanArgs) -> PlanArgs {
         comm_cut: flags.comm_cut.or(file.comm_cut),
         overlap: flags.overlap.or(file.overlap),
         overhead: flags.overhead.or(file.overhead),
+        pipeline: flags.pipeline.or(file.pipeline),
+        micro_batches: flags.micro_batches.or(file.micro_batches),
+        stage_ms: flags.stage_ms.or(file.stage_ms),
         json: flags.json,
     }
 }
@@ -357,12 +378,97 @@ fn run(flags: PlanArgs) -> Result<String> {
         }
         None => flags,
     };
+    if args.pipeline.is_some() {
+        return pipeline(&args);
+    }
     let p = plan::compute(&input(args)?)?;
     if json {
         p.to_json()
     } else {
         Ok(p.render())
     }
+}
+
+/// A pipeline of per-stage times `t[s]` (forward + backward of one micro-batch) and m
+/// micro-batches, GPipe or 1F1B (the same): each phase is a flow shop of identical
+/// jobs, so the step takes Σ t + (m − 1) × max t, and the stages are busy m × Σ t of
+/// p × that. With equal stages: (m + p − 1) × t and a bubble of (p − 1)/(m + p − 1).
+pub fn pipeline_step(t: &[f64], m: usize) -> (f64, f64) {
+    let sum: f64 = t.iter().sum();
+    let max = t.iter().copied().fold(0.0, f64::max);
+    let step = sum + (m as f64 - 1.0) * max;
+    let busy = m as f64 * sum;
+    let bubble = if step > 0.0 {
+        1.0 - busy / (t.len() as f64 * step)
+    } else {
+        0.0
+    };
+    (step, bubble)
+}
+
+/// The pipeline question: bubble fraction and step time from per-stage time, p, m.
+fn pipeline(a: &PlanArgs) -> Result<String> {
+    let p = a.pipeline.unwrap_or(0);
+    let need = |what: &str| Error::InvalidArgument(format!("--pipeline needs {what}"));
+    let m = a.micro_batches.ok_or_else(|| need("--micro-batches M"))?;
+    let text = a.stage_ms.as_deref().ok_or_else(|| need("--stage-ms T"))?;
+    if p == 0 || m == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "--pipeline {p} --micro-batches {m}: both must be at least 1"
+        )));
+    }
+    let mut t: Vec<f64> = text
+        .split(',')
+        .map(|v| match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+            _ => Err(Error::InvalidArgument(format!(
+                "--stage-ms {text:?}: each time must be a positive number of milliseconds"
+            ))),
+        })
+        .collect::<Result<_>>()?;
+    if t.len() == 1 {
+        t = vec![t[0]; p];
+    }
+    if t.len() != p {
+        return Err(Error::InvalidArgument(format!(
+            "--stage-ms gives {} times for {p} stages",
+            t.len()
+        )));
+    }
+    let (step, bubble) = pipeline_step(&t, m);
+    let max = t.iter().copied().fold(0.0, f64::max);
+    let textbook = (p as f64 - 1.0) / (m + p - 1) as f64;
+    let ideal: f64 = m as f64 * t.iter().sum::<f64>() / p as f64;
+    // The smallest m with a bubble under 10 % (equal stages: 9 (p − 1)).
+    let m10 = (1..=1_000_000)
+        .find(|&k| pipeline_step(&t, k).1 < 0.10 - 1e-12)
+        .unwrap_or(0);
+    let out = serde_json::json!({
+        "stages": p, "micro_batches": m, "stage_ms": t,
+        "step_ms": step, "bubble_fraction": bubble, "textbook_bubble": textbook,
+        "ideal_step_ms": ideal, "peak_live_gpipe": m, "peak_live_1f1b": p.min(m),
+        "micro_batches_for_10pct_bubble": m10,
+    });
+    if a.json {
+        return serde_json::to_string_pretty(&out)
+            .map_err(|e| Error::InvalidArgument(format!("json: {e}")));
+    }
+    Ok(format!(
+        "pipeline: p = {p} stages, m = {m} micro-batches (GPipe and 1F1B alike)\n\
+         \x20 step time      = Σ t + (m − 1) × max t = {sum:.3} + {mm} × {max:.3} = {step:.3} ms\n\
+         \x20                  (no bubble: m × Σ t / p = {ideal:.3} ms)\n\
+         \x20 bubble         = 1 − m × Σ t / (p × step) = {b:.1} %\n\
+         \x20 textbook       = (p − 1)/(m + p − 1) = {p1}/{mp1} = {tb:.1} % (equal stages)\n\
+         \x20 live activations per stage: GPipe m = {m}; 1F1B at most min(p, m) = {pl} (stage s: min(p − s, m))\n\
+         \x20 micro-batches for a bubble under 10 %: m ≥ {m10}\n",
+        sum = t.iter().sum::<f64>(),
+        mm = m - 1,
+        b = bubble * 100.0,
+        p1 = p - 1,
+        mp1 = m + p - 1,
+        tb = textbook * 100.0,
+        pl = p.min(m),
+    ))
 }
 
 /// Runs `ferroccl plan`; errors go to stderr as `ferroccl plan: <error>` with exit code 2.
@@ -378,6 +484,29 @@ pub fn main(a: PlanArgs) -> ExitCode {
         Err(e) => {
             eprintln!("ferroccl plan: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(all(test, feature = "candle"))]
+mod tests {
+    use super::pipeline_step;
+    use ferroccl_candle::pipeline::schedule::{plan, simulate, Schedule};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The closed form is the schedules' own timing, played in virtual time, for
+        /// any per-stage times (forward a third, backward two thirds of each).
+        #[test]
+        fn the_closed_form_is_what_the_schedules_take(
+            t in proptest::collection::vec(0.5f64..20.0, 1..8), m in 1usize..24
+        ) {
+            let (step, bubble) = pipeline_step(&t, m);
+            let f: Vec<f64> = t.iter().map(|x| x / 3.0).collect();
+            let b: Vec<f64> = t.iter().map(|x| x * 2.0 / 3.0).collect();
+            let sim = simulate(&plan(Schedule::GPipe, t.len(), m).unwrap(), &f, &b).unwrap();
+            prop_assert!((sim.makespan - step).abs() < 1e-9 * step, "{} vs {}", sim.makespan, step);
+            prop_assert!((sim.bubble_fraction() - bubble).abs() < 1e-9);
         }
     }
 }

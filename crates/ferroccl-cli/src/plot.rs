@@ -7,6 +7,10 @@
 //! - `law.svg`, when a bench file was run with `--law`: measured (in-place) and
 //!   ring-law predicted time against size, both axes logarithmic.
 //!
+//! - `bubble.svg`, from a `pipeline_bench --json` file (ferroccl-candle's example):
+//!   the measured pipeline bubble fraction against micro-batches, per stage count and
+//!   schedule, next to the textbook (p − 1)/(m + p − 1).
+//!
 //! SVG is written with plotters' own text layout (no font files, no system libraries).
 //! The size axis has a tick at every power of two (or every few, for wide ranges).
 
@@ -63,20 +67,39 @@ pub fn main(a: PlotArgs) -> ExitCode {
 fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
     let mut busbw = Vec::new();
     let mut law = Vec::new();
+    let mut bubble = Vec::new();
     for f in &a.files {
         let text =
             std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        if let Some(b) = parse_bubble(&text) {
+            bubble.extend(b);
+            continue;
+        }
         let (b, l) = parse_file(&text, &stem(f)).map_err(|e| format!("{}: {e}", f.display()))?;
         busbw.extend(b);
         law.extend(l);
     }
     dedup_names(&mut busbw);
-    if busbw.iter().all(|s| s.points.is_empty()) {
+    dedup_names(&mut bubble);
+    if busbw.iter().all(|s| s.points.is_empty()) && bubble.is_empty() {
         return Err("no rows to plot in the given files".into());
     }
     std::fs::create_dir_all(&a.out_dir)
         .map_err(|e| format!("creating {}: {e}", a.out_dir.display()))?;
     let mut written = Vec::new();
+    if !bubble.is_empty() {
+        let p = a.out_dir.join("bubble.svg");
+        draw_lines(
+            &p,
+            &format!("{}: pipeline bubble against micro-batches", a.title),
+            ("micro-batches m", "bubble fraction (idle / step time)"),
+            &bubble,
+        )?;
+        written.push((p, bubble.len()));
+    }
+    if busbw.iter().all(|s| s.points.is_empty()) {
+        return Ok(written);
+    }
     let p = a.out_dir.join("busbw.svg");
     draw_busbw(&p, &format!("{}: busbw against size", a.title), &busbw)?;
     written.push((p, busbw.len()));
@@ -90,6 +113,98 @@ fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
         written.push((p, law.len()));
     }
     Ok(written)
+}
+
+/// A `pipeline_bench --json` file (`"tool": "pipeline-bubble"`, rows of p, m,
+/// schedule, measured, textbook): one measured series per (p, schedule) and one
+/// textbook series per p, x = m. `None` for any other file.
+pub fn parse_bubble(text: &str) -> Option<Vec<Series>> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    if v.get("tool").and_then(Value::as_str) != Some("pipeline-bubble") {
+        return None;
+    }
+    let mut out: Vec<Series> = Vec::new();
+    let mut add = |name: String, x: f64, y: f64| match out.iter_mut().find(|s| s.name == name) {
+        Some(s) => {
+            if !s.points.iter().any(|p| p.0 == x) {
+                s.points.push((x, y));
+            }
+        }
+        None => out.push(Series {
+            name,
+            points: vec![(x, y)],
+        }),
+    };
+    for r in v
+        .get("rows")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (Some(p), Some(m)) = (num(r, "p"), num(r, "m")) else {
+            continue;
+        };
+        let sched = r.get("schedule").and_then(Value::as_str).unwrap_or("?");
+        if let Some(y) = num(r, "measured") {
+            add(format!("p={p} {sched} measured"), m, y);
+        }
+        if let Some(y) = num(r, "textbook") {
+            add(format!("p={p} textbook (p-1)/(m+p-1)"), m, y);
+        }
+    }
+    for s in &mut out {
+        sort(&mut s.points);
+    }
+    Some(out)
+}
+
+/// Lines of `series` on linear axes from 0, markers on the points.
+fn draw_lines(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+) -> Result<(), String> {
+    let err = draw_err(path);
+    let all = || series.iter().flat_map(|s| s.points.iter());
+    let xmax = all().fold(1.0f64, |m, p| m.max(p.0)) + 0.5;
+    let ymax = all().fold(0.0f64, |m, p| m.max(p.1));
+    let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+    let root = SVGBackend::new(path, (1000, 650)).into_drawing_area();
+    root.fill(&WHITE).map_err(&err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..xmax, 0.0..ymax)
+        .map_err(&err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(&err)?;
+    for (i, s) in series.iter().enumerate() {
+        let c = color(i);
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+            .map_err(&err)?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
+            .map_err(&err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(&err)?;
+    root.present().map_err(&err)?;
+    Ok(())
 }
 
 fn stem(p: &Path) -> String {
@@ -447,6 +562,27 @@ mod tests {
             .find(|s| s.name == "ferroccl n=2")
             .expect("ferroccl");
         assert_eq!(f.points, [(1024.0, 1.0), (2048.0, 2.0)]);
+    }
+
+    #[test]
+    fn pipeline_bench_rows_become_measured_and_textbook_series() {
+        let text = r#"{"tool": "pipeline-bubble", "rows": [
+            {"p": 2, "m": 2, "schedule": "gpipe", "measured": 0.3, "textbook": 0.333},
+            {"p": 2, "m": 1, "schedule": "gpipe", "measured": 0.5, "textbook": 0.5},
+            {"p": 2, "m": 1, "schedule": "1f1b", "measured": 0.49, "textbook": 0.5}]}"#;
+        let s = parse_bubble(text).expect("a bubble file");
+        assert_eq!(s.len(), 3);
+        let g = s
+            .iter()
+            .find(|s| s.name == "p=2 gpipe measured")
+            .expect("gpipe");
+        assert_eq!(g.points, [(1.0, 0.5), (2.0, 0.3)]);
+        let t = s
+            .iter()
+            .find(|s| s.name.contains("textbook"))
+            .expect("textbook");
+        assert_eq!(t.points, [(1.0, 0.5), (2.0, 0.333)]);
+        assert!(parse_bubble(r#"{"tool": "ferroccl bench", "rows": []}"#).is_none());
     }
 
     #[test]

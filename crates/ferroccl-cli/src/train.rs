@@ -102,6 +102,22 @@ pub struct TrainArgs {
     /// Write the run's summary as JSON here (rank 0).
     #[arg(long)]
     summary: Option<PathBuf>,
+    /// Pipeline stages P. Above 1 (or with --zero 1), `train` trains an 8-layer MLP
+    /// (784-512×7-10: it splits evenly into 2, 4 or 8 stages, which LeNet's three
+    /// unequal segments cannot) cut into P stages × ranks/P data-parallel
+    /// replicas, and prints each rank's step-time table.
+    #[arg(long, default_value_t = 1)]
+    pipeline: usize,
+    /// Micro-batches per step with --pipeline (must divide the batch per replica).
+    #[arg(long, default_value_t = 1)]
+    micro_batches: usize,
+    /// Pipeline schedule: gpipe or 1f1b.
+    #[arg(long, default_value = "1f1b")]
+    schedule: String,
+    /// ZeRO stage with --pipeline: 0 (every replica holds the optimizer state) or 1
+    /// (sharded over the replicas).
+    #[arg(long, default_value_t = 0)]
+    zero: u8,
     /// Ranks to start when not under a launcher.
     #[arg(short = 'n', long, default_value = "1", value_parser = crate::args::ranks)]
     ranks: usize,
@@ -229,6 +245,9 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
     // finish the step, checkpoint, exit 75 so that a launcher restarts the job.
     tc.preemption = Some(ferroccl::ddp::Preemption::install()?);
+    if a.pipeline > 1 || a.zero > 0 {
+        return pipeline_run(a, &comm, &tc);
+    }
     let out = ferroccl_candle::train(&comm, &tc);
     let out = crate::trace::finish(&comm, a.trace.as_deref(), out)?;
     if comm.rank() == 0 {
@@ -255,6 +274,57 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         );
         if let Some(p) = &a.summary {
             let j = serde_json::to_string_pretty(s).expect("summary serialises");
+            std::fs::write(p, j)
+                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// `--pipeline P` / `--zero 1`: the MLP as a pipeline, and the step-time table.
+fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+    use ferroccl_candle::pipeline::{PipelineConfig, Schedule};
+    if a.zero > 1 {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "--zero {}: only ZeRO stage 1 (sharded optimizer state) is implemented",
+            a.zero
+        )));
+    }
+    let pcfg = PipelineConfig {
+        schedule: Schedule::parse(&a.schedule)?,
+        micro_batches: a.micro_batches,
+        zero: a.zero == 1,
+    };
+    let s = ferroccl_candle::pipeline::train::train_pipeline(comm, tc, pcfg, a.pipeline.max(1))?;
+    if comm.rank() == 0 {
+        println!(
+            "pipeline: {} stages × {} replicas, {} with {} micro-batches{}, MLP {:?}: {} steps, loss {:.4}",
+            s.stages,
+            s.replicas,
+            pcfg.schedule.name(),
+            s.micro_batches,
+            if pcfg.zero { ", ZeRO-1" } else { "" },
+            ferroccl_candle::pipeline::train::WIDTHS,
+            s.steps,
+            s.final_loss
+        );
+        println!("| rank | stage | replica | step ms | busy ms | bubble | textbook | peak live | optimizer bytes |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for (r, x) in s.per_rank.iter().enumerate() {
+            println!(
+                "| {r} | {} | {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {} | {} |",
+                x.stage,
+                x.replica,
+                x.step_ms,
+                x.busy_ms,
+                100.0 * x.bubble,
+                100.0 * s.textbook_bubble,
+                x.peak_live,
+                x.optimizer_bytes
+            );
+        }
+        if let Some(p) = &a.summary {
+            let j = serde_json::to_string_pretty(&s).expect("summary serialises");
             std::fs::write(p, j)
                 .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
         }

@@ -1,6 +1,7 @@
 //! ferroccl-candle's test suite: the data-parallel trainer on real ranks.
 
 mod ddp;
+mod pipeline;
 mod trainer;
 
 /// Rank 0's [`ferroccl::Error::Checkpoint`] as (path, why), once rank 1's error has been
@@ -18,4 +19,24 @@ fn refused_on_rank0(errs: &[ferroccl::Error]) -> (&std::path::Path, &str) {
         ferroccl::Error::Checkpoint { path, why } => (path, why),
         e => panic!("rank 0: {e}"),
     }
+}
+
+/// Fails unless README.md holds, dedented by four spaces, the lines of `example`
+/// (a path in this package) between `    // README:begin` and `    // README:end`.
+#[track_caller]
+fn readme_shows(example: &str) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = std::fs::read_to_string(root.join(example)).expect("the example");
+    let readme = std::fs::read_to_string(root.join("../../README.md")).expect("README");
+    let (_, rest) = src.split_once("// README:begin\n").expect("begin marker");
+    let (block, _) = rest.split_once("    // README:end").expect("end marker");
+    let dedented: String = block
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    assert!(block.lines().count() > 10);
+    assert!(
+        readme.contains(&dedented),
+        "README lacks the code of {example}:\n{dedented}"
+    );
 }

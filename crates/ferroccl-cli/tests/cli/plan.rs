@@ -1003,3 +1003,45 @@ fn simulate_prints_every_algorithm_and_the_least() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(bad.stderr.contains("--ranks"), "{}", bad.stderr);
 }
+
+#[test]
+fn the_pipeline_question_gets_the_textbook_bubble_and_step_time() {
+    let text = ok(&plan(&[
+        "--pipeline",
+        "4",
+        "--micro-batches",
+        "8",
+        "--stage-ms",
+        "10",
+    ]));
+    assert!(text.contains("= 110.000 ms"), "{text}");
+    assert!(text.contains("3/11 = 27.3 %"), "{text}");
+    assert!(text.contains("m ≥ 28"), "{text}");
+    let v = json(&plan(&[
+        "--pipeline",
+        "2",
+        "--micro-batches",
+        "4",
+        "--stage-ms",
+        "10,20",
+        "--json",
+    ]));
+    // Σ t + (m − 1) max t = 30 + 3 × 20; busy 4 × 30 of 2 × 90.
+    assert_eq!(num(&v, "step_ms"), 90.0);
+    assert!((num(&v, "bubble_fraction") - (1.0 - 120.0 / 180.0)).abs() < 1e-12);
+    fails(
+        &plan(&[
+            "--pipeline",
+            "3",
+            "--micro-batches",
+            "4",
+            "--stage-ms",
+            "1,2",
+        ]),
+        &["2 times for 3 stages"],
+    );
+    fails(
+        &plan(&["--pipeline", "3", "--stage-ms", "1"]),
+        &["--micro-batches"],
+    );
+}

@@ -256,3 +256,67 @@ fn a_preempted_rank_checkpoints_and_the_restarted_job_resumes() {
     assert!(this_run < total && this_run > 0, "{line}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_pipeline_run_prints_each_ranks_step_time_row_and_refuses_bad_layouts() {
+    let d = temp_dir("pipe");
+    let summary = d.join("p.json");
+    let o = ok(&[
+        "train",
+        "--synthetic",
+        "300",
+        "-b",
+        "8",
+        "-n",
+        "2",
+        "--pipeline",
+        "2",
+        "--micro-batches",
+        "4",
+        "--schedule",
+        "gpipe",
+        "--max-steps",
+        "2",
+        "--summary",
+        summary.to_str().unwrap(),
+    ]);
+    assert!(
+        o.stdout
+            .contains("2 stages × 1 replicas, gpipe with 4 micro-batches"),
+        "{}",
+        o.stdout
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let rows = s["per_rank"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    // GPipe holds every micro-batch's activations on every stage.
+    for r in rows {
+        assert_eq!(r["peak_live"], 4, "{r}");
+    }
+    assert_eq!(s["textbook_bubble"], 0.2);
+    let bad = ferroccl(
+        &[
+            "train",
+            "--synthetic",
+            "300",
+            "-n",
+            "3",
+            "--pipeline",
+            "2",
+            "--max-steps",
+            "1",
+        ],
+        DEADLINE,
+    );
+    assert!(!bad.status.success());
+    assert!(
+        bad.stderr.contains("do not divide the job's 3 ranks"),
+        "{}",
+        bad.stderr
+    );
+    let bad = ferroccl(&["train", "--zero", "2", "--max-steps", "1"], DEADLINE);
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("only ZeRO stage 1"), "{}", bad.stderr);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -1,0 +1,551 @@
+//! Pipeline parallelism: a model cut into stages, one stage per rank of a pipeline
+//! group, trained on m micro-batches per step under a [`Schedule`] (GPipe or 1F1B),
+//! like PyTorch's `torch.distributed.pipelining`.
+//!
+//! ```no_run
+//! # use candle_core::{DType, Device, Module, Tensor};
+//! # use candle_nn::{VarBuilder, VarMap};
+//! # use ferroccl::{Communicator, Config};
+//! use ferroccl_candle::ddp::Sgd;
+//! use ferroccl_candle::pipeline::{Pipeline, PipelineConfig, Schedule};
+//! # fn main() -> ferroccl::Result<()> {
+//! # let comm = Communicator::local_group(1, &Config::default())?.remove(0);
+//! # let (x, y) = (Tensor::zeros((8, 4), DType::F32, &Device::Cpu).unwrap(), Tensor::zeros(8, DType::U32, &Device::Cpu).unwrap());
+//! // This rank's stage: its own module over its own VarMap.
+//! let vm = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+//! let stage = candle_nn::linear(4, 3, vb.pp("fc")).unwrap();
+//! let cfg = PipelineConfig { schedule: Schedule::OneFOneB, micro_batches: 4, zero: false };
+//! let mut pipe = Pipeline::new(&comm, None, stage, &vm, &[4], Sgd::new(0.9, 0.0), cfg)?;
+//! let loss = |out: &Tensor, mb: std::ops::Range<usize>| {
+//!     candle_nn::loss::cross_entropy(out, &y.narrow(0, mb.start, mb.len())?)
+//! };
+//! // Every stage calls step; stage 0 passes the batch, the last stage's closure computes
+//! // each micro-batch's mean loss; every stage gets the batch's mean loss back.
+//! let report = pipe.step(8, Some(&x), &loss, 0.1)?;
+//! # let _ = report.loss; Ok(()) }
+//! ```
+//!
+//! **A step.** Stage s runs its [`schedule::plan`] action by action. A forward takes
+//! micro-batch k's input (stage 0: rows of the batch; otherwise the activation from
+//! stage s − 1, as a leaf variable), runs the module and sends the output to stage
+//! s + 1; a backward takes the gradient at the output (the last stage: from the loss
+//! of micro-batch k times 1/m, so that the step's loss is the mean over the whole
+//! batch), backpropagates through the stage, adds the parameters' gradients to the
+//! accumulated ones and sends the gradient at the input to stage s − 1. Sends are
+//! non-blocking (`send_start`) and the next receive in each direction is posted before
+//! the current micro-batch is computed (`recv_start`), so a stage computes micro-batch
+//! k + 1 while k is on the wire. After the last action the stage's optimizer steps
+//! its parameters through a [`Zero`]: over the stage's data-parallel group when there
+//! is one (gradients all-reduced, or reduce-scattered with ZeRO-1), and the last
+//! stage's loss is broadcast so that every stage returns the same.
+//!
+//! **Checked at the boundary.** Every tensor crosses as a header (its shape) and its
+//! f32 elements. A receiving stage compares the header with what it expects (its
+//! declared per-sample input shape, or the shape of the output it sent) and fails with
+//! [`Error::Mismatch`] naming both; a length that differs is the library's own
+//! `Mismatch`. Any failure in a step aborts the stage's communicators, so the other
+//! stages fail within their timeout instead of waiting forever.
+//!
+//! **2-D layouts**: [`Layout::split`] cuts a job of W ranks into W/P pipelines of P
+//! stages; rank r is stage r mod P of replica r / P, and the ranks holding the same
+//! stage form its data-parallel group.
+
+pub mod mlp;
+pub mod schedule;
+pub mod train;
+
+use crate::ddp::Optimizer;
+use crate::model::ce;
+use crate::zero::Zero;
+use candle_core::{DType, Module, Tensor, Var};
+use candle_nn::VarMap;
+use ferroccl::Pending;
+use ferroccl::{Communicator, Error, Result};
+pub use schedule::{Action, Schedule};
+use serde_json::json;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How a pipeline runs a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PipelineConfig {
+    /// GPipe or 1F1B.
+    pub schedule: Schedule,
+    /// Micro-batches per step (m); must divide the batch.
+    pub micro_batches: usize,
+    /// Shard the optimizer state over the stage's data-parallel group (ZeRO-1).
+    pub zero: bool,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            schedule: Schedule::GPipe,
+            micro_batches: 1,
+            zero: false,
+        }
+    }
+}
+
+/// What one [`Pipeline::step`] did on this stage.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepReport {
+    /// The step's loss: the mean over the whole batch, over every replica's share
+    /// (the same on every rank).
+    pub loss: f64,
+    /// Time spent computing forwards and backwards.
+    pub busy: Duration,
+    /// Time spent waiting for activations and gradients from neighbours.
+    pub waiting: Duration,
+    /// From the first action to the end of the last (before the optimizer step).
+    pub schedule_time: Duration,
+    /// The most micro-batches whose activations this stage held at once.
+    pub peak_live: usize,
+}
+
+/// The pipeline and data-parallel groups of one rank in a P × D layout.
+pub struct Layout {
+    /// This rank's pipeline (P ranks, in stage order).
+    pub pipe: Communicator,
+    /// The ranks holding the same stage (D ranks, in replica order).
+    pub data: Communicator,
+}
+
+impl Layout {
+    /// Splits `comm` (W ranks) into W / `stages` pipelines: rank r is stage r mod P of
+    /// replica r / P. Collective; W not a multiple of P is [`Error::InvalidArgument`]
+    /// on every rank.
+    pub fn split(comm: &Communicator, stages: usize) -> Result<Layout> {
+        let w = comm.world_size();
+        if stages == 0 || !w.is_multiple_of(stages) {
+            return Err(Error::InvalidArgument(format!(
+                "{stages} pipeline stages do not divide the job's {w} ranks"
+            )));
+        }
+        let r = comm.rank();
+        let (stage, replica) = (r % stages, r / stages);
+        let missing = || Error::InvalidArgument("split left this rank out".into());
+        let pipe = comm
+            .split(Some(replica as u32), stage as i64)?
+            .ok_or_else(missing)?;
+        let data = comm
+            .split(Some(stage as u32), replica as i64)?
+            .ok_or_else(missing)?;
+        Ok(Layout { pipe, data })
+    }
+}
+
+/// Message tags: kind in the top byte, the micro-batch below (matching is in posting
+/// order anyway; the tag makes a crossed message a mismatch, not a wrong tensor).
+const FWD_HEAD: u32 = 1 << 24;
+const FWD_DATA: u32 = 2 << 24;
+const BWD_HEAD: u32 = 3 << 24;
+const BWD_DATA: u32 = 4 << 24;
+/// Header: rank of the shape, then up to 7 dimensions.
+const HEAD: usize = 8;
+
+fn tag(kind: u32, mb: usize) -> u32 {
+    kind | (mb as u32 & 0x00ff_ffff)
+}
+
+fn header(dims: &[usize]) -> Result<Vec<i64>> {
+    if dims.len() >= HEAD {
+        return Err(Error::InvalidArgument(format!(
+            "a pipeline carries tensors of at most {} dimensions, not {dims:?}",
+            HEAD - 1
+        )));
+    }
+    let mut h = vec![0i64; HEAD];
+    h[0] = dims.len() as i64;
+    for (d, &v) in h[1..].iter_mut().zip(dims) {
+        *d = v as i64;
+    }
+    Ok(h)
+}
+
+fn dims_of(h: &[i64]) -> Vec<i64> {
+    let n = (h[0].max(0) as usize).min(HEAD - 1);
+    h[1..=n].to_vec()
+}
+
+/// A receive posted ahead: the header and the elements.
+struct Incoming {
+    head: Pending<i64>,
+    data: Pending<f32>,
+}
+
+/// A step's operations in flight: sends not yet confirmed and the receives posted
+/// ahead.
+#[derive(Default)]
+struct InFlight {
+    sends: Vec<Pending<f32>>,
+    heads: Vec<Pending<i64>>,
+    next_fwd: Option<Incoming>,
+    next_bwd: Option<(usize, Incoming)>,
+}
+
+/// What a forward keeps for its backward.
+struct Live {
+    input: Option<Var>,
+    output: Tensor,
+}
+
+/// One stage of a pipeline; see the module docs.
+pub struct Pipeline<'c, M, O> {
+    pipe: &'c Communicator,
+    module: M,
+    params: Zero<'c, O>,
+    in_shape: Vec<usize>,
+    cfg: PipelineConfig,
+    plan: Vec<Action>,
+}
+
+impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
+    /// Stage `pipe.rank()` of a pipeline of `pipe.world_size()` stages: `module` over
+    /// the variables of `varmap` (taken in name order), reading inputs of per-sample
+    /// shape `in_shape` (the batch dimension comes first and is not part of it),
+    /// stepped by `opt` over the stage's data-parallel group `data` (`None`: no data
+    /// parallelism). Collective over `data`: its rank 0's weights become every
+    /// replica's.
+    pub fn new(
+        pipe: &'c Communicator,
+        data: Option<&'c Communicator>,
+        module: M,
+        varmap: &VarMap,
+        in_shape: &[usize],
+        opt: O,
+        cfg: PipelineConfig,
+    ) -> Result<Self> {
+        let vars = crate::ddp::sorted_vars(varmap)?;
+        Self::from_vars(pipe, data, module, vars, in_shape, opt, cfg)
+    }
+
+    /// As [`Pipeline::new`], with the stage's variables named and in order.
+    pub fn from_vars(
+        pipe: &'c Communicator,
+        data: Option<&'c Communicator>,
+        module: M,
+        vars: Vec<(String, Var)>,
+        in_shape: &[usize],
+        opt: O,
+        cfg: PipelineConfig,
+    ) -> Result<Self> {
+        let (p, s) = (pipe.world_size(), pipe.rank());
+        let plan = schedule::plan(cfg.schedule, p, cfg.micro_batches)?.swap_remove(s);
+        let mut params = Zero::new(data, vars, opt, cfg.zero)?;
+        params.set_layout(json!({"stage": s, "stages": p}), pipe);
+        Ok(Pipeline {
+            pipe,
+            module,
+            params,
+            in_shape: in_shape.to_vec(),
+            cfg,
+            plan,
+        })
+    }
+
+    /// This stage's index.
+    pub fn stage(&self) -> usize {
+        self.pipe.rank()
+    }
+
+    /// This stage's parameters and optimizer.
+    pub fn params(&self) -> &Zero<'c, O> {
+        &self.params
+    }
+
+    /// As [`Pipeline::params`], mutable (for the optimizer-state size).
+    pub fn params_mut(&mut self) -> &mut Zero<'c, O> {
+        &mut self.params
+    }
+
+    /// The stage's weights by name.
+    pub fn weights(&self) -> Vec<(String, Vec<f32>)> {
+        self.params.weights()
+    }
+
+    /// One training step on a batch of `batch` samples (every stage passes the same):
+    /// stage 0 passes the batch as `input` (its first dimension `batch`), the last
+    /// stage's `loss(output, rows)` gives micro-batch `rows`' mean loss; then the
+    /// optimizer step at `lr`. Collective over the pipeline and the data-parallel
+    /// group. On any error this stage's communicators are aborted, so that every other
+    /// stage fails too rather than waiting.
+    pub fn step(
+        &mut self,
+        batch: usize,
+        input: Option<&Tensor>,
+        loss: &dyn Fn(&Tensor, Range<usize>) -> candle_core::Result<Tensor>,
+        lr: f64,
+    ) -> Result<StepReport> {
+        let m = self.cfg.micro_batches;
+        if batch == 0 || !batch.is_multiple_of(m) {
+            return Err(Error::InvalidArgument(format!(
+                "{m} micro-batches do not divide the batch of {batch}"
+            )));
+        }
+        if self.stage() == 0 {
+            match input {
+                Some(x) if x.dims().first() == Some(&batch) => {}
+                Some(x) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "stage 0's input has shape {:?}, not a batch of {batch}",
+                        x.dims()
+                    )))
+                }
+                None => {
+                    return Err(Error::InvalidArgument(
+                        "stage 0 needs the batch as input".into(),
+                    ))
+                }
+            }
+        }
+        let mut flight = InFlight::default();
+        let r = self.run(batch / m, input, loss, lr, &mut flight);
+        if r.is_err() {
+            // Before the operations still in flight are dropped (a drop waits for its
+            // operation): aborted, they end at once instead of at the timeout.
+            self.pipe.abort_handle().abort();
+            if let Some(c) = self.params.comm() {
+                c.abort_handle().abort();
+            }
+        }
+        drop(flight);
+        r
+    }
+
+    fn run(
+        &mut self,
+        mb: usize,
+        input: Option<&Tensor>,
+        loss: &dyn Fn(&Tensor, Range<usize>) -> candle_core::Result<Tensor>,
+        lr: f64,
+        fl: &mut InFlight,
+    ) -> Result<StepReport> {
+        let (p, s, m) = (self.pipe.world_size(), self.stage(), self.cfg.micro_batches);
+        let last = s + 1 == p;
+        let in_len: usize = mb * self.in_shape.iter().product::<usize>();
+        let mut live: Vec<Option<Live>> = (0..m).map(|_| None).collect();
+        let (mut n_live, mut peak) = (0usize, 0usize);
+        let mut rep = StepReport::default();
+        let mut loss_sum = 0.0f64;
+        let t0 = Instant::now();
+        // The next receive of each direction, posted one micro-batch ahead.
+        let fwd_order = schedule::order(&self.plan, true);
+        let bwd_order = schedule::order(&self.plan, false);
+        let (mut fi, mut bi) = (0usize, 0usize);
+        let post_fwd = |i: usize| -> Result<Option<Incoming>> {
+            match fwd_order.get(i) {
+                Some(&k) if s > 0 => Ok(Some(Incoming {
+                    head: self
+                        .pipe
+                        .recv_start(vec![0i64; HEAD], s - 1, tag(FWD_HEAD, k))?,
+                    data: self
+                        .pipe
+                        .recv_start(vec![0f32; in_len], s - 1, tag(FWD_DATA, k))?,
+                })),
+                _ => Ok(None),
+            }
+        };
+        fl.next_fwd = post_fwd(0)?;
+        for &a in &self.plan.clone() {
+            match a {
+                Action::Forward(k) => {
+                    let x = if s == 0 {
+                        input
+                            .expect("checked in step")
+                            .narrow(0, k * mb, mb)
+                            .map_err(ce("taking a micro-batch"))?
+                    } else {
+                        let inc = fl.next_fwd.take().expect("posted ahead");
+                        fi += 1;
+                        fl.next_fwd = post_fwd(fi)?;
+                        let mut want = vec![mb];
+                        want.extend_from_slice(&self.in_shape);
+                        let w = Instant::now();
+                        let t = self.take(inc, &want, s - 1, k, "activations")?;
+                        rep.waiting += w.elapsed();
+                        t
+                    };
+                    let c = Instant::now();
+                    let (inp, x) = if s == 0 {
+                        (None, x)
+                    } else {
+                        let v = Var::from_tensor(&x).map_err(ce("stage input"))?;
+                        let t = v.as_tensor().clone();
+                        (Some(v), t)
+                    };
+                    let out = self.module.forward(&x).map_err(ce("stage forward"))?;
+                    if out.dtype() != DType::F32 {
+                        return Err(Error::InvalidArgument(format!(
+                            "stage {s} produced {:?} activations; pipelines carry f32",
+                            out.dtype()
+                        )));
+                    }
+                    if !last {
+                        let h = header(out.dims())?;
+                        let data = flat(&out)?;
+                        fl.heads
+                            .push(self.pipe.send_start(h, s + 1, tag(FWD_HEAD, k))?);
+                        fl.sends
+                            .push(self.pipe.send_start(data, s + 1, tag(FWD_DATA, k))?);
+                    }
+                    live[k] = Some(Live {
+                        input: inp,
+                        output: out,
+                    });
+                    n_live += 1;
+                    peak = peak.max(n_live);
+                    rep.busy += c.elapsed();
+                }
+                Action::Backward(k) => {
+                    let Live { input: inp, output } = live[k].take().expect("forward first");
+                    let grads = if last {
+                        let c = Instant::now();
+                        let l = loss(&output, k * mb..(k + 1) * mb).map_err(ce("loss"))?;
+                        loss_sum += l.to_scalar::<f32>().map_err(ce("loss"))? as f64;
+                        let l = (l * (1.0 / m as f64)).map_err(ce("loss scaling"))?;
+                        let g = l.backward().map_err(ce("backward"))?;
+                        rep.busy += c.elapsed();
+                        g
+                    } else {
+                        let (k0, inc) = match fl.next_bwd.take() {
+                            Some(x) => x,
+                            None => (k, self.post_bwd(k, output.dims())?),
+                        };
+                        debug_assert_eq!(k0, k);
+                        bi += 1;
+                        // The next gradient's receive goes out before this one is used.
+                        if let Some(&k1) = bwd_order.get(bi) {
+                            if let Some(o) = live[k1].as_ref() {
+                                fl.next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
+                            }
+                        }
+                        let w = Instant::now();
+                        let g = self.take(inc, output.dims(), s + 1, k, "gradients")?;
+                        rep.waiting += w.elapsed();
+                        let c = Instant::now();
+                        let sur = (&output * &g)
+                            .and_then(|t| t.sum_all())
+                            .map_err(ce("stage backward"))?;
+                        let g = sur.backward().map_err(ce("stage backward"))?;
+                        rep.busy += c.elapsed();
+                        g
+                    };
+                    let c = Instant::now();
+                    self.params.accumulate(&grads)?;
+                    if let Some(v) = inp {
+                        let gi = grads.get(v.as_tensor()).ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "stage {s}'s output does not depend on its input"
+                            ))
+                        })?;
+                        let h = header(gi.dims())?;
+                        let data = flat(gi)?;
+                        fl.heads
+                            .push(self.pipe.send_start(h, s - 1, tag(BWD_HEAD, k))?);
+                        fl.sends
+                            .push(self.pipe.send_start(data, s - 1, tag(BWD_DATA, k))?);
+                    }
+                    n_live -= 1;
+                    rep.busy += c.elapsed();
+                }
+            }
+            // Once the next backward's forward is done, its gradient's receive is
+            // posted, so it lands while this stage computes.
+            if !last && fl.next_bwd.is_none() {
+                if let Some(&k1) = bwd_order.get(bi) {
+                    if let Some(o) = live[k1].as_ref() {
+                        fl.next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
+                    }
+                }
+            }
+        }
+        let w = Instant::now();
+        for h in fl.heads.drain(..) {
+            h.wait()?;
+        }
+        for d in fl.sends.drain(..) {
+            d.wait()?;
+        }
+        rep.waiting += w.elapsed();
+        rep.schedule_time = t0.elapsed();
+        rep.peak_live = peak;
+        self.params.step(lr)?;
+        let mut l = [loss_sum / m as f64];
+        self.pipe.broadcast(&mut l, p - 1)?;
+        if let Some(c) = self.params.comm() {
+            // Each replica had its share of the batch: the loss of the whole.
+            c.all_reduce(&mut l, ferroccl::ReduceOp::Avg)?;
+        }
+        rep.loss = l[0];
+        Ok(rep)
+    }
+
+    fn post_bwd(&self, k: usize, dims: &[usize]) -> Result<Incoming> {
+        let s = self.stage();
+        let n: usize = dims.iter().product();
+        Ok(Incoming {
+            head: self
+                .pipe
+                .recv_start(vec![0i64; HEAD], s + 1, tag(BWD_HEAD, k))?,
+            data: self
+                .pipe
+                .recv_start(vec![0f32; n], s + 1, tag(BWD_DATA, k))?,
+        })
+    }
+
+    /// Waits for a posted receive and checks its header against `want`.
+    fn take(
+        &self,
+        inc: Incoming,
+        want: &[usize],
+        peer: usize,
+        k: usize,
+        what: &str,
+    ) -> Result<Tensor> {
+        let s = self.stage();
+        let head = inc.head.wait()?;
+        let got = dims_of(&head);
+        let want_i: Vec<i64> = want.iter().map(|&d| d as i64).collect();
+        if got != want_i {
+            // Let the elements' receive finish or fail before reporting.
+            drop(inc.data);
+            return Err(Error::Mismatch {
+                rank: self.pipe.rank(),
+                peer,
+                ours: format!("stage {s} expects {what} of shape {want:?} f32 for micro-batch {k}"),
+                theirs: format!("stage {peer} sent shape {got:?}"),
+            });
+        }
+        let data = inc.data.wait()?;
+        Tensor::from_vec(data, want, &candle_core::Device::Cpu).map_err(ce("received tensor"))
+    }
+
+    /// A checkpoint of this stage (weights, optimizer state, the layout) and `state`,
+    /// on rank 0 of the stage's data-parallel group; collective over that group.
+    pub fn snapshot(
+        &mut self,
+        state: serde_json::Value,
+    ) -> Result<Option<ferroccl::ddp::Checkpoint>> {
+        self.params.snapshot(state)
+    }
+
+    /// Restores this stage from a checkpoint (see [`Zero::restore`]); one written by
+    /// another stage or another stage count is [`Error::Checkpoint`]. Collective over
+    /// the data-parallel group and the pipeline: when any stage fails to load, every
+    /// stage fails and none changes.
+    pub fn restore(
+        &mut self,
+        loaded: Result<Option<(PathBuf, ferroccl::ddp::Checkpoint)>>,
+    ) -> Result<Option<serde_json::Value>> {
+        self.params.restore(loaded)
+    }
+}
+
+fn flat(t: &Tensor) -> Result<Vec<f32>> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(ce("sending a tensor"))
+}
