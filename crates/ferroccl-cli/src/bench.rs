@@ -109,8 +109,9 @@ pub struct BenchArgs {
     /// (also FERROCCL_TCP_CONGESTION).
     #[arg(long = "tcp-congestion", value_parser = |s: &str| ferroccl::TcpCongestion::parse(s).map_err(|e| e.to_string()))]
     pub tcp_congestion: Option<ferroccl::TcpCongestion>,
-    /// Microseconds a waiting rank polls its links before sleeping (see Config::busy_poll).
-    #[arg(long = "busy-poll-us")]
+    /// Microseconds a waiting rank polls its links before sleeping (see
+    /// Config::busy_poll), 0 to 10,000,000 (10 s).
+    #[arg(long = "busy-poll-us", value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     pub busy_poll_us: Option<u64>,
     /// Timing: `avg` (nccl-tests: back-to-back iterations, mean, max over ranks) or
     /// `median` (each iteration after a barrier, max over ranks, median: how the peer

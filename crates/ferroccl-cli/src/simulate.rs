@@ -16,8 +16,9 @@ use std::process::ExitCode;
 /// Arguments of `ferroccl simulate`.
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
-    /// World sizes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096")]
+    /// World sizes, comma-separated (each 1 to 65,536: the simulation holds every
+    /// rank's plan).
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096", value_parser = crate::args::ranks)]
     pub ranks: Vec<usize>,
     /// Smallest message in bytes (suffixes K, M, G).
     #[arg(short = 'b', long = "minbytes", value_parser = parse_size, default_value = "1K")]

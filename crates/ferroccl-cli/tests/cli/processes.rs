@@ -184,6 +184,11 @@ fn bench_and_train_refuse_numbers_out_of_range() {
         (&["bench", "--ranks", "60000"], "CPUs"),
         (&["train", "-n", "0"], "at least 1 rank"),
         (&["bench", "-n", "18446744073709551615"], "most allowed"),
+        (
+            &["bench", "--busy-poll-us", "18446744073709551615"],
+            "not in 0..=10000000",
+        ),
+        (&["simulate", "--ranks", "99999999999"], "most allowed"),
         (&["bench", "--split", "0"], "at least 1 rank"),
         (&["bench", "--segment-bytes", "0"], "segment_bytes"),
         (&["train", "--epochs", "0"], "not in 1.."),
