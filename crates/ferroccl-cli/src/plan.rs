@@ -417,6 +417,12 @@ fn pipeline(a: &PlanArgs) -> Result<String> {
             "--pipeline {p} --micro-batches {m}: both must be at least 1"
         )));
     }
+    if p > crate::args::MAX_RANKS || m > 1_000_000 {
+        return Err(Error::InvalidArgument(format!(
+            "--pipeline {p} --micro-batches {m}: at most {} stages and 1,000,000 micro-batches",
+            crate::args::MAX_RANKS
+        )));
+    }
     let mut t: Vec<f64> = text
         .split(',')
         .map(|v| match v.trim().parse::<f64>() {

@@ -106,17 +106,18 @@ pub struct TrainArgs {
     /// (784-512×7-10: it splits evenly into 2, 4 or 8 stages, which LeNet's three
     /// unequal segments cannot) cut into P stages × ranks/P data-parallel
     /// replicas, and prints each rank's step-time table.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value = "1", value_parser = crate::args::ranks)]
     pipeline: usize,
-    /// Micro-batches per step with --pipeline (must divide the batch per replica).
-    #[arg(long, default_value_t = 1)]
+    /// Micro-batches per step with --pipeline (must divide the batch per replica),
+    /// 1 to 1,000,000.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     micro_batches: usize,
     /// Pipeline schedule: gpipe or 1f1b.
-    #[arg(long, default_value = "1f1b")]
+    #[arg(long, default_value = "1f1b", value_parser = clap::builder::PossibleValuesParser::new(["gpipe", "1f1b"]), ignore_case = true)]
     schedule: String,
     /// ZeRO stage with --pipeline: 0 (every replica holds the optimizer state) or 1
     /// (sharded over the replicas).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     zero: u8,
     /// Ranks to start when not under a launcher.
     #[arg(short = 'n', long, default_value = "1", value_parser = crate::args::ranks)]
@@ -240,6 +241,7 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         base.tuning.timeout = a.timeout;
         Communicator::local_group(1, &base)?.remove(0)
     } else {
+        check_pipeline(a, a.ranks)?;
         return relaunch(a.ranks, a.max_restarts, &[], &[]);
     };
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
@@ -281,15 +283,33 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     Ok(())
 }
 
+/// The pipeline flags against a job of `world` ranks, before any rank starts (each
+/// rank would otherwise say it, once per rank).
+fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
+    if a.pipeline <= 1 && a.zero == 0 {
+        return Ok(());
+    }
+    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+    if !world.is_multiple_of(a.pipeline) {
+        return bad(format!(
+            "--pipeline {}: {world} ranks do not make whole pipelines of {} stages",
+            a.pipeline, a.pipeline
+        ));
+    }
+    let replicas = world / a.pipeline;
+    if !a.batch.is_multiple_of(replicas) || !(a.batch / replicas).is_multiple_of(a.micro_batches) {
+        return bad(format!(
+            "--micro-batches {}: the batch {} over {replicas} replica(s) does not cut into {} equal micro-batches",
+            a.micro_batches, a.batch, a.micro_batches
+        ));
+    }
+    Ok(())
+}
+
 /// `--pipeline P` / `--zero 1`: the MLP as a pipeline, and the step-time table.
 fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
     use ferroccl_candle::pipeline::{PipelineConfig, Schedule};
-    if a.zero > 1 {
-        return Err(ferroccl::Error::InvalidArgument(format!(
-            "--zero {}: only ZeRO stage 1 (sharded optimizer state) is implemented",
-            a.zero
-        )));
-    }
+    // --zero is 0 or 1 (the flag's parser): ZeRO-1 is the only stage built.
     let pcfg = PipelineConfig {
         schedule: Schedule::parse(&a.schedule)?,
         micro_batches: a.micro_batches,

@@ -272,11 +272,13 @@ fn stalled_rank(transport: &str, env: &[(&str, &str)], victim: usize) {
         assert!(
             err.contains("timed out")
                 && (err.contains(&format!("rank {victim} did not answer"))
-                    || err.contains(&format!("rank {victim} not asked"))
+                    || err.contains("the job's store did not answer")
                     || err.contains(&format!("from rank {victim}"))),
             "{transport}: rank {rank}: {err}"
         );
-        // Nobody calls a live rank unreachable.
+        // Nobody calls a live rank unreachable. (Whether a live rank answers within
+        // the probe's 500 ms depends on the machine's load: tools/stall-check
+        // measures that on a quiet one.)
         assert!(
             !err.contains("unreachable"),
             "{transport}: rank {rank}: {err}"

@@ -633,6 +633,9 @@ impl Engine {
         let deadline = Instant::now() + budget;
         let mut same = Vec::new();
         let mut parts = Vec::new();
+        // Peers whose address this rank never learnt, when the store that would say it
+        // is silent too: counted, not named (nothing is known of them).
+        let mut unasked = 0usize;
         let answers = self.connector.peers_status(&order, deadline);
         for (p, answer) in order.into_iter().zip(answers) {
             match answer {
@@ -652,9 +655,7 @@ impl Engine {
                 }
                 Err(e @ Error::Rendezvous(_)) => {
                     tracing::debug!("status query to rank {p}: no address: {e}");
-                    parts.push(format!(
-                        "rank {p} not asked (its address is not known here and the store did not answer)"
-                    ));
+                    unasked += 1;
                 }
                 Err(e) => {
                     tracing::debug!("status query to rank {p} failed: {e}");
@@ -670,6 +671,15 @@ impl Engine {
                 "{who} {} {verb} in #{} too",
                 list.join(", "),
                 fp.seq
+            ));
+        }
+        if unasked > 0 {
+            let (n, verb) = match unasked {
+                1 => ("1 rank".to_string(), "was"),
+                n => (format!("{n} ranks"), "were"),
+            };
+            parts.push(format!(
+                "the job's store did not answer within {budget:?}, so {n} whose address this rank never needed {verb} not asked"
             ));
         }
         if skipped > 0 {
