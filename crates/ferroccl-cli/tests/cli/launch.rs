@@ -646,7 +646,9 @@ fn every_ranks_last_line_reaches_the_output() {
         case "$RANK" in
         1) echo "progress line" >&2; echo "rank 1: the disk is full" >&2; touch "$DIR/failed"; exit 3 ;;
         2) exec sleep 30 ;;
-        *) while [ ! -e "$DIR/failed" ]; do sleep 0.02; done
+        *) # Stopped before they noticed (a slow machine), they say it all the same.
+           trap 'echo "rank $RANK: peer 1 failed first" >&2; exit 1' TERM
+           while [ ! -e "$DIR/failed" ]; do sleep 0.02; done
            echo "rank $RANK: peer 1 failed first" >&2; exit 1 ;;
         esac
     "#;
@@ -655,7 +657,10 @@ fn every_ranks_last_line_reaches_the_output() {
         "-n 4 (last words)",
     );
     let stderr = o.stderr();
-    assert_eq!(o.code(), Some(3), "stderr: {stderr}");
+    // Rank 1 fails first, but the others may end within the same look of the
+    // launcher (every 10 ms), so the failure it names may be theirs: the exit code is
+    // that rank's. What must hold is that every rank's own words are there.
+    assert!(matches!(o.code(), Some(1 | 3)), "stderr: {stderr}");
     let summary = stderr
         .split_once("ferroccl launch: each rank's last line on stderr:\n")
         .map(|(_, s)| s)
@@ -676,8 +681,16 @@ fn every_ranks_last_line_reaches_the_output() {
         summary.contains("  [2] (killed by signal 15 SIGTERM) nothing on stderr\n"),
         "{summary}"
     );
+    // Rank 2 never ends on its own: it is stopped (ranks 0 and 3 too, on a machine
+    // too slow for them to notice within the launcher's 0.7 s).
+    let last = stderr.lines().last().unwrap_or_default();
     assert!(
-        stderr.contains("rank 1 failed (exit status 3); stopped rank 2"),
+        last.contains("failed (exit status")
+            && last.contains("; stopped rank")
+            && last
+                .split("; stopped rank")
+                .nth(1)
+                .is_some_and(|l| l.contains('2')),
         "{stderr}"
     );
     assert_all_gone(&pids_in(&dir));
