@@ -185,24 +185,7 @@ fn draw_lines(
         .y_desc(y_desc)
         .draw()
         .map_err(&err)?;
-    for (i, s) in series.iter().enumerate() {
-        let c = color(i);
-        chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
-            .map_err(&err)?
-            .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
-        chart
-            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
-            .map_err(&err)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(&err)?;
+    lines_with_dots(&mut chart, series, SeriesLabelPosition::UpperRight, &err)?;
     root.present().map_err(&err)?;
     Ok(())
 }
@@ -398,25 +381,43 @@ fn draw_busbw(path: &Path, title: &str, series: &[Series]) -> Result<(), String>
         .x_label_formatter(&|x| size_label(*x))
         .draw()
         .map_err(&err)?;
+    lines_with_dots(&mut chart, series, SeriesLabelPosition::UpperLeft, &err)?;
+    root.present().map_err(&err)?;
+    Ok(())
+}
+
+/// Each of `series` as a line with a dot on every point, and the legend at `legend`:
+/// what the busbw and the bubble plots share, on whatever axes.
+fn lines_with_dots<'a, DB, X, Y, F>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    series: &[Series],
+    legend: SeriesLabelPosition,
+    err: &F,
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+    F: Fn(DrawingAreaErrorKind<DB::ErrorType>) -> String,
+{
     for (i, s) in series.iter().enumerate() {
         let c = color(i);
         chart
             .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
-            .map_err(&err)?
+            .map_err(err)?
             .label(s.name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
         chart
             .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
-            .map_err(&err)?;
+            .map_err(err)?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(legend)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(&err)?;
-    root.present().map_err(&err)?;
+        .map_err(err)?;
     Ok(())
 }
 
