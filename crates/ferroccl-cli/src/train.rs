@@ -344,7 +344,9 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferrocc
             );
         }
         if let Some(p) = &a.summary {
-            let j = serde_json::to_string_pretty(&s).expect("summary serialises");
+            let j = serde_json::to_string_pretty(&s).map_err(|e| {
+                ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}"))
+            })?;
             std::fs::write(p, j)
                 .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
         }

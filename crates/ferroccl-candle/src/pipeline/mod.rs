@@ -354,11 +354,14 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                 Action::Forward(k) => {
                     let x = if s == 0 {
                         input
-                            .expect("checked in step")
+                            .ok_or_else(|| out_of_plan("stage 0 has no input batch"))?
                             .narrow(0, k * mb, mb)
                             .map_err(ce("taking a micro-batch"))?
                     } else {
-                        let inc = fl.next_fwd.take().expect("posted ahead");
+                        let inc = fl
+                            .next_fwd
+                            .take()
+                            .ok_or_else(|| out_of_plan("a forward with no receive posted"))?;
                         fi += 1;
                         fl.next_fwd = post_fwd(fi)?;
                         let mut want = vec![mb];
@@ -400,7 +403,10 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                     rep.busy += c.elapsed();
                 }
                 Action::Backward(k) => {
-                    let Live { input: inp, output } = live[k].take().expect("forward first");
+                    let Live { input: inp, output } = live
+                        .get_mut(k)
+                        .and_then(Option::take)
+                        .ok_or_else(|| out_of_plan("a backward before its forward"))?;
                     let grads = if last {
                         let c = Instant::now();
                         let l = loss(&output, k * mb..(k + 1) * mb).map_err(ce("loss"))?;
@@ -548,4 +554,12 @@ fn flat(t: &Tensor) -> Result<Vec<f32>> {
     t.flatten_all()
         .and_then(|t| t.to_vec1::<f32>())
         .map_err(ce("sending a tensor"))
+}
+
+/// A schedule that broke its own plan's rules (plans are validated, so this is a bug
+/// in this module): an error, not a panic in the middle of a step.
+fn out_of_plan(what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "pipeline executor: {what} (the schedule's plan broke its rules)"
+    ))
 }
