@@ -76,7 +76,7 @@ pub use crate::algo::select::AllReduceAlgo;
 impl std::str::FromStr for AllReduceAlgo {
     type Err = Error;
     /// `auto`, `ring`, `rd` (or `recursive-doubling`), `rabenseifner`, `tree`, `hier`
-    /// (or `hierarchical`); anything else is an error naming them, never a fallback.
+    /// (or `hierarchical`), `one-shot`, `two-shot`; anything else is an error naming them, never a fallback.
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Self::Auto,
@@ -85,10 +85,12 @@ impl std::str::FromStr for AllReduceAlgo {
             "rabenseifner" | "rab" => Self::Rabenseifner,
             "tree" => Self::Tree,
             "hier" | "hierarchical" => Self::Hierarchical,
+            "one-shot" | "oneshot" => Self::OneShot,
+            "two-shot" | "twoshot" => Self::TwoShot,
             other => {
                 return Err(Error::Config(format!(
                     "unknown all-reduce algorithm '{other}': use auto, ring, rd, rabenseifner, \
-                     tree or hier"
+                     tree, hier, one-shot or two-shot"
                 )))
             }
         })
@@ -423,6 +425,12 @@ pub struct ShmOptions {
     /// hosts with threads of one process; empty by default.
     #[doc(hidden)]
     pub host_tag: String,
+    /// When every rank of the job is on this host, collectives read their peers'
+    /// memory directly (symmetric memory: one workspace per rank that every rank maps;
+    /// one-shot and two-shot all-reduce) instead of streaming frames through the
+    /// rings. Default on; `FERROCCL_SHM_SYMMETRIC=off` turns it off (every rank must
+    /// agree: one that says off turns it off for all).
+    pub symmetric: bool,
 }
 
 impl ShmOptions {
@@ -453,6 +461,7 @@ impl Default for ShmOptions {
             ring_bytes: DEFAULT_SHM_RING_BYTES,
             single_copy_min: DEFAULT_SHM_SINGLE_COPY_MIN,
             host_tag: String::new(),
+            symmetric: true,
         }
     }
 }
@@ -774,6 +783,17 @@ impl Config {
             c.transport.shm.single_copy_min = ShmOptions::parse_single_copy(v)
                 .map_err(|e| Error::Env(format!("FERROCCL_SHM_SINGLE_COPY: {e}")))?;
         }
+        if let Some(v) = &env.shm_symmetric {
+            c.transport.shm.symmetric = match v.to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => {
+                    return Err(Error::Env(format!(
+                        "FERROCCL_SHM_SYMMETRIC: {v:?} is neither `on` nor `off`"
+                    )))
+                }
+            };
+        }
         if let Some(t) = &env.tcp_congestion {
             c.transport.tcp.congestion = TcpCongestion::parse(t)
                 .map_err(|e| Error::Env(format!("FERROCCL_TCP_CONGESTION: {e}")))?;
@@ -953,12 +973,13 @@ mod tests {
     use super::*;
 
     /// Every variable the launcher environment is read from.
-    const ENV_VARS: [&str; 37] = [
+    const ENV_VARS: [&str; 38] = [
         "FERROCCL_ALGO",
         "FERROCCL_COST_MODEL",
         "FERROCCL_JOB_ID",
         "FERROCCL_RDMA_GID_INDEX",
         "FERROCCL_SHM_SINGLE_COPY",
+        "FERROCCL_SHM_SYMMETRIC",
         "FERROCCL_TCP_CONGESTION",
         "FERROCCL_TOKEN",
         "FERROCCL_TRACE_CAPACITY",

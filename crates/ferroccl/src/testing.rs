@@ -26,10 +26,13 @@ pub enum Net {
     Local,
     /// Loopback TCP with a real rendezvous store (the transport forced to `tcp`).
     Tcp,
-    /// Shared memory (`shm`) with a real rendezvous store, every rank on this host.
+    /// Shared memory (`shm`) with a real rendezvous store, every rank on this host:
+    /// symmetric memory (the collectives read their peers' workspaces).
     Shm,
-    /// [`Net::Shm`] with single copy from the smallest size it takes (a page): each
-    /// reader pulls every collective payload of a page or more from its writer's
+    /// [`Net::Shm`] without symmetric memory: every collective through the rings.
+    ShmRings,
+    /// [`Net::ShmRings`] with single copy from the smallest size it takes (a page):
+    /// each reader pulls every collective payload of a page or more from its writer's
     /// memory.
     ShmPull,
     /// A real rendezvous store, the ranks split into emulated hosts of this many
@@ -195,7 +198,7 @@ where
                 });
             }
         }
-        Net::Tcp | Net::Shm | Net::ShmPull | Net::Hosts(_) => {
+        Net::Tcp | Net::Shm | Net::ShmRings | Net::ShmPull | Net::Hosts(_) => {
             let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), n)?;
             let addr = server.local_addr().to_string();
             store = Some(server);
@@ -206,8 +209,13 @@ where
                 match net {
                     Net::Tcp => cfg.transport.kind = crate::TransportKind::Tcp,
                     Net::Shm => cfg.transport.kind = crate::TransportKind::Shm,
+                    Net::ShmRings => {
+                        cfg.transport.kind = crate::TransportKind::Shm;
+                        cfg.transport.shm.symmetric = false;
+                    }
                     Net::ShmPull => {
                         cfg.transport.kind = crate::TransportKind::Shm;
+                        cfg.transport.shm.symmetric = false;
                         cfg.transport.shm.single_copy_min = 1;
                     }
                     Net::Hosts(k) => {

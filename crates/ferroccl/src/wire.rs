@@ -91,6 +91,19 @@ fn finish_notice(peer: &mut Peer, origin: usize, len: usize, first: &[u8]) -> Fr
 /// would have seen had its own write not failed first). Frames of `fp` itself are
 /// skipped, a bounded number of them.
 pub(crate) fn take_notice(peer: &mut Peer, fp: &Fingerprint) -> Option<FrameError> {
+    read_notice(peer, Some(fp))
+}
+
+/// [`take_notice`] for a peer that is gone while this rank waited on its memory:
+/// frames of any call are skipped (it may have been a call ahead), only a notice is
+/// returned.
+pub(crate) fn find_notice(peer: &mut Peer) -> Option<FrameError> {
+    read_notice(peer, None)
+}
+
+/// The notice on `peer`'s link, skipping frames of `fp` (of any call when `None`;
+/// a frame of another call is returned as unexpected otherwise).
+fn read_notice(peer: &mut Peer, fp: Option<&Fingerprint>) -> Option<FrameError> {
     if peer.in_mid {
         return None;
     }
@@ -110,7 +123,7 @@ pub(crate) fn take_notice(peer: &mut Peer, fp: &Fingerprint) -> Option<FrameErro
             return Some(finish_notice(peer, origin, len, &[]));
         }
         let h = FrameHeader::decode(&header).ok()?;
-        if h.fp != *fp {
+        if let Some(fp) = fp.filter(|fp| h.fp != **fp) {
             return Some(FrameError::Unexpected {
                 got: Ok(h),
                 expected: FrameHeader { fp: *fp, ..h },

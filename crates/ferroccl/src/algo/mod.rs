@@ -73,6 +73,14 @@ pub enum Algorithm {
     /// rings between hosts each on its `1/k` share, ring all-gather within each host;
     /// `2(H-1)/H·S` bytes per host between hosts.
     Hierarchical,
+    /// One-shot (symmetric memory, one host): every rank copies its buffer into its
+    /// workspace and reduces all `n` workspaces itself, in rank order; one
+    /// synchronisation, `(n-1)·S` read from peers.
+    OneShot,
+    /// Two-shot (symmetric memory, one host): rank `r` reduces chunk `r` of all `n`
+    /// workspaces in rank order, then every rank copies every other chunk from its
+    /// owner; the ring's `2(n-1)/n·S` in two synchronisations.
+    TwoShot,
 }
 
 impl Algorithm {
@@ -86,6 +94,8 @@ impl Algorithm {
             Algorithm::Rabenseifner => "rabenseifner",
             Algorithm::Tree => "tree",
             Algorithm::Hierarchical => "hierarchical",
+            Algorithm::OneShot => "one-shot",
+            Algorithm::TwoShot => "two-shot",
         }
     }
 
@@ -98,6 +108,8 @@ impl Algorithm {
             Algorithm::Rabenseifner => 4,
             Algorithm::Tree => 5,
             Algorithm::Hierarchical => 6,
+            Algorithm::OneShot => 7,
+            Algorithm::TwoShot => 8,
         }
     }
 
@@ -110,6 +122,8 @@ impl Algorithm {
             4 => Some(Algorithm::Rabenseifner),
             5 => Some(Algorithm::Tree),
             6 => Some(Algorithm::Hierarchical),
+            7 => Some(Algorithm::OneShot),
+            8 => Some(Algorithm::TwoShot),
             _ => None,
         }
     }

@@ -38,6 +38,27 @@ pub enum AllReduceAlgo {
     /// communicator made by `Communicator::init` has one) and the same number of
     /// ranks on every host; otherwise an all-reduce fails with `Error::Unavailable`.
     Hierarchical,
+    /// One-shot on symmetric memory (every rank of the job on one host, over `shm` or
+    /// `auto`): each rank reduces all `n` buffers itself. Elsewhere the ring.
+    OneShot,
+    /// Two-shot on symmetric memory: each rank reduces `1/n`, then all copy. Elsewhere
+    /// the ring.
+    TwoShot,
+}
+
+/// Up to how many bytes an all-reduce of `n` ranks on symmetric memory takes one-shot
+/// (two-shot above): one-shot reads `(n-1)·S` from its peers and two-shot
+/// `2(n-1)/n·S` in one more synchronisation, which costs about as much as reading a
+/// few KiB more per peer. Measured with `ferroccl bench --algo one-shot|two-shot` (see
+/// the README's "Measuring").
+pub(crate) fn one_shot_max(n: usize) -> usize {
+    if n <= 2 {
+        64 << 10
+    } else if n <= 4 {
+        32 << 10
+    } else {
+        16 << 10
+    }
 }
 
 /// A network model for choosing by predicted time (`Tuning::cost_model`): a message
@@ -106,7 +127,20 @@ impl Policy<'_> {
     /// ([`Policy::runnable`] refuses it then).
     pub fn all_reduce(&self, bytes: usize) -> Algorithm {
         let n = self.world_size;
-        let streams = n > 1 && !self.host_pull;
+        if self.host_pull {
+            // Memory peers: one-shot and two-shot where they can read every peer,
+            // the ring's plan otherwise (a communicator of one rank, or forced).
+            return match self.forced {
+                AllReduceAlgo::OneShot if n > 1 => Algorithm::OneShot,
+                AllReduceAlgo::TwoShot if n > 1 => Algorithm::TwoShot,
+                AllReduceAlgo::Auto if n > 1 && bytes <= one_shot_max(n) => Algorithm::OneShot,
+                // Every rank is on one host: the hierarchical algorithm's part within
+                // a host (reduce-scatter, then all-gather) is what two-shot does.
+                AllReduceAlgo::Auto | AllReduceAlgo::Hierarchical if n > 1 => Algorithm::TwoShot,
+                _ => Algorithm::Ring,
+            };
+        }
+        let streams = n > 1;
         // Recursive doubling sends the whole buffer as one frame.
         let rd_fits = streams && bytes <= u32::MAX as usize;
         let hier = self.hierarchical_shape();
@@ -154,7 +188,8 @@ impl Policy<'_> {
     /// ring's `(N-1)/N·S`, so it is taken at every size.
     pub fn reduce_scatter(&self) -> Algorithm {
         match self.forced {
-            AllReduceAlgo::Hierarchical => Algorithm::Hierarchical,
+            // Memory peers are one host: the ring's plan is the part within a host.
+            AllReduceAlgo::Hierarchical if !self.host_pull => Algorithm::Hierarchical,
             AllReduceAlgo::Auto if self.hierarchical_shape().is_some() => Algorithm::Hierarchical,
             _ => Algorithm::Ring,
         }
@@ -183,7 +218,9 @@ impl Policy<'_> {
             return Ok((algo, HostLayout::flat(self.world_size)));
         }
         match (self.layout, self.host_pull) {
-            (_, true) => Err("this transport reads peers' memory (it runs the ring)".into()),
+            (_, true) => {
+                Err("this transport reads peers' memory (every rank is on one host)".into())
+            }
             (None, _) => Err("the transport does not say which ranks share a host \
                               (links made with Communicator::with_links and no host list)"
                 .into()),
@@ -326,13 +363,65 @@ mod tests {
             ..policy(4, Some(&even))
         };
         assert_eq!(pulled.hierarchical_shape(), None);
-        assert_eq!(pulled.all_reduce(1 << 20), Algorithm::Ring);
+        assert_eq!(pulled.all_reduce(1 << 20), Algorithm::TwoShot);
         assert!(pulled.runnable(Algorithm::Hierarchical).is_err());
         // Any other algorithm runs flat.
         assert_eq!(
             pulled.runnable(Algorithm::Ring).unwrap().1,
             HostLayout::flat(4)
         );
+    }
+
+    /// Memory peers (symmetric memory): one-shot up to `one_shot_max(n)`, two-shot
+    /// above, the ring when forced or alone; the shots forced where they cannot run
+    /// (links) take the ring.
+    #[test]
+    fn memory_peers_take_one_shot_then_two_shot() {
+        for n in [2, 3, 4, 5, 8] {
+            let p = Policy {
+                host_pull: true,
+                ..policy(n, None)
+            };
+            let m = one_shot_max(n);
+            assert_eq!(p.all_reduce(0), Algorithm::OneShot);
+            assert_eq!(p.all_reduce(m), Algorithm::OneShot, "n={n}");
+            assert_eq!(p.all_reduce(m + 1), Algorithm::TwoShot, "n={n}");
+            assert_eq!(p.all_reduce(1 << 30), Algorithm::TwoShot);
+            for (forced, want) in [
+                (AllReduceAlgo::OneShot, Algorithm::OneShot),
+                (AllReduceAlgo::TwoShot, Algorithm::TwoShot),
+                (AllReduceAlgo::Ring, Algorithm::Ring),
+                (AllReduceAlgo::Tree, Algorithm::Ring),
+                // One host: hierarchical's part within a host is two-shot.
+                (AllReduceAlgo::Hierarchical, Algorithm::TwoShot),
+            ] {
+                let f = Policy { forced, ..p };
+                assert_eq!(f.all_reduce(1 << 20), want, "n={n} {forced:?}");
+                assert_eq!(f.all_reduce(16), want, "n={n} {forced:?}");
+                let links = Policy {
+                    host_pull: false,
+                    ..f
+                };
+                if forced == AllReduceAlgo::Hierarchical {
+                    assert_eq!(f.reduce_scatter(), Algorithm::Ring);
+                    continue;
+                }
+                assert!(
+                    !matches!(
+                        links.all_reduce(1 << 20),
+                        Algorithm::OneShot | Algorithm::TwoShot
+                    ),
+                    "n={n} {forced:?} over links"
+                );
+            }
+        }
+        // Larger jobs read more per byte in one-shot: its limit never grows with n.
+        assert!((2..64).all(|n| one_shot_max(n + 1) <= one_shot_max(n)));
+        let alone = Policy {
+            host_pull: true,
+            ..policy(1, None)
+        };
+        assert_eq!(alone.all_reduce(1024), Algorithm::Ring);
     }
 
     #[test]

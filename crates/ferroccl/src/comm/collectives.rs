@@ -9,10 +9,10 @@ use super::scope::{job_over, JobFn};
 use super::Communicator;
 use crate::algo::select::chain_segment;
 use crate::algo::{all_reduce_plan, chain, doubling, hier, ring, schedule, tree, Algorithm, Plan};
-use crate::engine::{Data, Engine, PullCall};
+use crate::engine::{Data, Engine, PullCall, Shot};
 use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
-use crate::transport::{CallMem, Channel};
+use crate::transport::Channel;
 use crate::wire::{Fingerprint, OpKind};
 use std::mem::size_of;
 use std::ops::Range;
@@ -33,23 +33,7 @@ fn execute(
 ) -> Result<()> {
     let n = e.world_size;
     if pull {
-        let len = b.len();
-        let addr = b.as_mut_ptr() as u64;
-        let call = PullCall {
-            mem: CallMem {
-                space: 0,
-                input: addr,
-                input_len: len,
-                output: addr,
-                output_len: len,
-                dtype,
-                op,
-                world_size: n,
-            },
-            bytes: len,
-            input_at: 0,
-            output_at: 0,
-        };
+        let call = PullCall::on_host(b, dtype, op, n);
         return e.pull(fp, &|q| plan_of(q, true), &call);
     }
     let plan = plan_of(e.rank, false);
@@ -92,7 +76,16 @@ impl Communicator {
             self.policy().pull(),
         );
         let (count, es) = (buf.len(), size_of::<T>());
+        let shot = match algo {
+            Algorithm::OneShot => Some(Shot::One),
+            Algorithm::TwoShot => Some(Shot::Two),
+            _ => None,
+        };
         Ok(job_over(buf, move |e, b| {
+            if let Some(shot) = shot.filter(|_| pull) {
+                let call = PullCall::on_host(b, T::DTYPE, Some(op), n);
+                return e.pull_shot(&fp, shot, &call);
+            }
             let plan_of = move |q: usize, pulled: bool| {
                 if pulled {
                     ring::all_reduce(q, n, count, es, count.max(1))

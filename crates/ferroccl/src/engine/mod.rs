@@ -26,7 +26,7 @@ mod stream;
 
 pub(crate) use p2p::{Done, OpBuffer, P2pOp, P2pSource};
 pub(crate) use pacer::Pacer;
-pub(crate) use pull::PullCall;
+pub(crate) use pull::{PullCall, Shot};
 pub(crate) use stream::Data;
 
 use crate::config::Tuning;

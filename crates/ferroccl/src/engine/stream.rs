@@ -337,6 +337,13 @@ impl Engine {
             self.trace_waiting(peer);
             let t0 = Instant::now();
             let what = || match (recv, send) {
+                // The empty frames that only compare fingerprints (`In::check`).
+                (Some(x), _) if ins[x].step == u32::MAX && ins[x].len == 0 => {
+                    format!(
+                        "rank {} to start the same call (its fingerprint)",
+                        ins[x].peer
+                    )
+                }
                 (Some(x), _) => {
                     let i = &ins[x];
                     format!(

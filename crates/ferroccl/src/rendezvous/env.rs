@@ -55,6 +55,10 @@ pub struct LaunchEnv {
     /// `FERROCCL_SHM_SINGLE_COPY`: the smallest frame the shared-memory transport
     /// moves in one copy (bytes, `64K`, or `off`), checked by `Config::from_env`.
     pub shm_single_copy: Option<String>,
+    /// `FERROCCL_SHM_SYMMETRIC`: whether the shared-memory transport reads peers'
+    /// memory when the whole job is on one host (`on`/`off`), checked by
+    /// `Config::from_env`.
+    pub shm_symmetric: Option<String>,
 }
 
 impl LaunchEnv {
@@ -292,6 +296,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             transport: var("FERROCCL_TRANSPORT").map(|v| v.trim().to_string()),
             tcp_congestion: var("FERROCCL_TCP_CONGESTION").map(|v| v.trim().to_string()),
             shm_single_copy: var("FERROCCL_SHM_SINGLE_COPY").map(|v| v.trim().to_string()),
+            shm_symmetric: var("FERROCCL_SHM_SYMMETRIC").map(|v| v.trim().to_string()),
         }));
     }
     Ok(None)
@@ -361,12 +366,14 @@ mod tests {
             ("FERROCCL_TRANSPORT", " tcp "),
             ("FERROCCL_TCP_CONGESTION", "cubic\n"),
             ("FERROCCL_SHM_SINGLE_COPY", " off"),
+            ("FERROCCL_SHM_SYMMETRIC", "off "),
         ])
         .unwrap()
         .unwrap();
         assert_eq!(e.transport.as_deref(), Some("tcp"));
         assert_eq!(e.tcp_congestion.as_deref(), Some("cubic"));
         assert_eq!(e.shm_single_copy.as_deref(), Some("off"));
+        assert_eq!(e.shm_symmetric.as_deref(), Some("off"));
     }
 
     fn env(
@@ -394,6 +401,7 @@ mod tests {
             transport: None,
             tcp_congestion: None,
             shm_single_copy: None,
+            shm_symmetric: None,
         }
     }
 

@@ -261,6 +261,192 @@ impl Drop for ShmSegment {
     }
 }
 
+/// A segment whose mapping reserves more address space than the object holds, so it
+/// can grow without moving: symmetric memory (`transport/shm/sym.rs`). The creator
+/// grows the object ([`SymSegment::grow`], its pages reserved as [`ShmSegment`]'s
+/// are); every process maps the whole reservation once, and touches only bytes the
+/// creator has said (through an atomic word) are there — a byte past the object's end
+/// is `SIGBUS`.
+pub(crate) struct SymSegment {
+    ptr: *mut libc::c_void,
+    /// Bytes of address space mapped.
+    reserve: usize,
+    /// Bytes the object holds, as this process made or last grew it (the creator's).
+    held: usize,
+    /// The creator's descriptor, for growing; `None` in the processes that open it.
+    fd: Option<libc::c_int>,
+    name: CString,
+    /// Whether dropping this removes the name (the creator's, until [`SymSegment::unlink`]).
+    named: bool,
+}
+
+// SAFETY: the mapping is process-wide; shared access goes through atomics or through
+// raw pointers under the caller's protocol.
+unsafe impl Send for SymSegment {}
+// SAFETY: as above.
+unsafe impl Sync for SymSegment {}
+
+impl SymSegment {
+    /// Creates the segment `name` holding `len` bytes (zero-filled, reserved), mapped
+    /// over `reserve >= len` bytes; fails if the name exists.
+    pub fn create(name: &str, len: usize, reserve: usize) -> Result<Self> {
+        let cname = CString::new(name)
+            .map_err(|_| Error::InvalidArgument(format!("shared-memory name {name:?}")))?;
+        // SAFETY: a NUL-terminated name; the descriptor is kept (closed on drop).
+        let fd = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_RDWR | libc::O_EXCL,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::io(
+                format!("shm_open {name}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let mut s = SymSegment {
+            ptr: std::ptr::null_mut(),
+            reserve,
+            held: 0,
+            fd: Some(fd),
+            name: cname,
+            named: true,
+        };
+        s.ptr = map_reserve(fd, reserve).map_err(|e| Error::io(format!("mapping {name}"), e))?;
+        s.grow(len)?;
+        Ok(s)
+    }
+
+    /// Maps the existing segment `name` over `reserve` bytes (what it holds grows
+    /// later, by its creator).
+    pub fn open(name: &str, reserve: usize) -> Result<Self> {
+        let cname = CString::new(name)
+            .map_err(|_| Error::InvalidArgument(format!("shared-memory name {name:?}")))?;
+        // SAFETY: a NUL-terminated name; the descriptor is closed below.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0o600) };
+        if fd < 0 {
+            return Err(Error::io(
+                format!("shm_open {name}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let p = map_reserve(fd, reserve);
+        // SAFETY: `fd` is ours; the mapping does not need it open.
+        unsafe { libc::close(fd) };
+        Ok(SymSegment {
+            ptr: p.map_err(|e| Error::io(format!("mapping {name}"), e))?,
+            reserve,
+            held: 0,
+            fd: None,
+            name: cname,
+            named: false,
+        })
+    }
+
+    /// Makes the object hold at least `len` bytes (the creator only; a no-op when it
+    /// does), reserving the pages so a full `/dev/shm` is an error here, not a
+    /// `SIGBUS` later.
+    pub fn grow(&mut self, len: usize) -> Result<()> {
+        if len <= self.held {
+            return Ok(());
+        }
+        let Some(fd) = self.fd else {
+            return Err(Error::InvalidArgument(
+                "internal: only a segment's creator grows it".into(),
+            ));
+        };
+        if len > self.reserve {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes of symmetric memory exceed its reservation of {} bytes",
+                self.reserve
+            )));
+        }
+        // SAFETY: `fd` is this segment's open descriptor.
+        let r = unsafe { libc::ftruncate(fd, len as libc::off_t) };
+        let r = if r == 0 {
+            reserve(fd, len)
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+        r.map_err(|e| {
+            Error::io(
+                format!(
+                    "growing shared memory {} to {len} bytes",
+                    self.name.to_string_lossy()
+                ),
+                e,
+            )
+        })?;
+        self.held = len;
+        Ok(())
+    }
+
+    /// Removes the name now (every process that needs it has mapped it).
+    pub fn unlink(&mut self) {
+        if std::mem::take(&mut self.named) {
+            // SAFETY: unlinking our own name once.
+            unsafe { libc::shm_unlink(self.name.as_ptr()) };
+        }
+    }
+
+    /// The `i`-th 8-byte word of the first page (the caller keeps its header there and
+    /// the object always holds it), as an atomic shared with every process mapping it.
+    pub fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < 512 && self.reserve >= 4096, "header word {i}");
+        // SAFETY: in the first page (checked), which the object holds from its
+        // creation; 8-byte aligned; valid for the lifetime of `self`; atomic access.
+        unsafe { &*self.ptr.cast::<AtomicU64>().add(i) }
+    }
+
+    /// The address of bytes `off..off + len` of the mapping, checked against the
+    /// reservation (not against what the object holds: the caller's protocol says
+    /// that).
+    pub fn addr(&self, off: usize, len: usize) -> Option<*mut u8> {
+        let end = off.checked_add(len)?;
+        // SAFETY: `off <= reserve`, inside the mapping.
+        (end <= self.reserve).then(|| unsafe { self.ptr.cast::<u8>().add(off) })
+    }
+}
+
+/// Maps `reserve` bytes of `fd`, shared, without populating (the object may hold
+/// fewer).
+fn map_reserve(fd: libc::c_int, reserve: usize) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh shared mapping of an open descriptor; nothing is touched here.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserve,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(p)
+    }
+}
+
+impl Drop for SymSegment {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once (a failed create never mapped: null),
+        // closing our own descriptor, unlinking our own name.
+        unsafe {
+            if !self.ptr.is_null() {
+                libc::munmap(self.ptr, self.reserve);
+            }
+            if let Some(fd) = self.fd {
+                libc::close(fd);
+            }
+        }
+        self.unlink();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +472,34 @@ mod tests {
             42,
             "mappings outlive the name"
         );
+    }
+
+    /// A reserved segment grows in place: a peer's mapping sees what the creator
+    /// writes past the old end, a growth past the reservation is refused, and the name
+    /// is gone once unlinked.
+    #[test]
+    fn a_symmetric_segment_grows_without_moving() {
+        let name = format!("/ferroccl-test-sym-{}", std::process::id());
+        let mut mine = SymSegment::create(&name, 4096, 1 << 30).unwrap();
+        let theirs = SymSegment::open(&name, 1 << 30).unwrap();
+        mine.word(1).store(7, std::sync::atomic::Ordering::Release);
+        assert_eq!(theirs.word(1).load(std::sync::atomic::Ordering::Acquire), 7);
+        mine.grow(64 << 20).unwrap();
+        let (p, q) = (
+            mine.addr(40 << 20, 8).unwrap(),
+            theirs.addr(40 << 20, 8).unwrap(),
+        );
+        // SAFETY: 8 bytes inside what the object now holds, in both mappings.
+        unsafe {
+            p.cast::<u64>().write_unaligned(0xfeed);
+            assert_eq!(q.cast::<u64>().read_unaligned(), 0xfeed);
+        }
+        assert!(mine.addr((1 << 30) - 4, 8).is_none());
+        assert!(mine.grow((1 << 30) + 1).is_err());
+        let mut peer = SymSegment::open(&name, 1 << 30).unwrap();
+        assert!(peer.grow(1 << 29).is_err(), "only the creator grows it");
+        mine.unlink();
+        assert!(SymSegment::open(&name, 4096).is_err());
+        assert_eq!(theirs.word(1).load(std::sync::atomic::Ordering::Acquire), 7);
     }
 }

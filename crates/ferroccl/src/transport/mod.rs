@@ -563,4 +563,11 @@ pub trait MemPeers: Send {
 
     /// Waits until everything enqueued has completed.
     fn end(&mut self) -> crate::error::Result<()>;
+
+    /// Whether `peer` is known to be gone (its process has exited): a wait on its
+    /// progress then fails at once instead of at the timeout. `false` where the
+    /// transport cannot tell.
+    fn gone(&self, _peer: usize) -> bool {
+        false
+    }
 }

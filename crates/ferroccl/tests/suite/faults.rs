@@ -13,6 +13,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The nets the fault tests run over: in-process pipes, TCP, shared memory (symmetric
+/// memory, the rings, single copy) and emulated hosts of two ranks.
+const NETS: [Net; 6] = [
+    Net::Local,
+    Net::Tcp,
+    Net::Shm,
+    Net::ShmRings,
+    Net::ShmPull,
+    Net::Hosts(2),
+];
+
 /// Sleeps until `count` reaches `n` (or 15 s pass): lets a rank stay silent exactly as
 /// long as the others need to observe its silence, whatever the machine's load.
 fn wait_for(count: &AtomicUsize, n: usize) {
@@ -36,7 +47,7 @@ fn manual_timeout() -> (ferroccl::Config, Clock) {
 /// network, while rank 2's own thread waits for them.
 #[test]
 fn a_timeout_says_which_rank_is_behind_and_where() {
-    for net in [Net::Local, Net::Tcp, Net::Shm, Net::ShmPull, Net::Hosts(2)] {
+    for net in NETS {
         let done = Arc::new(AtomicUsize::new(0));
         let ready = Arc::new(AtomicUsize::new(0));
         let (cfg, clock) = manual_timeout();
@@ -112,7 +123,7 @@ fn a_timeout_names_a_rank_that_never_started() {
 /// never moves), the call says Aborted, and later calls are refused.
 #[test]
 fn abort_from_another_thread_unblocks_a_waiting_call() {
-    for net in [Net::Local, Net::Tcp, Net::Shm, Net::ShmPull, Net::Hosts(2)] {
+    for net in NETS {
         let (mut cfg, _frozen) = manual_timeout();
         cfg.tuning.timeout = Duration::from_secs(1);
         let done = Arc::new(AtomicUsize::new(0));
@@ -189,9 +200,7 @@ fn origin(e: &Error) -> Option<usize> {
 #[test]
 fn every_survivor_names_the_rank_that_died() {
     let rdma = || Net::RdmaSim(SimParams::default());
-    let nets = [Net::Local, Net::Tcp, Net::Shm, Net::ShmPull, Net::Hosts(2)]
-        .into_iter()
-        .chain((0..20).map(|_| rdma()));
+    let nets = NETS.into_iter().chain((0..20).map(|_| rdma()));
     for net in nets {
         let out = run_all(4, net, &test_config(), Duration::from_secs(30), |c| {
             c.barrier()?;

@@ -9,11 +9,12 @@
 use crate::common;
 
 use common::checks::{
-    check_all_gather, check_all_reduce, check_broadcast, check_reduce, check_reduce_scatter,
+    check_all_gather, check_all_reduce, check_all_reduce_with, check_broadcast, check_reduce,
+    check_reduce_scatter,
 };
 use common::{all_errors, input, run, run_all, test_config, Net};
 use ferroccl::testing::SimMemParams;
-use ferroccl::{Clock, DataType, Error, ReduceOp};
+use ferroccl::{AllReduceAlgo, Clock, DataType, Error, ReduceOp};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,6 +43,19 @@ proptest! {
     fn all_reduce_over_memory_peers(n in 1usize..=8, count in 0usize..=3000, dt in any_dtype(),
                                     op in any_op(), p in any_sim(), seed in any::<u64>()) {
         let r = for_dtype!(dt, check_all_reduce(Net::MemSim(p), n, count, op, 64, seed, false));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
+    /// One-shot and two-shot (what symmetric shared memory runs): every dtype and
+    /// operator, counts not divisible by `n` and 0, bitwise the same on every rank and
+    /// the reference's value.
+    #[test]
+    fn one_and_two_shot_all_reduce_over_memory_peers(n in 1usize..=8, count in 0usize..=3000,
+                                    dt in any_dtype(), op in any_op(), p in any_sim(),
+                                    seed in any::<u64>(), two in any::<bool>()) {
+        let mut c = common::checks::cfg(64, dt.size());
+        c.tuning.all_reduce_algo = if two { AllReduceAlgo::TwoShot } else { AllReduceAlgo::OneShot };
+        let r = for_dtype!(dt, check_all_reduce_with(Net::MemSim(p), n, count, op, &c, seed));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
@@ -82,6 +96,7 @@ fn pulled_ring_equals_pushed_ring_bitwise() {
         let count = 10_007;
         let mut cfg = test_config();
         cfg.tuning.small_message_bytes = 0; // the ring on the push path too
+        cfg.tuning.all_reduce_algo = AllReduceAlgo::Ring; // and on memory peers
         cfg.tuning.segment_bytes = 4096;
         let body = move |c: &mut ferroccl::Communicator| {
             let mut v = input::<f32>(7, c.rank(), count, ReduceOp::Avg);
@@ -140,6 +155,10 @@ fn mixed_calls_reuse_and_grow_the_workspace() {
                 let len = 10 + round * 500; // grows every round
                 let mut a = vec![r + 1; len];
                 c.all_reduce(&mut a, ReduceOp::Sum)?;
+                // Past one-shot's size: two-shot, then one-shot again.
+                let mut e = vec![r + 1; 10_000 + round];
+                c.all_reduce(&mut e, ReduceOp::Sum)?;
+                assert!(e.iter().all(|&x| x == 10), "rank {r}: two-shot");
                 let mut b = vec![r; len];
                 c.broadcast(&mut b, round % n)?;
                 let mut d = vec![r + 1; len];
@@ -258,43 +277,52 @@ fn abort_interrupts_a_wait_on_a_peer_s_memory() {
 }
 
 /// The same wait ends with a timeout that says which rank it waited for and how far
-/// that rank had got, when the (manual) clock passes the timeout.
+/// that rank had got, when the (manual) clock passes the timeout: on the ring's plan
+/// and in one-shot.
 #[test]
 fn a_wait_on_a_silent_peer_s_memory_times_out_naming_it() {
-    let sim = SimMemParams {
-        stall: Some((1, Duration::from_secs(1))),
-        ..SimMemParams::default()
-    };
-    let rig = common::ManualTimeout::new(test_config(), Duration::from_secs(5));
-    let (started, done) = (rig.started.clone(), rig.done.clone());
-    let out = run_all(
-        2,
-        Net::MemSim(sim),
-        &rig.cfg,
-        Duration::from_secs(30),
-        move |c| {
-            if c.rank() == 1 {
-                // Stalled in its first call, then waits on rank 0, which has given up; the
-                // ticker times it out too.
-                let _ = c.all_reduce(&mut vec![0i32; 1000], ReduceOp::Max);
-                done.store(true, Ordering::SeqCst);
-                return Ok(None);
-            }
-            started.store(true, Ordering::SeqCst);
-            Ok(Some(
-                c.all_reduce(&mut vec![0i32; 1000], ReduceOp::Max)
-                    .unwrap_err(),
-            ))
-        },
-    );
-    rig.finish();
-    let e = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
-    let t = e.to_string();
-    assert!(matches!(e, Error::Timeout { .. }), "{t}");
-    assert!(t.contains("all_reduce #0"), "{t}");
-    assert!(
-        t.contains("rank 1 to finish the data this rank reads"),
-        "{t}"
-    );
-    assert!(t.contains("rank 1 is in #0 too"), "{t}");
+    for (algo, waiting) in [
+        (
+            AllReduceAlgo::Ring,
+            "rank 1 to finish the data this rank reads",
+        ),
+        // One-shot: the stalled rank has yet to send its fingerprint.
+        (AllReduceAlgo::OneShot, "rank 1 to start the same call"),
+    ] {
+        let sim = SimMemParams {
+            stall: Some((1, Duration::from_secs(1))),
+            ..SimMemParams::default()
+        };
+        let mut cfg = test_config();
+        cfg.tuning.all_reduce_algo = algo;
+        let rig = common::ManualTimeout::new(cfg, Duration::from_secs(5));
+        let (started, done) = (rig.started.clone(), rig.done.clone());
+        let out = run_all(
+            2,
+            Net::MemSim(sim),
+            &rig.cfg,
+            Duration::from_secs(30),
+            move |c| {
+                if c.rank() == 1 {
+                    // Stalled in its first call, then waits on rank 0, which has given
+                    // up; the ticker times it out too.
+                    let _ = c.all_reduce(&mut vec![0i32; 1000], ReduceOp::Max);
+                    done.store(true, Ordering::SeqCst);
+                    return Ok(None);
+                }
+                started.store(true, Ordering::SeqCst);
+                Ok(Some(
+                    c.all_reduce(&mut vec![0i32; 1000], ReduceOp::Max)
+                        .unwrap_err(),
+                ))
+            },
+        );
+        rig.finish();
+        let e = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
+        let t = e.to_string();
+        assert!(matches!(e, Error::Timeout { .. }), "{algo:?}: {t}");
+        assert!(t.contains("all_reduce #0"), "{t}");
+        assert!(t.contains(waiting), "{algo:?}: {t}");
+        assert!(t.contains("rank 1 is in #0 too"), "{algo:?}: {t}");
+    }
 }

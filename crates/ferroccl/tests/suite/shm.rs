@@ -21,10 +21,11 @@ fn any_dtype() -> impl Strategy<Value = DataType> {
 fn any_op() -> impl Strategy<Value = ReduceOp> {
     prop::sample::select(ReduceOp::ALL.to_vec())
 }
-/// Shared memory only (through the rings, or with every payload pulled from the
-/// writer's memory), or emulated hosts of 2 ranks (shared memory within, TCP between).
+/// Shared memory only (symmetric memory, through the rings, or with every payload
+/// pulled from the writer's memory), or emulated hosts of 2 ranks (shared memory
+/// within, TCP between).
 fn any_net() -> impl Strategy<Value = Net> {
-    prop::sample::select(vec![Net::Shm, Net::ShmPull, Net::Hosts(2)])
+    prop::sample::select(vec![Net::Shm, Net::ShmRings, Net::ShmPull, Net::Hosts(2)])
 }
 
 proptest! {
@@ -290,7 +291,7 @@ fn messages_larger_than_the_ring_wrap_it() {
     cfg.tuning.segment_bytes = 4 << 20;
     cfg.tuning.small_message_bytes = 0;
     for n in [2usize, 3] {
-        let out = run(n, Net::Shm, &cfg, Duration::from_secs(60), |c| {
+        let out = run(n, Net::ShmRings, &cfg, Duration::from_secs(60), |c| {
             let mut v: Vec<f32> = (0..(1 << 20)).map(|i| (i % 1000) as f32).collect();
             c.all_reduce(&mut v, ReduceOp::Sum)?;
             Ok(v)
@@ -409,4 +410,74 @@ fn a_new_job_reclaims_a_dead_jobs_segments() {
         c,
         "a segment younger than the connect timeout is left alone"
     );
+}
+
+/// Symmetric memory: a job of every rank on one host over `shm` runs all-reduce
+/// one-shot and two-shot (the bytes crossing its links are the fingerprints only,
+/// whatever the size), the other collectives read peers' workspaces too, and a
+/// workspace that grows call after call is re-read correctly; the same job with
+/// `symmetric` off streams through the rings and gets the same bits.
+#[test]
+fn symmetric_memory_runs_one_shot_and_two_shot_with_the_rings_bits() {
+    let n = 3;
+    let body = |c: &mut ferroccl::Communicator| {
+        let mut out = Vec::new();
+        for len in [1usize, 100, 3_000, 40_000, 300_000, 10] {
+            let mut v: Vec<i64> = (0..len as i64).map(|i| i * (c.rank() as i64 + 1)).collect();
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            out.push((c.all_reduce_algorithm(len * 8), v));
+            let mut b = vec![c.rank() as i64; len];
+            c.broadcast(&mut b, len % 3)?;
+            out.push((Algorithm::Chain, b));
+        }
+        let (sent, _) = c.raw_byte_counts();
+        Ok((out, sent))
+    };
+    let sym = run(n, Net::Shm, &test_config(), Duration::from_secs(60), body).unwrap();
+    let rings = run(
+        n,
+        Net::ShmRings,
+        &test_config(),
+        Duration::from_secs(60),
+        body,
+    )
+    .unwrap();
+    for r in 0..n {
+        let (s, r_) = (&sym[r].0, &rings[r].0);
+        let algos: Vec<Algorithm> = s.iter().step_by(2).map(|x| x.0).collect();
+        assert_eq!(
+            algos,
+            [
+                Algorithm::OneShot,
+                Algorithm::OneShot,
+                Algorithm::OneShot,
+                Algorithm::TwoShot,
+                Algorithm::TwoShot,
+                Algorithm::OneShot
+            ],
+            "rank {r}"
+        );
+        for (i, ((_, a), (_, b))) in s.iter().zip(r_).enumerate() {
+            assert_eq!(
+                a, b,
+                "rank {r} call {i}: symmetric memory and the rings differ"
+            );
+        }
+        let len = s[8].1.len();
+        assert!(
+            s[8].1.iter().enumerate().all(|(i, &x)| x == 6 * i as i64),
+            "{len}"
+        );
+        // 2.7 MB reduced and broadcast: only headers crossed the links.
+        assert!(
+            sym[r].1 < 64 << 10,
+            "rank {r} sent {} bytes over its links",
+            sym[r].1
+        );
+        assert!(
+            rings[r].1 > 1 << 20,
+            "rank {r} (rings) sent {} bytes",
+            rings[r].1
+        );
+    }
 }

@@ -53,6 +53,15 @@
 //! See `single_copy.rs`: with [`ShmOptions::single_copy_min`] set (off by default), a
 //! large collective payload is read straight from the writer's memory.
 //!
+//! # Symmetric memory
+//!
+//! See `sym.rs`: when every rank of the job is on this host (and
+//! [`ShmOptions::symmetric`] is on, as by default), each rank also keeps one
+//! workspace that every peer maps, and the collectives read their peers' memory
+//! (the pull executor: one-shot and two-shot all-reduce, the other collectives' plans)
+//! instead of streaming frames through the rings; the rings then carry fingerprints,
+//! point-to-point and the groups' traffic.
+//!
 //! # Sleeping and waking
 //!
 //! The engine polls its links for [`crate::config::Tuning::busy_poll`] and then sleeps
@@ -77,10 +86,12 @@
 //! [`ShmOptions::ring_bytes`]: crate::config::ShmOptions::ring_bytes
 //! [`Connector::group`]: super::Connector::group
 //! [`ShmOptions::single_copy_min`]: crate::config::ShmOptions::single_copy_min
+//! [`ShmOptions::symmetric`]: crate::config::ShmOptions::symmetric
 //! [`DEFAULT_SHM_SINGLE_COPY_MIN`]: crate::config::DEFAULT_SHM_SINGLE_COPY_MIN
 
 mod ring;
 mod single_copy;
+mod sym;
 
 use super::tcp::{self, ConnectCtx, TcpConnector};
 use super::{Channel, Connector, GroupSpec, Joined, Link, Links, Transport, Waiter};
@@ -158,8 +169,27 @@ impl Transport for Shm {
             usable,
             peers: Arc::new(Mutex::new(HashMap::new())),
         };
+        let n = job.world_size();
+        let want = usable && job.config.transport.shm.symmetric;
+        // Symmetric memory needs every rank on this host; a launcher that says how
+        // many ranks this host has spares a job of many hosts the check.
+        let maybe = n > 1 && job.config.job.local_world_size.is_none_or(|l| l == n);
+        let mut store = if maybe {
+            Some(job.store_connection()?)
+        } else {
+            None
+        };
+        let (comm_id, me) = (job.comm_id, settings.me.clone());
         let (tcp, poll, beacon) = tcp::endpoint_parts(ConnectCtx::of(job))?;
-        Ok(ShmConnector::links(tcp, poll, beacon, settings))
+        let links = ShmConnector::links(tcp, poll, beacon, settings);
+        let sym = match store.as_mut() {
+            Some(s) => sym::connect(s, rank, n, comm_id, &me, want, Instant::now() + wait)?,
+            None => None,
+        };
+        Ok(match sym {
+            Some(peers) => links.with_memory(Box::new(peers)),
+            None => links,
+        })
     }
 }
 
