@@ -94,9 +94,10 @@ pub struct BenchArgs {
     /// on hosts of 2 or more ranks each), ring, rd (recursive doubling), rabenseifner
     /// (recursive halving then doubling), tree (pipelined double binary tree; broadcast
     /// and reduce then run down a binary tree too) or hier (hierarchical: within hosts,
-    /// then k rings between hosts). Ranks started by a launcher also read
-    /// FERROCCL_ALGO; this flag wins.
-    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree", "hier", "hierarchical"])]
+    /// then k rings between hosts); on one host over shm/auto (symmetric memory) auto is
+    /// one-shot for small sizes and two-shot above, and one-shot or two-shot may be
+    /// forced. Ranks started by a launcher also read FERROCCL_ALGO; this flag wins.
+    #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree", "hier", "hierarchical", "one-shot", "two-shot"])]
     pub algo: Option<String>,
     /// With --algo auto: choose per size by a network model instead of the size rule:
     /// `measure` (timed on the links at start), `@FILE` (a `bench --law RATE --json
@@ -128,8 +129,14 @@ pub struct BenchArgs {
     /// doubling. An all_reduce that runs hierarchical (hosts of k >= 2 ranks) is held
     /// to its own law instead: 2(k-1)+2(H-1) steps and 2(H-1)/H·S/RATE, the bytes each
     /// host sends to other hosts over its link of RATE.
-    #[arg(long = "law", value_parser = parse_law_rate)]
-    pub law: Option<f64>,
+    ///
+    /// `--law mem` (all_reduce on one host's symmetric memory): the memory-bandwidth
+    /// law instead. Per size, this host's copy and reduce rates measured in the same
+    /// run (every rank at once, on buffers of that size), the bytes the algorithm that
+    /// ran copies and reduces, the time those need at those rates, and
+    /// measured/predicted.
+    #[arg(long = "law", value_parser = parse_law)]
+    pub law: Option<LawArg>,
     /// Record every rank's flight recorder into DIR/rank-<rank>.jsonl: at the end of
     /// the run, and on a failure. Read them with `ferroccl trace DIR`. Started bare,
     /// the bench first removes dumps of an earlier run from DIR.
@@ -150,8 +157,32 @@ pub struct BenchArgs {
     pub group: Option<Vec<usize>>,
 }
 
-fn parse_law_rate(s: &str) -> Result<f64, String> {
-    crate::planner::parse_rate("--law", s).map_err(|e| e.to_string())
+/// What `--law` checks: the ring law on links of a rate, or the memory-bandwidth law.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LawArg {
+    /// Links of this many bytes per second.
+    Rate(f64),
+    /// This host's memory (`mem`).
+    Mem,
+}
+
+fn parse_law(s: &str) -> Result<LawArg, String> {
+    if matches!(s.trim().to_ascii_lowercase().as_str(), "mem" | "memory") {
+        return Ok(LawArg::Mem);
+    }
+    crate::planner::parse_rate("--law", s)
+        .map(LawArg::Rate)
+        .map_err(|e| e.to_string())
+}
+
+impl BenchArgs {
+    /// The link rate `--law RATE` gave.
+    fn law_rate(&self) -> Option<f64> {
+        match self.law {
+            Some(LawArg::Rate(r)) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// One line of the table.
@@ -203,7 +234,7 @@ fn config_for(a: &BenchArgs, base: Config) -> Config {
     if let Some(n) = a.trace_capacity {
         c.tuning.trace_capacity = n;
     }
-    if a.law.is_some() {
+    if a.law_rate().is_some() {
         // The law is the ring's: recursive doubling would follow another one.
         c.tuning.small_message_bytes = 0;
     }
@@ -386,7 +417,13 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         Some(t) => TransportKind::parse(t)?,
         None => transport_from_env()?,
     };
-    if a.law.is_some() && coll.ring_law(2).is_none() {
+    if a.law == Some(LawArg::Mem) && coll != Coll::AllReduce {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "--law mem is for all_reduce (one-shot and two-shot on one host's shared memory), not {}",
+            coll.name()
+        )));
+    }
+    if a.law_rate().is_some() && coll.ring_law(2).is_none() {
         return Err(ferroccl::Error::InvalidArgument(format!(
             "--law is for the ring collectives (all_reduce, reduce_scatter, all_gather); {} runs on a chain",
             coll.name()
@@ -991,7 +1028,7 @@ fn bench_typed<T: Element>(
         if coll == Coll::SendRecv {
             println!("# in-place: the same exchange from the other buffer (a batch borrows its send and receive buffers apart)");
         }
-        if let Some(rate) = a.law {
+        if let Some(rate) = a.law_rate() {
             println!(
                 "# law: ring on links of {:.4} Gbit/s ({} B/s){}",
                 rate * 8e-9,
@@ -1121,7 +1158,15 @@ fn bench_typed<T: Element>(
                 }
                 None => coll.wire_law(n, bytes),
             };
-            let wire_col = if law > 0.0 {
+            let on_memory = coll == Coll::AllReduce
+                && matches!(
+                    c.all_reduce_algorithm(bytes),
+                    ferroccl::Algorithm::OneShot | ferroccl::Algorithm::TwoShot
+                );
+            let wire_col = if on_memory {
+                // Read from the peers' memory: nothing crosses a link.
+                "mem".into()
+            } else if law > 0.0 {
                 format!("{:.3}", row.wire_bytes / law)
             } else {
                 "-".into()
@@ -1132,6 +1177,8 @@ fn bench_typed<T: Element>(
                     ferroccl::Algorithm::Rabenseifner => "rab",
                     ferroccl::Algorithm::Tree => "tree",
                     ferroccl::Algorithm::Hierarchical => "hier",
+                    ferroccl::Algorithm::OneShot => "1shot",
+                    ferroccl::Algorithm::TwoShot => "2shot",
                     _ => "rd",
                 },
                 Coll::ReduceScatter | Coll::AllGather => match c.reduce_scatter_algorithm() {
@@ -1173,6 +1220,16 @@ fn bench_typed<T: Element>(
         }
         rows.push(row);
     }
+    // Every rank measures the memory at once (the law's rates are what the ranks get
+    // while they all copy); rank 0 prints.
+    let mem_rates = if a.law == Some(LawArg::Mem) {
+        Some(mem_rates(c, &rows)?)
+    } else {
+        None
+    };
+    if let (true, Some(rates)) = (printer, &mem_rates) {
+        print_mem_law(c, &rows, rates);
+    }
     if printer {
         let avg_busbw = rows
             .iter()
@@ -1193,7 +1250,7 @@ fn bench_typed<T: Element>(
         }
         // The hierarchical all-reduce is held to its own law, on each host's link.
         let largest = rows.last().map_or(0, |r| r.bytes);
-        let law = match (a.law, coll.ring_law(n), hier_shape(c, coll, largest)) {
+        let law = match (a.law_rate(), coll.ring_law(n), hier_shape(c, coll, largest)) {
             (Some(rate), Some(_), Some((h, k))) if coll == Coll::AllReduce => {
                 Some(print_law(&rows, RingLaw::hierarchical(h, k), rate, n, true))
             }
@@ -1317,6 +1374,100 @@ fn print_host_laws(rows: &[Row], hosts: &[Vec<usize>], half: bool, hier: impl Fn
             lb * s,
             x(between, lb * s)
         );
+    }
+    println!("#");
+}
+
+/// This host's copy and reduce rates (bytes per second) at each row's size: every rank
+/// times a `memcpy` and an f32 `y += x` over buffers of that size at once (after a
+/// barrier), the median of several runs, and the slowest rank's time counts.
+fn mem_rates(c: &Communicator, rows: &[Row]) -> ferroccl::Result<Vec<(f64, f64)>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let len = (r.bytes / 4).max(1);
+        // Both page-aligned: glibc's `rep movsb` copy runs many times slower when the
+        // destination sits a few bytes past the source modulo a page (see the
+        // library's `sys/mem.rs`), which would measure the allocator, not the memory.
+        let (sbuf, mut dbuf) = (vec![1.0f32; len + 1024], vec![0.0f32; len + 1024]);
+        let page = |v: &[f32]| (4096 - (v.as_ptr() as usize % 4096)) % 4096 / 4;
+        let (so, d_o) = (page(&sbuf), page(&dbuf));
+        let src = &sbuf[so..so + len];
+        let dst = &mut dbuf[d_o..d_o + len];
+        // Enough repetitions to time a few ms, at least 5.
+        let reps = (((8usize << 20) / (len * 4)).clamp(5, 2000)) | 1;
+        let mut time = |f: &mut dyn FnMut(&mut [f32])| -> ferroccl::Result<f64> {
+            f(dst);
+            c.barrier()?;
+            let mut ts: Vec<f64> = (0..reps)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    f(dst);
+                    t0.elapsed().as_secs_f64()
+                })
+                .collect();
+            ts.sort_by(f64::total_cmp);
+            let mut t = [ts[reps / 2]];
+            c.all_reduce(&mut t, ReduceOp::Max)?;
+            Ok(t[0])
+        };
+        let copy = time(&mut |d| d.copy_from_slice(std::hint::black_box(src)))?;
+        let reduce = time(&mut |d| {
+            ferroccl::reduce::reduce_into(d, std::hint::black_box(src), ReduceOp::Sum)
+        })?;
+        let b = (len * 4) as f64;
+        out.push((b / copy, b / reduce));
+    }
+    Ok(out)
+}
+
+/// Prints the memory-bandwidth law's table (lines starting `mem`): per size the bytes
+/// the algorithm that ran copies and reduces, the rates measured, the predicted time
+/// and measured (in-place) over predicted.
+fn print_mem_law(c: &Communicator, rows: &[Row], rates: &[(f64, f64)]) {
+    use crate::law::MemLaw;
+    let n = c.world_size();
+    println!(
+        "# memory law, n = {n}: t = copy·S/C + reduce·S/R, C and R this host's memcpy and f32 y += x rates at that size, every rank at once (slowest rank, median); meas = in-place time"
+    );
+    println!(
+        "#{:>3} {:>11} {:>6} {:>12} {:>12} {:>8} {:>8} {:>10} {:>10} {:>9}",
+        "", "size", "algo", "copied", "reduced", "C", "R", "meas", "pred", "meas/pred"
+    );
+    println!(
+        "#{:>3} {:>11} {:>6} {:>12} {:>12} {:>8} {:>8} {:>10} {:>10} {:>9}",
+        "", "(B)", "", "(B/rank)", "(B/rank)", "(GB/s)", "(GB/s)", "(us)", "(us)", ""
+    );
+    for (r, &(cr, rr)) in rows.iter().zip(rates) {
+        let (name, law) = match c.all_reduce_algorithm(r.bytes) {
+            ferroccl::Algorithm::OneShot => ("1shot", Some(MemLaw::one_shot(n))),
+            ferroccl::Algorithm::TwoShot => ("2shot", Some(MemLaw::two_shot(n))),
+            _ => ("other", None),
+        };
+        let s = r.bytes as f64;
+        let pred = law.and_then(|l| l.predict_s(s, cr, rr));
+        let (copied, reduced) = law.map_or(("-".into(), "-".into()), |l| {
+            (format!("{:.0}", l.copy * s), format!("{:.0}", l.reduce * s))
+        });
+        println!(
+            "mem {:>11} {:>6} {:>12} {:>12} {:>8.2} {:>8.2} {:>10.2} {:>10} {:>9}",
+            r.bytes,
+            name,
+            copied,
+            reduced,
+            cr * 1e-9,
+            rr * 1e-9,
+            r.ip_us,
+            pred.map_or("-".into(), |p| format!("{:.2}", p * 1e6)),
+            pred.map_or("-".into(), |p| format!("{:.3}", r.ip_us / (p * 1e6)))
+        );
+    }
+    if rows.iter().any(|r| {
+        !matches!(
+            c.all_reduce_algorithm(r.bytes),
+            ferroccl::Algorithm::OneShot | ferroccl::Algorithm::TwoShot
+        )
+    }) {
+        println!("# the memory law counts one-shot and two-shot, which run on symmetric memory (every rank on this host over shm or auto, FERROCCL_SHM_SYMMETRIC not off); other rows say '-'");
     }
     println!("#");
 }

@@ -189,9 +189,97 @@ pub fn fit_line(points: impl Iterator<Item = (f64, f64)> + Clone) -> Option<(f64
     Some((0.0, xy / xx))
 }
 
+/// The memory-bandwidth law of an all-reduce on one host's symmetric memory (the ring
+/// law's twin): the bytes of buffer the busiest rank copies and reduces per byte of an
+/// in-place all-reduce of `S` bytes, timed at this host's copy rate `C` and reduce rate
+/// `R` (bytes of destination per second of `memcpy` and of `y op= x`):
+///
+/// t = copy × S / C + reduce × S / R.
+///
+/// - **two-shot**, `n` ranks: the chunks the others read into the workspace
+///   `(n-1)/n·S`, its own chunk reduced in place with the other `n-1` (`(n-1)/n·S` of
+///   reductions), that chunk into the workspace `S/n`, the other chunks copied out
+///   `(n-1)/n·S`: copy `(2n-1)/n`, reduce `(n-1)/n` (at `n = 2`: 1.5 and 0.5).
+/// - **one-shot**: the whole buffer into the workspace `S`, then on every rank but 0
+///   the first operand copied into the output `S` and `n-1` reductions of `S`: copy 2,
+///   reduce `n-1`.
+///
+/// No synchronisation term: at the sizes it is meant for (64 KiB and up) it is small
+/// next to the copies, and `meas/pred` shows what it costs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemLaw {
+    /// Bytes copied per byte of buffer.
+    pub copy: f64,
+    /// Bytes reduced (destination bytes of `y op= x`) per byte of buffer.
+    pub reduce: f64,
+}
+
+impl MemLaw {
+    /// Two-shot over `n` ranks (nothing moves for `n <= 1`).
+    pub fn two_shot(n: usize) -> Self {
+        if n <= 1 {
+            return MemLaw {
+                copy: 0.0,
+                reduce: 0.0,
+            };
+        }
+        let k = n as f64;
+        MemLaw {
+            copy: (2.0 * k - 1.0) / k,
+            reduce: (k - 1.0) / k,
+        }
+    }
+
+    /// One-shot over `n` ranks.
+    pub fn one_shot(n: usize) -> Self {
+        if n <= 1 {
+            return MemLaw {
+                copy: 0.0,
+                reduce: 0.0,
+            };
+        }
+        MemLaw {
+            copy: 2.0,
+            reduce: (n - 1) as f64,
+        }
+    }
+
+    /// Predicted seconds for `bytes` at copy rate `copy_bps` and reduce rate
+    /// `reduce_bps` (bytes per second); `None` unless both rates are positive and
+    /// finite.
+    pub fn predict_s(&self, bytes: f64, copy_bps: f64, reduce_bps: f64) -> Option<f64> {
+        let ok = |r: f64| r.is_finite() && r > 0.0;
+        (ok(copy_bps) && ok(reduce_bps))
+            .then(|| self.copy * bytes / copy_bps + self.reduce * bytes / reduce_bps)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_law_counts_the_copies_and_reductions() {
+        // n = 2, two-shot: 1.5·S copied and 0.5·S reduced (the count).
+        let l = MemLaw::two_shot(2);
+        assert_eq!((l.copy, l.reduce), (1.5, 0.5));
+        // 64 MiB at 13.9 GB/s copy and 18.8 GB/s reduce: about 9 ms.
+        let t = l.predict_s(64.0 * 1048576.0, 13.9e9, 18.8e9).unwrap();
+        assert!((t - 0.009_025).abs() < 1e-4, "{t}");
+        // Two-shot's copies tend to 2·S and its reductions to S as n grows; one-shot's
+        // reductions grow with n, so past 2 ranks it reads more than two-shot.
+        for n in 2..64 {
+            let (a, b) = (MemLaw::two_shot(n), MemLaw::two_shot(n + 1));
+            assert!(a.copy < b.copy && b.copy < 2.0 && a.reduce < b.reduce && b.reduce < 1.0);
+            let o = MemLaw::one_shot(n);
+            assert_eq!(o.copy, 2.0);
+            assert!(o.reduce >= a.reduce);
+        }
+        assert_eq!(MemLaw::one_shot(1).predict_s(1e6, 1e9, 1e9), Some(0.0));
+        // Rates that are not measured give no prediction, never a division by zero.
+        assert_eq!(l.predict_s(1e6, 0.0, 1e9), None);
+        assert_eq!(l.predict_s(1e6, 1e9, f64::NAN), None);
+    }
 
     #[test]
     fn host_laws_of_the_ring_and_the_hierarchical_all_reduce() {

@@ -26,13 +26,45 @@ fn free_port() -> u16 {
 }
 
 /// The transports the process fault tests run over, with their environment: TCP,
-/// shared memory through the rings, and shared memory with single copy (every payload
-/// of 4 KiB or more pulled from the writer's memory).
-const TRANSPORTS: [(&str, &[(&str, &str)]); 3] = [
+/// shared memory through the rings, shared memory with single copy (every payload of
+/// 4 KiB or more pulled from the writer's memory), and symmetric memory (the default
+/// on one host: every rank reads its peers' workspaces; one-shot and two-shot).
+const TRANSPORTS: [(&str, &[(&str, &str)]); 4] = [
     ("tcp", &[]),
-    ("shm", &[("FERROCCL_SHM_SINGLE_COPY", "off")]),
-    ("shm", &[("FERROCCL_SHM_SINGLE_COPY", "4K")]),
+    (
+        "shm",
+        &[
+            ("FERROCCL_SHM_SINGLE_COPY", "off"),
+            ("FERROCCL_SHM_SYMMETRIC", "off"),
+        ],
+    ),
+    (
+        "shm",
+        &[
+            ("FERROCCL_SHM_SINGLE_COPY", "4K"),
+            ("FERROCCL_SHM_SYMMETRIC", "off"),
+        ],
+    ),
+    ("shm", &[]),
 ];
+
+/// Names in `/dev/shm` made by any of `pids` (every segment this library makes names
+/// its maker's pid: `ferroccl-<id>-<pid>-…`).
+fn segments_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    n.starts_with("ferroccl-")
+                        && pids
+                            .iter()
+                            .any(|p| n.split('-').nth(2) == Some(p.to_string().as_str()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 /// Starts `n` ranks of `ferroccl bench ARGS` with the torchrun environment and the
 /// extra variables `env`; rank 0's stdout is piped.
@@ -187,6 +219,7 @@ fn kill_minus_nine(transport: &str, env: &[(&str, &str)]) {
                 ],
                 env,
             );
+            let pids: Vec<u32> = ranks.iter().map(Child::id).collect();
             std::thread::sleep(delay);
             signal(&ranks[victim], libc::SIGKILL);
             let deadline = Instant::now() + Duration::from_secs(20);
@@ -209,6 +242,13 @@ fn kill_minus_nine(transport: &str, env: &[(&str, &str)]) {
                     "{ctx}: the error does not name rank {victim}: {err}"
                 );
             }
+            // Whatever the ranks made in /dev/shm went with them: a rank removes its
+            // names once its peers have mapped them, before any collective.
+            let left = segments_of(&pids);
+            assert!(
+                left.is_empty(),
+                "{transport} {env:?}: {coll} injection {k}: left in /dev/shm: {left:?}"
+            );
             injections += 1;
         }
     }
