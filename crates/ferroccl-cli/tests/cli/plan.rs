@@ -513,6 +513,87 @@ fn bench_law_prints_the_fit_and_plan_reads_it() {
 }
 
 #[test]
+fn bench_law_mem_counts_one_shot_and_two_shot_against_this_host_s_memory() {
+    // Two ranks on this host over `shm`: symmetric memory, one-shot up to 64 KiB and
+    // two-shot above; the memory law's counted bytes are exact, the times are not.
+    let out = ok(&ferroccl(&[
+        "bench",
+        "--transport",
+        "shm",
+        "--ranks",
+        "2",
+        "-b",
+        "32K",
+        "-e",
+        "512K",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--law",
+        "mem",
+    ]));
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with("mem "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "32K, 128K, 512K:\n{out}");
+    for r in &rows {
+        // mem size algo copied reduced C R meas pred meas/pred
+        let size: f64 = r[1].parse().expect("size");
+        let (copied, reduced): (f64, f64) = (r[3].parse().unwrap(), r[4].parse().unwrap());
+        let (algo, want) = if size <= 65536.0 {
+            ("1shot", (2.0 * size, size))
+        } else {
+            ("2shot", (1.5 * size, 0.5 * size))
+        };
+        assert_eq!(r[2], algo, "{r:?}");
+        assert_eq!((copied, reduced), want, "{r:?}");
+        for x in &r[5..] {
+            assert!(x.parse::<f64>().expect("a number") > 0.0, "{r:?}");
+        }
+    }
+    // The table's wire column: nothing crossed a link.
+    assert!(
+        out.lines().filter(|l| l.contains(" mem 2shot")).count() == 2,
+        "{out}"
+    );
+    // Over TCP nothing runs on symmetric memory: the rows say so, with no prediction.
+    let tcp = ok(&ferroccl(&[
+        "bench",
+        "--transport",
+        "tcp",
+        "--ranks",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--law",
+        "mem",
+    ]));
+    assert!(
+        tcp.contains("the memory law counts one-shot and two-shot"),
+        "{tcp}"
+    );
+    let row = tcp
+        .lines()
+        .find(|l| l.starts_with("mem "))
+        .expect("a mem row");
+    assert!(
+        row.split_whitespace().nth(2) == Some("other") && row.ends_with('-'),
+        "{row}"
+    );
+}
+
+#[test]
 fn bench_law_refuses_bad_rates_and_chains() {
     for (args, needle) in [
         (&["--ranks", "2", "--law", "fast"][..], "--law"),
@@ -523,6 +604,11 @@ fn bench_law_refuses_bad_rates_and_chains() {
             "ring collectives",
         ),
         (&["--ranks", "1", "--law", "1gbit"][..], "at least 2 ranks"),
+        (
+            &["all_gather", "--ranks", "2", "--law", "mem"][..],
+            "--law mem is for all_reduce",
+        ),
+        (&["--ranks", "1", "--law", "mem"][..], "at least 2 ranks"),
     ] {
         let mut a = vec!["bench", "--transport", "local"];
         a.extend_from_slice(args);

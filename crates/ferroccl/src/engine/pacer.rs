@@ -210,6 +210,13 @@ impl Pacer {
         fp: &Fingerprint,
         waiting_for: impl FnOnce() -> String,
     ) -> Result<()> {
+        // A peer on symmetric shared memory publishes within a few hundred
+        // nanoseconds of this rank's own step: spin first, as over links.
+        if self.busy_poll > Duration::ZERO && self.spins < self.spin_rounds {
+            self.spins += 1;
+            std::hint::spin_loop();
+            return Ok(());
+        }
         let (polling, left) = self.check(rank, fp, waiting_for)?;
         if polling {
             std::thread::yield_now();
