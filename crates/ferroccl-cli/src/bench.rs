@@ -95,8 +95,8 @@ pub struct BenchArgs {
     /// (recursive halving then doubling), tree (pipelined double binary tree; broadcast
     /// and reduce then run down a binary tree too) or hier (hierarchical: within hosts,
     /// then k rings between hosts); on one host over shm/auto (symmetric memory) auto is
-    /// one-shot for small sizes and two-shot above, and one-shot or two-shot may be
-    /// forced. Ranks started by a launcher also read FERROCCL_ALGO; this flag wins.
+    /// rd over the rings for small sizes and two-shot above, and one-shot (every rank
+    /// reduces everything) or two-shot may be forced. Ranks started by a launcher also read FERROCCL_ALGO; this flag wins.
     #[arg(long = "algo", value_parser = ["auto", "ring", "rd", "rabenseifner", "tree", "hier", "hierarchical", "one-shot", "two-shot"])]
     pub algo: Option<String>,
     /// With --algo auto: choose per size by a network model instead of the size rule:

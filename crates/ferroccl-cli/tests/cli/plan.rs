@@ -514,8 +514,8 @@ fn bench_law_prints_the_fit_and_plan_reads_it() {
 
 #[test]
 fn bench_law_mem_counts_one_shot_and_two_shot_against_this_host_s_memory() {
-    // Two ranks on this host over `shm`: symmetric memory, one-shot up to 64 KiB and
-    // two-shot above; the memory law's counted bytes are exact, the times are not.
+    // Two ranks on this host over `shm`: symmetric memory, two-shot from 8 KiB up (and
+    // one-shot when forced); the memory law's counted bytes are exact, the times not.
     let out = ok(&ferroccl(&[
         "bench",
         "--transport",
@@ -545,22 +545,43 @@ fn bench_law_mem_counts_one_shot_and_two_shot_against_this_host_s_memory() {
         // mem size algo copied reduced C R meas pred meas/pred
         let size: f64 = r[1].parse().expect("size");
         let (copied, reduced): (f64, f64) = (r[3].parse().unwrap(), r[4].parse().unwrap());
-        let (algo, want) = if size <= 65536.0 {
-            ("1shot", (2.0 * size, size))
-        } else {
-            ("2shot", (1.5 * size, 0.5 * size))
-        };
-        assert_eq!(r[2], algo, "{r:?}");
-        assert_eq!((copied, reduced), want, "{r:?}");
+        assert_eq!(r[2], "2shot", "{r:?}");
+        assert_eq!((copied, reduced), (1.5 * size, 0.5 * size), "{r:?}");
         for x in &r[5..] {
             assert!(x.parse::<f64>().expect("a number") > 0.0, "{r:?}");
         }
     }
     // The table's wire column: nothing crossed a link.
     assert!(
-        out.lines().filter(|l| l.contains(" mem 2shot")).count() == 2,
+        out.lines().filter(|l| l.contains(" mem 2shot")).count() == 3,
         "{out}"
     );
+    let one = ok(&ferroccl(&[
+        "bench",
+        "--transport",
+        "shm",
+        "--ranks",
+        "2",
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--law",
+        "mem",
+        "--algo",
+        "one-shot",
+    ]));
+    let row: Vec<&str> = one
+        .lines()
+        .find(|l| l.starts_with("mem "))
+        .expect("a mem row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[1..5], ["4096", "1shot", "8192", "4096"], "{one}");
     // Over TCP nothing runs on symmetric memory: the rows say so, with no prediction.
     let tcp = ok(&ferroccl(&[
         "bench",

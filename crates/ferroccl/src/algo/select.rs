@@ -18,7 +18,9 @@ use super::{doubling, schedule, Algorithm, HostLayout};
 pub enum AllReduceAlgo {
     /// Recursive doubling up to `Tuning::small_message_bytes`, the ring above
     /// (hierarchical above on jobs of two or more hosts with the same number `k >= 2`
-    /// of ranks each; with `Tuning::cost_model`, the least predicted time).
+    /// of ranks each; with `Tuning::cost_model`, the least predicted time). On
+    /// symmetric memory (one host), recursive doubling over the rings up to a few KiB
+    /// and two-shot above.
     #[default]
     Auto,
     /// The ring: `2(n-1)` steps, `2(n-1)/n·S` bytes per rank.
@@ -46,19 +48,30 @@ pub enum AllReduceAlgo {
     TwoShot,
 }
 
-/// Up to how many bytes an all-reduce of `n` ranks on symmetric memory takes one-shot
-/// (two-shot above): one-shot reads `(n-1)·S` from its peers and two-shot
-/// `2(n-1)/n·S` in one more synchronisation, which costs about as much as reading a
-/// few KiB more per peer. Measured with `ferroccl bench --algo one-shot|two-shot` (see
-/// the README's "Measuring").
-pub(crate) fn one_shot_max(n: usize) -> usize {
+/// Up to how many bytes an all-reduce of `n` ranks on symmetric memory streams over the
+/// rings instead (recursive doubling, one frame each way): below it a round trip of
+/// frames beats reading the peers' memory, whose fingerprint exchange is itself such a
+/// round trip. Measured with `ferroccl bench --algo two-shot` against
+/// `FERROCCL_SHM_SYMMETRIC=off` on the 2-core development machine (3 and 2
+/// interleaved runs, quiet): at 2 ranks 1 KiB took 1.6–1.9 µs over the rings and
+/// 2.0–3.0 µs two-shot, 4 KiB tied, 16 KiB 4.6–5.6 against 4.1–5.0; at 4 ranks (two
+/// per CPU) 16 KiB 26.7–29.2 µs against 28.4–32.7, 64 KiB 70.9–86.9 against 45.0–57.2.
+pub(crate) fn sym_push_max(n: usize) -> usize {
     if n <= 2 {
-        64 << 10
-    } else if n <= 4 {
-        32 << 10
+        8 << 10
     } else {
-        16 << 10
+        32 << 10
     }
+}
+
+/// Up to how many bytes `auto` takes one-shot on symmetric memory: none. Measured as
+/// [`sym_push_max`], one-shot never beat two-shot (2 ranks: 1 KiB 1.8–3.7 µs against
+/// 2.0–3.0, 64 KiB 11.8–13.9 against 10.0–11.5; 4 ranks: 64 KiB 86 against 45–57):
+/// it saves one synchronisation, but the fingerprint exchange before it costs as much,
+/// and it reads `(n-1)·S` from the peers where two-shot reads `2(n-1)/n·S`. It stays
+/// for `--algo one-shot` (a machine whose synchronisations cost more may differ).
+pub(crate) fn one_shot_max(_n: usize) -> usize {
+    0
 }
 
 /// A network model for choosing by predicted time (`Tuning::cost_model`): a message
@@ -122,23 +135,45 @@ impl Policy<'_> {
         self.host_pull
     }
 
+    /// Whether an all-reduce by `algo` runs on the memory peers: the ring's plan,
+    /// one-shot and two-shot do where there are memory peers; the others stream over
+    /// the links.
+    pub fn all_reduce_pulls(&self, algo: Algorithm) -> bool {
+        self.host_pull
+            && matches!(
+                algo,
+                Algorithm::Ring | Algorithm::OneShot | Algorithm::TwoShot
+            )
+    }
+
     /// The algorithm an all-reduce of `bytes` bytes of host memory uses. Forced
     /// [`AllReduceAlgo::Hierarchical`] is said as such even where it cannot run
     /// ([`Policy::runnable`] refuses it then).
     pub fn all_reduce(&self, bytes: usize) -> Algorithm {
         let n = self.world_size;
         if self.host_pull {
-            // Memory peers: one-shot and two-shot where they can read every peer,
-            // the ring's plan otherwise (a communicator of one rank, or forced).
-            return match self.forced {
-                AllReduceAlgo::OneShot if n > 1 => Algorithm::OneShot,
-                AllReduceAlgo::TwoShot if n > 1 => Algorithm::TwoShot,
-                AllReduceAlgo::Auto if n > 1 && bytes <= one_shot_max(n) => Algorithm::OneShot,
+            // Memory peers: one-shot and two-shot read every peer; small messages
+            // stream over the links (recursive doubling); the ring reads its plan.
+            // Forced Rabenseifner, tree or recursive doubling, or a cost model, stream
+            // over the links as anywhere (below).
+            match self.forced {
+                _ if n <= 1 => return Algorithm::Ring,
+                AllReduceAlgo::OneShot => return Algorithm::OneShot,
                 // Every rank is on one host: the hierarchical algorithm's part within
                 // a host (reduce-scatter, then all-gather) is what two-shot does.
-                AllReduceAlgo::Auto | AllReduceAlgo::Hierarchical if n > 1 => Algorithm::TwoShot,
-                _ => Algorithm::Ring,
-            };
+                AllReduceAlgo::TwoShot | AllReduceAlgo::Hierarchical => return Algorithm::TwoShot,
+                AllReduceAlgo::Ring => return Algorithm::Ring,
+                AllReduceAlgo::Auto if self.model.is_none() => {
+                    return if bytes <= sym_push_max(n) && bytes <= u32::MAX as usize {
+                        Algorithm::RecursiveDoubling
+                    } else if bytes <= one_shot_max(n) {
+                        Algorithm::OneShot
+                    } else {
+                        Algorithm::TwoShot
+                    }
+                }
+                _ => {}
+            }
         }
         let streams = n > 1;
         // Recursive doubling sends the whole buffer as one frame.
@@ -372,36 +407,46 @@ mod tests {
         );
     }
 
-    /// Memory peers (symmetric memory): one-shot up to `one_shot_max(n)`, two-shot
-    /// above, the ring when forced or alone; the shots forced where they cannot run
-    /// (links) take the ring.
+    /// Memory peers (symmetric memory): recursive doubling over the links up to
+    /// `sym_push_max(n)`, one-shot up to `one_shot_max(n)`, two-shot above; forced
+    /// shots and the ring read the peers' memory, forced streaming algorithms stream;
+    /// a rank alone runs the ring.
     #[test]
-    fn memory_peers_take_one_shot_then_two_shot() {
+    fn memory_peers_stream_small_messages_and_read_large_ones() {
         for n in [2, 3, 4, 5, 8] {
             let p = Policy {
                 host_pull: true,
                 ..policy(n, None)
             };
-            let m = one_shot_max(n);
-            assert_eq!(p.all_reduce(0), Algorithm::OneShot);
-            assert_eq!(p.all_reduce(m), Algorithm::OneShot, "n={n}");
+            let m = sym_push_max(n).max(one_shot_max(n));
+            assert_eq!(p.all_reduce(0), Algorithm::RecursiveDoubling);
+            assert_eq!(p.all_reduce(sym_push_max(n)), Algorithm::RecursiveDoubling);
             assert_eq!(p.all_reduce(m + 1), Algorithm::TwoShot, "n={n}");
             assert_eq!(p.all_reduce(1 << 30), Algorithm::TwoShot);
+            assert!(!p.all_reduce_pulls(Algorithm::RecursiveDoubling));
+            assert!(p.all_reduce_pulls(Algorithm::TwoShot));
             for (forced, want) in [
                 (AllReduceAlgo::OneShot, Algorithm::OneShot),
                 (AllReduceAlgo::TwoShot, Algorithm::TwoShot),
                 (AllReduceAlgo::Ring, Algorithm::Ring),
-                (AllReduceAlgo::Tree, Algorithm::Ring),
+                (AllReduceAlgo::Tree, Algorithm::Tree),
+                (AllReduceAlgo::Rabenseifner, Algorithm::Rabenseifner),
                 // One host: hierarchical's part within a host is two-shot.
                 (AllReduceAlgo::Hierarchical, Algorithm::TwoShot),
             ] {
                 let f = Policy { forced, ..p };
                 assert_eq!(f.all_reduce(1 << 20), want, "n={n} {forced:?}");
                 assert_eq!(f.all_reduce(16), want, "n={n} {forced:?}");
+                let pulls = matches!(
+                    want,
+                    Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Ring
+                );
+                assert_eq!(f.all_reduce_pulls(want), pulls, "n={n} {forced:?}");
                 let links = Policy {
                     host_pull: false,
                     ..f
                 };
+                assert!(!links.all_reduce_pulls(want));
                 if forced == AllReduceAlgo::Hierarchical {
                     assert_eq!(f.reduce_scatter(), Algorithm::Ring);
                     continue;
@@ -440,12 +485,14 @@ mod tests {
                 ..policy(5, None)
             };
             assert_eq!(p.all_reduce(1 << 20), want, "{forced:?}");
-            // Memory peers run the ring's plan whatever is forced.
+            // Over memory peers a forced algorithm streams over the links (the ring
+            // reads the peers' memory).
             let pulled = Policy {
                 host_pull: true,
                 ..p
             };
-            assert_eq!(pulled.all_reduce(1 << 20), Algorithm::Ring, "{forced:?}");
+            assert_eq!(pulled.all_reduce(1 << 20), want, "{forced:?}");
+            assert_eq!(pulled.all_reduce_pulls(want), want == Algorithm::Ring);
             assert_eq!(pulled.rooted(), Algorithm::Chain);
             assert!(pulled.pull() && !p.pull());
         }

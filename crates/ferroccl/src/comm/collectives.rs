@@ -73,7 +73,7 @@ impl Communicator {
         let (n, seg, pull) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().pull(),
+            self.policy().all_reduce_pulls(algo),
         );
         let (count, es) = (buf.len(), size_of::<T>());
         let shot = match algo {

@@ -184,6 +184,28 @@ fn oversubscribed(local_ranks: usize) -> bool {
     cpus.is_some_and(|c| local_ranks > c)
 }
 
+/// Binds this thread to rank `rank`'s share of its host's CPUs ([`Tuning::bind_cpus`],
+/// `sys::cpu::bind_share`): its index among the ranks of its host in `hosts` (the
+/// job's host list). Best effort: a mask that cannot be read or set leaves placement
+/// to the scheduler, with a log line.
+///
+/// [`Tuning::bind_cpus`]: crate::config::Tuning::bind_cpus
+fn bind_to_share(rank: usize, hosts: &[String]) {
+    use crate::sys::cpu;
+    let Some(me) = hosts.get(rank) else { return };
+    let local = hosts.iter().filter(|h| *h == me).count();
+    let index = hosts[..rank].iter().filter(|h| *h == me).count();
+    let (Some(allowed), Some(online)) = (cpu::allowed_cpus(), cpu::online_cpus()) else {
+        return;
+    };
+    if let Some(cpus) = cpu::bind_share(index, local, &allowed, online) {
+        match cpu::bind_this_thread(&cpus) {
+            Ok(()) => tracing::debug!("rank {rank}: bound to CPUs {cpus:?}"),
+            Err(e) => tracing::warn!("rank {rank}: could not bind to CPUs {cpus:?}: {e}"),
+        }
+    }
+}
+
 impl Communicator {
     /// Joins the job described by the launcher environment ([`Config::from_env`]).
     pub fn from_env() -> Result<Self> {
@@ -285,6 +307,10 @@ impl Communicator {
         })?;
         let host_list = hosts::collect(&mut hosts_store, rank, n, cfg.tuning.connect_timeout)?;
         drop(hosts_store);
+        if cfg.tuning.bind_cpus {
+            // Before the communicator starts its threads, so they inherit it.
+            bind_to_share(rank, &host_list);
+        }
         let family = Family::root(cfg.job.world_size, comm_id, Some(host_list));
         let server = server.map(Arc::new);
         let mut c = Self::assemble(cfg, links, server, transport.name(), family)?;

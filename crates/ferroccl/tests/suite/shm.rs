@@ -412,17 +412,19 @@ fn a_new_job_reclaims_a_dead_jobs_segments() {
     );
 }
 
-/// Symmetric memory: a job of every rank on one host over `shm` runs all-reduce
-/// one-shot and two-shot (the bytes crossing its links are the fingerprints only,
-/// whatever the size), the other collectives read peers' workspaces too, and a
-/// workspace that grows call after call is re-read correctly; the same job with
-/// `symmetric` off streams through the rings and gets the same bits.
+/// Symmetric memory: a job of every rank on one host over `shm` streams small
+/// all-reduces over the rings (recursive doubling) and runs larger ones two-shot (the
+/// payload never crosses a link), and one-shot when forced; the other collectives read
+/// peers' workspaces too, and a workspace that grows call after call is re-read
+/// correctly; the same job with `symmetric` off streams everything through the rings
+/// and gets the same bits.
 #[test]
-fn symmetric_memory_runs_one_shot_and_two_shot_with_the_rings_bits() {
+fn symmetric_memory_runs_two_shot_and_one_shot_with_the_rings_bits() {
     let n = 3;
-    let body = |c: &mut ferroccl::Communicator| {
+    let lens = [1usize, 100, 3_000, 40_000, 300_000, 10];
+    let body = move |c: &mut ferroccl::Communicator| {
         let mut out = Vec::new();
-        for len in [1usize, 100, 3_000, 40_000, 300_000, 10] {
+        for len in lens {
             let mut v: Vec<i64> = (0..len as i64).map(|i| i * (c.rank() as i64 + 1)).collect();
             c.all_reduce(&mut v, ReduceOp::Sum)?;
             out.push((c.all_reduce_algorithm(len * 8), v));
@@ -433,7 +435,10 @@ fn symmetric_memory_runs_one_shot_and_two_shot_with_the_rings_bits() {
         let (sent, _) = c.raw_byte_counts();
         Ok((out, sent))
     };
+    let mut one_shot = test_config();
+    one_shot.tuning.all_reduce_algo = AllReduceAlgo::OneShot;
     let sym = run(n, Net::Shm, &test_config(), Duration::from_secs(60), body).unwrap();
+    let one = run(n, Net::Shm, &one_shot, Duration::from_secs(60), body).unwrap();
     let rings = run(
         n,
         Net::ShmRings,
@@ -443,39 +448,38 @@ fn symmetric_memory_runs_one_shot_and_two_shot_with_the_rings_bits() {
     )
     .unwrap();
     for r in 0..n {
-        let (s, r_) = (&sym[r].0, &rings[r].0);
-        let algos: Vec<Algorithm> = s.iter().step_by(2).map(|x| x.0).collect();
-        assert_eq!(
-            algos,
-            [
-                Algorithm::OneShot,
-                Algorithm::OneShot,
-                Algorithm::OneShot,
-                Algorithm::TwoShot,
-                Algorithm::TwoShot,
-                Algorithm::OneShot
-            ],
-            "rank {r}"
-        );
-        for (i, ((_, a), (_, b))) in s.iter().zip(r_).enumerate() {
+        let algos = |x: &[(Algorithm, Vec<i64>)]| -> Vec<Algorithm> {
+            x.iter().step_by(2).map(|a| a.0).collect()
+        };
+        let rd = Algorithm::RecursiveDoubling;
+        let (two, one_a) = (Algorithm::TwoShot, Algorithm::OneShot);
+        assert_eq!(algos(&sym[r].0), [rd, rd, rd, two, two, rd], "rank {r}");
+        assert_eq!(algos(&one[r].0), [one_a; 6], "rank {r}");
+        for (i, (a, b)) in sym[r].0.iter().zip(&rings[r].0).enumerate() {
             assert_eq!(
-                a, b,
+                a.1, b.1,
                 "rank {r} call {i}: symmetric memory and the rings differ"
             );
         }
-        let len = s[8].1.len();
+        for (i, (a, b)) in one[r].0.iter().zip(&rings[r].0).enumerate() {
+            assert_eq!(a.1, b.1, "rank {r} call {i}: one-shot and the rings differ");
+        }
+        let big = &sym[r].0[8].1;
+        assert!(big.iter().enumerate().all(|(i, &x)| x == 6 * i as i64));
+        // 2.7 MB reduced and broadcast: the rings carried 2(n-1)/n of the 2.4 MB
+        // all-reduce alone; symmetric memory only the small all-reduces and headers.
         assert!(
-            s[8].1.iter().enumerate().all(|(i, &x)| x == 6 * i as i64),
-            "{len}"
-        );
-        // 2.7 MB reduced and broadcast: only headers crossed the links.
-        assert!(
-            sym[r].1 < 64 << 10,
+            sym[r].1 < 256 << 10,
             "rank {r} sent {} bytes over its links",
             sym[r].1
         );
         assert!(
-            rings[r].1 > 1 << 20,
+            one[r].1 < 64 << 10,
+            "rank {r} (one-shot) sent {} bytes",
+            one[r].1
+        );
+        assert!(
+            rings[r].1 > 3 << 20,
             "rank {r} (rings) sent {} bytes",
             rings[r].1
         );
