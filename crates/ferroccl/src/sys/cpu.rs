@@ -83,17 +83,24 @@ pub(crate) fn bind_this_thread(cpus: &[usize]) -> std::io::Result<()> {
 /// The CPUs the `index`-th of `local` ranks on a host should bind to, out of the
 /// `allowed` CPUs (this process's mask) of a host with `online` CPUs: an even,
 /// contiguous share (the first `allowed % local` ranks one CPU more), so ranks never
-/// share a CPU. `None` — leave the scheduler alone — for one rank, when the ranks
-/// outnumber the CPUs (they must share), or when the mask is narrower than the host
-/// (a launcher, `taskset`, `numactl` or Slurm placed this process already).
+/// share a CPU; where the ranks outnumber the CPUs, one CPU per group of consecutive
+/// ranks (the same placement in every run, rather than the scheduler's of the
+/// moment). `None` — leave the scheduler alone — for one rank, or when the mask is
+/// narrower than the host (a launcher, `taskset`, `numactl` or Slurm placed this
+/// process already).
 pub(crate) fn bind_share(
     index: usize,
     local: usize,
     allowed: &[usize],
     online: usize,
 ) -> Option<Vec<usize>> {
-    if local <= 1 || index >= local || allowed.len() < local || allowed.len() < online {
+    if local <= 1 || index >= local || allowed.is_empty() || allowed.len() < online {
         return None;
+    }
+    if allowed.len() < local {
+        // More ranks than CPUs: consecutive ranks share one CPU, the same ones in
+        // every run.
+        return Some(vec![allowed[index * allowed.len() / local]]);
     }
     let (q, r) = (allowed.len() / local, allowed.len() % local);
     let start = index * q + index.min(r);
@@ -120,9 +127,15 @@ mod tests {
         assert_eq!(flat, all);
         // Two ranks on two CPUs: one each.
         assert_eq!(bind_share(1, 2, &[0, 1], 2), Some(vec![1]));
-        // One rank, more ranks than CPUs, a mask narrower than the host, a bad index.
+        // More ranks than CPUs: consecutive ranks share a CPU, every CPU used.
+        let four: Vec<Option<Vec<usize>>> = (0..4).map(|i| bind_share(i, 4, &[0, 1], 2)).collect();
+        assert_eq!(
+            four,
+            [Some(vec![0]), Some(vec![0]), Some(vec![1]), Some(vec![1])]
+        );
+        assert_eq!(bind_share(2, 3, &[4, 5], 2), Some(vec![5]));
+        // One rank, a mask narrower than the host, a bad index.
         assert_eq!(bind_share(0, 1, &all, 10), None);
-        assert_eq!(bind_share(0, 4, &[0, 1], 2), None);
         assert_eq!(bind_share(0, 2, &[2, 3], 8), None);
         assert_eq!(bind_share(2, 2, &[0, 1], 2), None);
         assert!(allowed_cpus().is_some_and(|c| !c.is_empty()));
