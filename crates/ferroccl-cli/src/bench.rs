@@ -1048,6 +1048,21 @@ fn bench_typed<T: Element>(
                     "# algo: per size, the least time predicted on {m}{} (rab: Rabenseifner, tree: double binary tree)",
                     if t.measure_cost_model { " (measured on these links)" } else { "" }
                 ),
+                (ferroccl::AllReduceAlgo::Auto, None)
+                    if c.all_reduce_algorithm(1 << 30) == ferroccl::Algorithm::TwoShot =>
+                {
+                    // Symmetric memory: the largest power of two that still streams.
+                    let rd = (0..40)
+                        .map(|k| 1usize << k)
+                        .take_while(|&b| {
+                            c.all_reduce_algorithm(b) == ferroccl::Algorithm::RecursiveDoubling
+                        })
+                        .last()
+                        .unwrap_or(0);
+                    println!(
+                        "# algo: every rank on this host, symmetric memory: rd (recursive doubling over the rings) up to {rd} B, 2shot above (each rank reduces 1/n of all the ranks' memory, then copies the rest; wire 'mem': no payload crossed a link)"
+                    )
+                }
                 (ferroccl::AllReduceAlgo::Auto, None) => println!(
                     "# algo: ring (hier on hosts of 2 or more ranks each), or rd (recursive doubling) for messages up to {} B: fewer steps, more bytes",
                     t.small_message_bytes
