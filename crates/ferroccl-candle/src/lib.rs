@@ -14,6 +14,7 @@ pub mod ddp;
 pub mod error;
 pub mod model;
 pub mod pipeline;
+pub mod ps;
 pub mod zero;
 
 /// candle, as this crate builds on it: a user's model needs no version of its own.
