@@ -63,7 +63,7 @@ pub trait Worker {
 
 /// The servers' state, whole (every shard end to end): what a checkpoint holds and
 /// a resumed run starts from.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PsState {
     /// The parameters.
     pub params: Vec<f32>,
@@ -160,7 +160,13 @@ pub fn run<O: Optimizer + Send>(
         (Ok(()), Ok(_)) => {}
         (Err(s), Ok(_)) => return Err(s),
         (Ok(()), Err(w)) => return Err(w),
-        (Err(s), Err(w)) => return Err(if secondary(&s) && !secondary(&w) { w } else { s }),
+        (Err(s), Err(w)) => {
+            return Err(if secondary(&s) && !secondary(&w) {
+                w
+            } else {
+                s
+            })
+        }
     }
     gather(comm, &mut srv, &layout)
 }
@@ -171,7 +177,11 @@ fn secondary(e: &Error) -> bool {
 }
 
 fn check_state(st: &PsState, total: usize, n: usize) -> Result<()> {
-    let bad = |why: String| Err(Error::InvalidArgument(format!("parameter-server state: {why}")));
+    let bad = |why: String| {
+        Err(Error::InvalidArgument(format!(
+            "parameter-server state: {why}"
+        )))
+    };
     if st.params.len() != total || st.opt.iter().any(|(_, b)| b.len() != total) {
         return bad(format!(
             "holds {} parameters, the model {total}",
@@ -267,9 +277,15 @@ fn work(
         }
         let c = lock(req);
         for (j, r) in layout.iter().enumerate() {
-            let head = vec![PUSH, clock as i64, versions[j] as i64, f64::from(lr).to_bits() as i64];
+            let head = vec![
+                PUSH,
+                clock as i64,
+                versions[j] as i64,
+                f64::from(lr).to_bits() as i64,
+            ];
             sent.0.push(c.send_start(head, j, TAG_HEAD)?);
-            sent.1.push(c.send_start(grad[r.clone()].to_vec(), j, TAG_GRAD)?);
+            sent.1
+                .push(c.send_start(grad[r.clone()].to_vec(), j, TAG_GRAD)?);
         }
         drop(c);
         clock += 1;
@@ -314,8 +330,10 @@ fn serve<O: Optimizer>(
                  v: u64|
      -> Result<()> {
         let c = lock(rep);
-        out.0.push(c.send_start(vec![step as i64, v as i64], w, TAG_REPLY)?);
-        out.1.push(c.send_start(srv.params().to_vec(), w, TAG_PARAMS)?);
+        out.0
+            .push(c.send_start(vec![step as i64, v as i64], w, TAG_REPLY)?);
+        out.1
+            .push(c.send_start(srv.params().to_vec(), w, TAG_PARAMS)?);
         Ok(())
     };
     let mut nap = Duration::from_micros(20);

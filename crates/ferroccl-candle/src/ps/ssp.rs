@@ -330,7 +330,14 @@ impl<O: Optimizer> ShardServer<O> {
     /// Worker w's gradient of `step`, computed on `version`, to be applied at `lr`.
     /// s ≥ 1: applied now, its staleness counted. s = 0: buffered until every running
     /// worker's push of this step is in, then applied as their average.
-    pub fn push(&mut self, w: usize, step: u64, version: u64, lr: f32, grad: Vec<f32>) -> Result<()> {
+    pub fn push(
+        &mut self,
+        w: usize,
+        step: u64,
+        version: u64,
+        lr: f32,
+        grad: Vec<f32>,
+    ) -> Result<()> {
         self.check_worker(w, "a push")?;
         let v_now = self.version();
         if step != self.clocks.applied[w] || self.buffered[w].is_some() {
@@ -494,13 +501,25 @@ mod tests {
     #[test]
     fn misbehaving_workers_are_typed_errors() {
         let mut s = server(2, Staleness::Bounded(1));
-        assert!(s.push(0, 1, 0, 0.1, vec![0.0; 3]).is_err(), "a step skipped");
-        assert!(s.push(0, 0, 5, 0.1, vec![0.0; 3]).is_err(), "a future version");
-        assert!(s.push(0, 0, 0, 0.1, vec![0.0; 2]).is_err(), "a short gradient");
+        assert!(
+            s.push(0, 1, 0, 0.1, vec![0.0; 3]).is_err(),
+            "a step skipped"
+        );
+        assert!(
+            s.push(0, 0, 5, 0.1, vec![0.0; 3]).is_err(),
+            "a future version"
+        );
+        assert!(
+            s.push(0, 0, 0, 0.1, vec![0.0; 2]).is_err(),
+            "a short gradient"
+        );
         assert!(s.pull(2, 0).is_err(), "no such worker");
         assert!(s.pull(1, 3).is_err(), "a pull from the future");
         s.finish(1).unwrap();
-        assert!(s.push(1, 0, 0, 0.1, vec![0.0; 3]).is_err(), "after finishing");
+        assert!(
+            s.push(1, 0, 0, 0.1, vec![0.0; 3]).is_err(),
+            "after finishing"
+        );
     }
 
     #[test]
