@@ -16,11 +16,14 @@
 //! is synchronous (everyone has finished the previous step), s = ∞ never waits.
 //!
 //! **Staleness of an update.** A push of step t carries the version v its gradient
-//! was computed on (the version of the pull that admitted it). When the server applies
-//! it at version V (V counted before this update), its staleness is `V − v`: the number
-//! of whole steps of every worker's updates the gradient did not see. **Bound:** the
-//! pull was admitted, so `v ≥ t − s`; the pushing worker is running and has applied
-//! clock t (its push of step t is the next), so `V ≤ t`; hence `V − v ≤ s`.
+//! was computed on (the version of the pull that admitted it). Its staleness is
+//! `t − v`: the parameters it was computed on hold every worker's updates of steps
+//! `< v`, so up to `t − v` steps of the other workers' updates were missing (a
+//! synchronous step t sees every update of steps `< t`: staleness 0). **Bound:** the
+//! pull was admitted, so `t ≤ v + s`, hence `t − v ≤ s`. (The server's version when
+//! it applies the push, V, lies between v and t, so `V − v ≤ s` as well; V is held
+//! down by the slowest worker, so `t − v` is the one that shows how far ahead of the
+//! slowest a fast worker computed.)
 //!
 //! **s = 0 aggregates.** With s = 0 a server buffers the pushes of step t and, once
 //! every running worker's is in, applies their average (summed in worker order, times
@@ -216,8 +219,9 @@ pub struct ShardServer<O> {
     opt: O,
     clocks: Clocks,
     staleness: Staleness,
-    /// s = 0: each running worker's buffered push of the current step (gradient, LR).
-    buffered: Vec<Option<(Vec<f32>, f32)>>,
+    /// s = 0: each running worker's buffered push of the current step (gradient, LR,
+    /// staleness).
+    buffered: Vec<Option<(Vec<f32>, f32, u64)>>,
     waiting: Vec<Pull>,
     /// s = 0: workers that finished with a push buffered; they stop running once the
     /// step it belongs to is applied.
@@ -346,7 +350,7 @@ impl<O: Optimizer> ShardServer<O> {
                 self.clocks.applied[w]
             )));
         }
-        if version > v_now || grad.len() != self.params.len() {
+        if version > v_now || version > step || grad.len() != self.params.len() {
             return Err(Error::InvalidArgument(format!(
                 "parameter server: worker {w}'s push of step {step} claims version {version} \
                  (the server is at {v_now}) with {} elements (the shard has {})",
@@ -355,10 +359,10 @@ impl<O: Optimizer> ShardServer<O> {
             )));
         }
         if self.staleness == Staleness::Bounded(0) {
-            self.buffered[w] = Some((grad, lr));
+            self.buffered[w] = Some((grad, lr, step - version));
             return self.apply_step_if_complete();
         }
-        self.hist.add(v_now - version);
+        self.hist.add(step - version);
         let n = self.clocks.applied.len() as f32;
         self.opt.begin_step();
         self.opt.update(0, &mut self.params, &grad, lr, 1.0 / n);
@@ -377,9 +381,8 @@ impl<O: Optimizer> ShardServer<O> {
         }
         let mut sum: Option<(Vec<f32>, f32)> = None;
         for &w in &running {
-            let (g, lr) = self.buffered[w].take().expect("checked above");
-            // Every push of a step was admitted at the same version: staleness 0.
-            self.hist.add(0);
+            let (g, lr, stale) = self.buffered[w].take().expect("checked above");
+            self.hist.add(stale);
             match &mut sum {
                 None => sum = Some((g, lr)),
                 Some((s, _)) => s.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
@@ -478,10 +481,11 @@ mod tests {
         assert_eq!(s.pull(1, 0).unwrap(), Some(0));
         s.push(1, 0, 0, 0.1, vec![0.0; 3]).unwrap();
         assert_eq!(s.admitted(), vec![(Pull { worker: 0, step: 2 }, 1)]);
-        // Worker 0's step-1 push was computed on version 0 at version 0: fresh.
-        assert_eq!(s.histogram().counts, vec![3]);
+        // Worker 0's step 1 was computed on version 0: one step stale.
+        assert_eq!(s.histogram().counts, vec![2, 1]);
         s.push(0, 2, 1, 0.1, vec![0.0; 3]).unwrap();
-        assert_eq!(s.histogram().max(), Some(0));
+        assert_eq!(s.histogram().counts, vec![2, 2]);
+        assert_eq!(s.histogram().max(), Some(1));
     }
 
     #[test]
