@@ -128,7 +128,7 @@ pub struct TrainArgs {
     /// With --mode ssp: a worker may start step t only once every worker has
     /// finished step t − S − 1 (0: synchronous, servers average each step's
     /// gradients as DDP; inf: fully asynchronous). 0 to 1,000,000 or inf.
-    #[arg(long, value_parser = crate::args::staleness)]
+    #[arg(long, value_parser = crate::args::staleness, allow_negative_numbers = true)]
     staleness: Option<crate::args::StalenessBound>,
     /// Make this rank a straggler (see --slow-factor).
     #[arg(long)]
@@ -367,6 +367,34 @@ fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
     Ok(())
 }
 
+/// `0: 12, 1: 3, ...`, the first 8 staleness values one by one and the rest as one
+/// count, with the mean and the largest.
+fn histogram_line(h: &[u64]) -> String {
+    let mut parts: Vec<String> = h
+        .iter()
+        .enumerate()
+        .take(8)
+        .filter(|(_, c)| **c > 0)
+        .map(|(k, c)| format!("{k}: {c}"))
+        .collect();
+    let rest: u64 = h.iter().skip(8).sum();
+    if rest > 0 {
+        parts.push(format!("8 or more: {rest}"));
+    }
+    let total: u64 = h.iter().sum();
+    let mean = h
+        .iter()
+        .enumerate()
+        .map(|(k, c)| k as f64 * *c as f64)
+        .sum::<f64>()
+        / total.max(1) as f64;
+    format!(
+        "{}  (mean {mean:.2}, max {})",
+        parts.join(", "),
+        h.len().saturating_sub(1)
+    )
+}
+
 fn print_curve(curve: &[(f64, f64)]) {
     if curve.len() > 1 {
         let pts: Vec<String> = curve
@@ -409,14 +437,10 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
             "throughput {:.0} images/s  wall {:.1} s  updates {}",
             s.images_per_s, s.wall_s, s.updates
         );
-        let hist: Vec<String> = s
-            .histogram
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| **c > 0)
-            .map(|(k, c)| format!("{k}: {c}"))
-            .collect();
-        println!("staleness histogram (steps: updates): {}", hist.join(", "));
+        println!(
+            "staleness histogram (steps: updates): {}",
+            histogram_line(&s.histogram)
+        );
         print_curve(&s.curve);
         if let Some(p) = &a.summary {
             let j = serde_json::to_string_pretty(s).map_err(|e| {
