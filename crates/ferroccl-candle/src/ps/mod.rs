@@ -339,12 +339,12 @@ fn serve<O: Optimizer>(
     let mut nap = Duration::from_micros(20);
     while !srv.all_finished() {
         let mut moved = false;
-        for w in 0..n {
-            if !heads[w].as_ref().is_some_and(Pending::test) {
+        for (w, head) in heads.iter_mut().enumerate() {
+            if !head.as_ref().is_some_and(Pending::test) {
                 continue;
             }
             moved = true;
-            let h = heads[w].take().expect("tested above").wait()?;
+            let h = head.take().expect("tested above").wait()?;
             let step = u64::try_from(h[1]).map_err(|_| bad_message(w, &h))?;
             match h[0] {
                 PULL => {
@@ -363,7 +363,7 @@ fn serve<O: Optimizer>(
                 _ => return Err(bad_message(w, &h)),
             }
             if h[0] != DONE {
-                heads[w] = Some(post(w)?);
+                *head = Some(post(w)?);
             }
             for (p, v) in srv.admitted() {
                 reply(&mut out, srv, p.worker, p.step, v)?;
