@@ -104,6 +104,7 @@ fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
             &format!("{}: test accuracy against wall-clock time", a.title),
             ("wall-clock seconds", "test accuracy"),
             &curves,
+            SeriesLabelPosition::LowerRight,
         )?;
         written.push((p, curves.len()));
     }
@@ -114,6 +115,7 @@ fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
             &format!("{}: pipeline bubble against micro-batches", a.title),
             ("micro-batches m", "bubble fraction (idle / step time)"),
             &bubble,
+            SeriesLabelPosition::UpperRight,
         )?;
         written.push((p, bubble.len()));
     }
@@ -217,6 +219,7 @@ fn draw_lines(
     title: &str,
     (x_desc, y_desc): (&str, &str),
     series: &[Series],
+    legend: SeriesLabelPosition,
 ) -> Result<(), String> {
     let err = draw_err(path);
     let all = || series.iter().flat_map(|s| s.points.iter());
@@ -238,7 +241,7 @@ fn draw_lines(
         .y_desc(y_desc)
         .draw()
         .map_err(&err)?;
-    lines_with_dots(&mut chart, series, SeriesLabelPosition::UpperRight, &err)?;
+    lines_with_dots(&mut chart, series, legend, &err)?;
     root.present().map_err(&err)?;
     Ok(())
 }
