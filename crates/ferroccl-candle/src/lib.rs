@@ -5,6 +5,9 @@
 //! LR scaling with warmup, mixed precision with dynamic loss scaling, gradient
 //! accumulation, rank-0 checkpoints and exact resume.
 //!
+//! Next to it, [`ps`]: a sharded parameter server with bounded staleness (SSP), the
+//! asynchronous alternative (`ferroccl train --mode ssp`).
+//!
 //! Every rank calls [`train`] with the same [`TrainConfig`]; rank 0's initial weights
 //! are broadcast so replicas start identical, and every optimizer step applies the
 //! same averaged gradients on every rank, so they stay identical.
@@ -146,6 +149,21 @@ pub struct Straggler {
 }
 
 impl Straggler {
+    /// Refuses a straggler outside a job of `world` ranks or a slowdown that is not a
+    /// finite number of 1 or more.
+    pub fn check(s: Option<Straggler>, world: usize) -> Result<()> {
+        match s {
+            Some(s) if s.rank >= world || !(s.factor.is_finite() && s.factor >= 1.0) => {
+                Err(Error::InvalidArgument(format!(
+                    "straggler: rank {} slowed {}× in a job of {world} rank(s) (a rank below \
+                     {world}, a finite factor of 1 or more)",
+                    s.rank, s.factor
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// On rank `rank`, after a compute of `took`: sleeps if this is the slow rank.
     pub fn delay(s: Option<Straggler>, rank: usize, took: Duration) {
         if let Some(s) = s.filter(|s| s.rank == rank && s.factor > 1.0) {
@@ -369,6 +387,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
                 .into(),
         });
     }
+    Straggler::check(cfg.straggler, world)?;
     let micro = cfg.global_batch / (world * cfg.accum);
     let (train_set, test_set) = load_data(cfg)?;
     let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;

@@ -156,6 +156,7 @@ pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) ->
             cfg.global_batch
         )));
     }
+    Straggler::check(cfg.straggler, world)?;
     let micro = cfg.global_batch / world;
     let (train_set, test_set) = load_data(cfg)?;
     let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;

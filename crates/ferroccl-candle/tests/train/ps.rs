@@ -261,3 +261,30 @@ fn shard_counts_that_do_not_fit_are_refused_on_every_rank() {
         );
     }
 }
+
+#[test]
+fn a_straggler_outside_the_job_or_not_slow_is_refused_by_both_trainers() {
+    use ferroccl_candle::Straggler;
+    for (rank, factor) in [(2, 2.0), (0, 0.5), (1, f64::NAN)] {
+        let cfg = TrainConfig {
+            straggler: Some(Straggler { rank, factor }),
+            ..small(32, 2)
+        };
+        let ddp_cfg = cfg.clone();
+        let ps_errs = all_errors(
+            run_all(2, Net::Local, &test_config(), DEADLINE, move |c| {
+                train_ps(c, &cfg, Staleness::Bounded(1)).map(|o| o.summary.steps)
+            }),
+            "a bad straggler, parameter server",
+        );
+        let ddp_errs = all_errors(
+            run_all(2, Net::Local, &test_config(), DEADLINE, move |c| {
+                train(c, &ddp_cfg).map(|o| o.summary.steps)
+            }),
+            "a bad straggler, DDP",
+        );
+        for e in ps_errs.iter().chain(&ddp_errs) {
+            assert!(e.to_string().contains(&format!("straggler: rank {rank}")), "{e}");
+        }
+    }
+}
