@@ -358,6 +358,13 @@ fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
             "--mode ssp trains LeNet on a parameter server: no --pipeline or --zero".into(),
         );
     }
+    if a.mode == "ssp" && (a.checkpoint_every > 0 || a.metrics.is_some()) {
+        return bad(
+            "--mode ssp checkpoints at the end of the run only and writes no --metrics \
+             (its summary: --summary)"
+                .into(),
+        );
+    }
     if let Some(r) = a.slow_rank.filter(|&r| r >= world) {
         return bad(format!(
             "--slow-rank {r}: the job has {world} rank(s), 0 to {}",

@@ -25,8 +25,10 @@
 //! **Failures.** A server whose receive fails (a worker's rank died: its connection
 //! closed) fails and aborts the rank's two communicators, so that nothing waits on it;
 //! every server holds a receive from every running worker, so every surviving rank's
-//! server sees a dead rank itself and its error names it. A rank returns its server's
-//! error before its worker's (which may only say that a neighbour gave up).
+//! server sees a dead rank itself and its error names it (a failed server aborts its
+//! rank a second later, so that its own abort does not reach the others first). A rank
+//! returns its server's error before its worker's (which may only say that a neighbour
+//! gave up).
 
 pub mod ssp;
 pub mod train;
@@ -51,6 +53,10 @@ const DONE: i64 = 3;
 /// How long a rank whose worker failed lets its server find the cause itself (a dead
 /// peer, which names the rank) before aborting it.
 const GRACE: Duration = Duration::from_secs(2);
+
+/// How long a failed server waits before aborting its rank's communicators (see
+/// [`run`]).
+const CASCADE_DELAY: Duration = Duration::from_secs(1);
 
 /// What a worker does: the parameter server calls it once per step.
 pub trait Worker {
@@ -137,6 +143,11 @@ pub fn run<O: Optimizer + Send>(
             let r = serve(&req, &rep, &mut srv, &layout, me);
             if r.is_err() {
                 server_failed.store(true, Ordering::Relaxed);
+                // The failure closed this server's receives (their communicator tells its
+                // peers why); the other communicator is aborted a moment later, so that
+                // the other ranks' servers, which hold receives from every worker, see
+                // where the failure started before they hear that this rank gave up.
+                std::thread::sleep(CASCADE_DELAY);
                 abort();
             }
             r

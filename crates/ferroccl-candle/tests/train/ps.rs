@@ -284,7 +284,10 @@ fn a_straggler_outside_the_job_or_not_slow_is_refused_by_both_trainers() {
             "a bad straggler, DDP",
         );
         for e in ps_errs.iter().chain(&ddp_errs) {
-            assert!(e.to_string().contains(&format!("straggler: rank {rank}")), "{e}");
+            assert!(
+                e.to_string().contains(&format!("straggler: rank {rank}")),
+                "{e}"
+            );
         }
     }
 }

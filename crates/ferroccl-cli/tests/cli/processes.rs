@@ -255,6 +255,10 @@ fn bench_and_train_refuse_numbers_out_of_range() {
             &["train", "-n", "2", "--mode", "ssp", "--pipeline", "2"],
             "no --pipeline",
         ),
+        (
+            &["train", "--mode", "ssp", "--checkpoint-every", "5"],
+            "at the end of the run only",
+        ),
         (&["launch", "-n", "0", "--", "true"], "at least 1 rank"),
     ];
     for (args, want) in cases {
