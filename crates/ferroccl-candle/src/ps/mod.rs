@@ -26,9 +26,9 @@
 //! closed) fails and aborts the rank's two communicators, so that nothing waits on it;
 //! every server holds a receive from every running worker, so every surviving rank's
 //! server sees a dead rank itself and its error names it (a failed server aborts its
-//! rank a second later, so that its own abort does not reach the others first). A rank
-//! returns its server's error before its worker's (which may only say that a neighbour
-//! gave up).
+//! rank a second later, so that its own abort does not reach the others first). Of its
+//! server's and its worker's failures a rank returns the one seen first (the later is
+//! an echo: its own abort, or a neighbour's).
 
 pub mod ssp;
 pub mod train;
@@ -37,7 +37,6 @@ use crate::ddp::Optimizer;
 use ferroccl::{Communicator, Error, Pending, ReduceOp, Result};
 use ssp::{shards, Histogram, ShardServer, Staleness};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -137,12 +136,11 @@ pub fn run<O: Optimizer + Send>(
     let aborts = [req.abort_handle(), rep.abort_handle()];
     let abort = || aborts.iter().for_each(|a| a.abort());
     let (req, rep) = (Mutex::new(req), Mutex::new(rep));
-    let server_failed = AtomicBool::new(false);
     let (served, worked) = std::thread::scope(|s| {
         let h = s.spawn(|| {
             let r = serve(&req, &rep, &mut srv, &layout, me);
+            let at = Instant::now();
             if r.is_err() {
-                server_failed.store(true, Ordering::Relaxed);
                 // The failure closed this server's receives (their communicator tells its
                 // peers why); the other communicator is aborted a moment later, so that
                 // the other ranks' servers, which hold receives from every worker, see
@@ -150,9 +148,10 @@ pub fn run<O: Optimizer + Send>(
                 std::thread::sleep(CASCADE_DELAY);
                 abort();
             }
-            r
+            (r, at)
         });
         let w = work(&req, &rep, &layout, start, worker);
+        let w_at = Instant::now();
         if w.is_err() {
             let t = Instant::now();
             while !h.is_finished() && t.elapsed() < GRACE {
@@ -161,30 +160,24 @@ pub fn run<O: Optimizer + Send>(
             abort();
         }
         let served = h.join().unwrap_or_else(|_| {
-            Err(Error::InvalidArgument(
-                "the parameter server's thread panicked".into(),
-            ))
+            (
+                Err(Error::InvalidArgument(
+                    "the parameter server's thread panicked".into(),
+                )),
+                Instant::now(),
+            )
         });
-        (served, w)
+        (served, (w, w_at))
     });
+    // Of two failures, the first seen: the later one is its echo (this rank's own
+    // abort, or a neighbour's).
     match (served, worked) {
-        (Ok(()), Ok(_)) => {}
-        (Err(s), Ok(_)) => return Err(s),
-        (Ok(()), Err(w)) => return Err(w),
-        (Err(s), Err(w)) => {
-            return Err(if secondary(&s) && !secondary(&w) {
-                w
-            } else {
-                s
-            })
-        }
+        ((Ok(()), _), (Ok(_), _)) => {}
+        ((Err(s), _), (Ok(_), _)) => return Err(s),
+        ((Ok(()), _), (Err(w), _)) => return Err(w),
+        ((Err(s), s_at), (Err(w), w_at)) => return Err(if w_at < s_at { w } else { s }),
     }
     gather(comm, &mut srv, &layout)
-}
-
-/// Errors that only say that something else failed first.
-fn secondary(e: &Error) -> bool {
-    matches!(e, Error::Aborted { .. } | Error::Poisoned(_))
 }
 
 fn check_state(st: &PsState, total: usize, n: usize) -> Result<()> {
