@@ -153,6 +153,8 @@ fn a_parameter_server_run_with_a_straggler_reports_staleness_and_accuracy() {
         "3",
         "--summary",
         summary.to_str().unwrap(),
+        "--curve-every",
+        "0.001",
     ]);
     let o = ok(&args);
     for want in [
@@ -181,6 +183,15 @@ fn a_parameter_server_run_with_a_straggler_reports_staleness_and_accuracy() {
     assert!(hist.len() <= 3, "{hist:?}");
     let acc = s["test_accuracy"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&acc), "{acc}");
+    // Accuracy against time: in order, each a share, and the last the final accuracy.
+    let curve: Vec<(f64, f64)> = serde_json::from_value(s["curve"].clone()).unwrap();
+    assert!(!curve.is_empty());
+    assert!(curve.windows(2).all(|w| w[0].0 <= w[1].0), "{curve:?}");
+    assert!(
+        curve.iter().all(|p| (0.0..=1.0).contains(&p.1)),
+        "{curve:?}"
+    );
+    assert_eq!(curve.last().unwrap().1, acc);
     std::fs::remove_dir_all(&d).unwrap();
 }
 
