@@ -5,6 +5,9 @@
 //! LR scaling with warmup, mixed precision with dynamic loss scaling, gradient
 //! accumulation, rank-0 checkpoints and exact resume.
 //!
+//! Next to it, [`ps`]: a sharded parameter server with bounded staleness (SSP), the
+//! asynchronous alternative (`ferroccl train --mode ssp`).
+//!
 //! Every rank calls [`train`] with the same [`TrainConfig`]; rank 0's initial weights
 //! are broadcast so replicas start identical, and every optimizer step applies the
 //! same averaged gradients on every rank, so they stay identical.
@@ -14,6 +17,7 @@ pub mod ddp;
 pub mod error;
 pub mod model;
 pub mod pipeline;
+pub mod ps;
 pub mod zero;
 
 /// candle, as this crate builds on it: a user's model needs no version of its own.
@@ -123,6 +127,49 @@ pub struct TrainConfig {
     pub log_every: u64,
     /// Progress bar on rank 0 (shown only on a terminal).
     pub progress: bool,
+    /// Make one rank a straggler (it sleeps after each step's compute).
+    pub straggler: Option<Straggler>,
+    /// Stop once this much wall-clock time has passed (the ranks agree on the step:
+    /// rank 0's clock decides, checked after every step).
+    pub time_limit: Option<Duration>,
+    /// Keep rank 0's weights every this many seconds of wall-clock time, and report
+    /// the test accuracy of each in [`Summary::curve`] (evaluated after the run).
+    pub curve_every: Option<Duration>,
+}
+
+/// One rank that takes `factor` times as long per step: after its compute it sleeps
+/// `(factor − 1)` times what the compute took (a sleep frees the CPU for the others,
+/// as a slower machine would).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Straggler {
+    /// The slow rank.
+    pub rank: usize,
+    /// Its slowdown, 1 or more.
+    pub factor: f64,
+}
+
+impl Straggler {
+    /// Refuses a straggler outside a job of `world` ranks or a slowdown that is not a
+    /// finite number of 1 or more.
+    pub fn check(s: Option<Straggler>, world: usize) -> Result<()> {
+        match s {
+            Some(s) if s.rank >= world || !(s.factor.is_finite() && s.factor >= 1.0) => {
+                Err(Error::InvalidArgument(format!(
+                    "straggler: rank {} slowed {}× in a job of {world} rank(s) (a rank below \
+                     {world}, a finite factor of 1 or more)",
+                    s.rank, s.factor
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// On rank `rank`, after a compute of `took`: sleeps if this is the slow rank.
+    pub fn delay(s: Option<Straggler>, rank: usize, took: Duration) {
+        if let Some(s) = s.filter(|s| s.rank == rank && s.factor > 1.0) {
+            std::thread::sleep(took.mul_f64(s.factor - 1.0));
+        }
+    }
 }
 
 impl Default for TrainConfig {
@@ -158,6 +205,9 @@ impl Default for TrainConfig {
             metrics: None,
             log_every: 50,
             progress: false,
+            straggler: None,
+            time_limit: None,
+            curve_every: None,
         }
     }
 }
@@ -195,6 +245,69 @@ pub struct Summary {
     pub skipped_steps: u64,
     /// Wall seconds of this invocation's training loop.
     pub wall_s: f64,
+    /// Test accuracy against wall-clock seconds (with [`TrainConfig::curve_every`];
+    /// the last point is the end of the run).
+    #[serde(default)]
+    pub curve: Vec<(f64, f64)>,
+}
+
+/// Snapshots of the weights at wall-clock times, kept on rank 0 and evaluated after
+/// the run ([`TrainConfig::curve_every`]).
+pub(crate) struct Curve {
+    every: Option<f64>,
+    keep: bool,
+    snaps: Vec<(f64, Vec<f32>)>,
+}
+
+impl Curve {
+    pub(crate) fn new(every: Option<Duration>, rank: usize) -> Self {
+        Curve {
+            every: every.map(|d| d.as_secs_f64()).filter(|s| *s > 0.0),
+            keep: rank == 0,
+            snaps: Vec::new(),
+        }
+    }
+
+    /// At `t` seconds into the run: keeps `weights()` if a snapshot is due.
+    pub(crate) fn at(&mut self, t: f64, weights: impl FnOnce() -> Vec<f32>) {
+        if let (Some(e), true) = (self.every, self.keep) {
+            if t >= e * (self.snaps.len() + 1) as f64 {
+                self.snaps.push((t, weights()));
+            }
+        }
+    }
+
+    /// Collective: each of rank 0's snapshots loaded into `model` and evaluated on
+    /// `test` by every rank; then `last` (the run's end, whose weights `model` holds
+    /// again). The same on every rank.
+    pub(crate) fn evaluate(
+        self,
+        comm: &Communicator,
+        model: &LeNet,
+        test: &Dataset,
+        last: (f64, f64),
+    ) -> Result<Vec<(f64, f64)>> {
+        let mut count = [self.snaps.len() as i64];
+        comm.broadcast(&mut count, 0)?;
+        if count[0] == 0 {
+            return Ok(vec![last]);
+        }
+        let end = model.flat()?;
+        let mut out = Vec::new();
+        for k in 0..count[0] as usize {
+            let (mut t, mut w) = match self.snaps.get(k) {
+                Some((t, w)) => ([*t], w.clone()),
+                None => ([0.0], vec![0.0; end.len()]),
+            };
+            comm.broadcast(&mut t, 0)?;
+            comm.broadcast(&mut w, 0)?;
+            model.set_flat(&w)?;
+            out.push((t[0], evaluate(comm, model, test)?));
+        }
+        model.set_flat(&end)?;
+        out.push(last);
+        Ok(out)
+    }
 }
 
 /// A finished run: its summary and the final parameters (forward order).
@@ -226,7 +339,7 @@ struct State {
 }
 
 /// Translates each image by up to ±2 pixels (zero fill), drawing from `rng`.
-fn augment(pixels: &mut [f32], rng: &mut Rng) {
+pub(crate) fn augment(pixels: &mut [f32], rng: &mut Rng) {
     let mut out = [0.0f32; PIXELS];
     for img in pixels.chunks_exact_mut(PIXELS) {
         let (sy, sx) = (rng.below(5) as i64 - 2, rng.below(5) as i64 - 2);
@@ -274,6 +387,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
                 .into(),
         });
     }
+    Straggler::check(cfg.straggler, world)?;
     let micro = cfg.global_batch / (world * cfg.accum);
     let (train_set, test_set) = load_data(cfg)?;
     let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;
@@ -288,7 +402,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     // The schedule spans the whole run; --max-steps only stops it early (as a
     // preemption would), so a run stopped and resumed follows the same schedule.
     let total_steps = cfg.epochs * steps_per_epoch;
-    let stop = total_steps.min(cfg.max_steps.unwrap_or(u64::MAX));
+    let mut stop = total_steps.min(cfg.max_steps.unwrap_or(u64::MAX));
     let model = LeNet::new(cfg.width, cfg.seed)?;
     // Rank 0's fresh weights reach every rank here.
     let mut ddp = Ddp::from_vars(
@@ -373,6 +487,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     let mut last_loss = f64::NAN;
     let (mut last_step_loss, mut last_window) = (f64::NAN, 0u64);
     let mut epoch_cache: Option<(u64, Vec<usize>)> = None;
+    let mut curve = Curve::new(cfg.curve_every, rank);
     // One micro-batch, refilled in place every pass (augmentation edits it in place).
     let mut mb = Dataset {
         images: Vec::with_capacity(micro * PIXELS),
@@ -420,6 +535,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             }
             ddp.end_pass()?;
         }
+        Straggler::delay(cfg.straggler, rank, t_step.elapsed());
         // The averaged gradients are the same on every rank, so every rank decides alike.
         let lr = state.lr.at(state.step);
         let report = if cfg.precision == Precision::F32 {
@@ -449,6 +565,17 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         state.epoch = state.step / steps_per_epoch;
         state.batch_in_epoch = state.step % steps_per_epoch;
         state.rng_key = state.step;
+        curve.at(t_run.elapsed().as_secs_f64(), || {
+            ddp.weights().into_iter().flat_map(|(_, w)| w).collect()
+        });
+        if let Some(limit) = cfg.time_limit {
+            // Rank 0's clock decides, so that every rank stops after the same step.
+            let mut over = [u8::from(t_run.elapsed() >= limit)];
+            comm.broadcast(&mut over, 0)?;
+            if over[0] == 1 {
+                stop = state.step;
+            }
+        }
         if let Some(b) = &bar {
             b.set_position(state.step);
             b.set_message(format!(
@@ -497,6 +624,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     let wall = t_run.elapsed();
     check_same_steps(comm, state.step)?;
     let accuracy = evaluate(comm, &model, &test_set)?;
+    let curve = curve.evaluate(comm, &model, &test_set, (wall.as_secs_f64(), accuracy))?;
     let steps_run = state.step - start_step;
     let mut job = [
         totals.images as f64 / wall.as_secs_f64().max(1e-9),
@@ -520,6 +648,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         buckets: ddp.bucket_plan().buckets.len(),
         skipped_steps: state.scaler.skipped,
         wall_s: wall.as_secs_f64(),
+        curve,
     };
     if let Some(m) = metrics.as_mut() {
         let _ = m.flush();
@@ -604,7 +733,7 @@ fn log(comm: &Communicator, rec: &Record, out: Option<&mut impl Write>) -> Resul
 }
 
 /// Accuracy on the test set, each rank evaluating every `world`-th image.
-fn evaluate(comm: &Communicator, model: &LeNet, test: &Dataset) -> Result<f64> {
+pub(crate) fn evaluate(comm: &Communicator, model: &LeNet, test: &Dataset) -> Result<f64> {
     let (world, rank) = (comm.world_size(), comm.rank());
     let mine: Vec<usize> = (rank..test.len()).step_by(world).collect();
     let mut counts = [0.0f64, mine.len() as f64];

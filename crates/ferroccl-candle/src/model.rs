@@ -147,6 +147,42 @@ impl LeNet {
             .collect()
     }
 
+    /// Every parameter's values end to end, forward order.
+    pub fn flat(&self) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for p in &self.params {
+            let v = p
+                .var
+                .as_tensor()
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(ce("reading parameters"))?;
+            out.extend_from_slice(&v);
+        }
+        Ok(out)
+    }
+
+    /// Sets every parameter from `flat` (forward order, end to end, as
+    /// [`LeNet::flat`]).
+    pub fn set_flat(&self, flat: &[f32]) -> Result<()> {
+        let total: usize = self.param_lens().iter().sum();
+        if flat.len() != total {
+            return Err(Error::InvalidArgument(format!(
+                "{} values for a network of {total} parameters",
+                flat.len()
+            )));
+        }
+        let mut at = 0;
+        for p in &self.params {
+            let n: usize = p.shape.iter().product();
+            let t = Tensor::from_slice(&flat[at..at + n], p.shape.as_slice(), &self.device)
+                .map_err(ce("setting parameters"))?;
+            p.var.set(&t).map_err(ce("setting parameters"))?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// The parameters by name, forward order: what [`crate::ddp::Ddp::from_vars`]
     /// takes.
     pub fn named_vars(&self) -> Vec<(String, Var)> {

@@ -11,7 +11,10 @@
 //!   a bench's sizes are also held to whole elements and to this host's memory
 //!   ([`bench_memory`]);
 //! - rank counts ([`ranks`]): 1 to [`MAX_RANKS`], and what this host can run
-//!   ([`host_can_run`]: processes, file descriptors, memory, CPUs).
+//!   ([`host_can_run`]: processes, file descriptors, memory, CPUs);
+//! - a parameter server's staleness bound ([`staleness`]: 0 to [`MAX_STALENESS`]
+//!   steps, or `inf`) and a straggler's slowdown ([`slow_factor`]: 1 to
+//!   [`MAX_SLOW_FACTOR`]).
 
 use std::time::Duration;
 
@@ -129,6 +132,42 @@ pub fn iters(s: &str) -> Result<usize, String> {
         return Err(format!("{v} is above the most allowed, {MAX_ITERS}"));
     }
     Ok(v as usize)
+}
+
+/// The largest staleness bound a flag takes in steps (beyond it, say `inf`).
+pub const MAX_STALENESS: u64 = 1_000_000;
+/// The largest straggler slowdown a flag takes.
+pub const MAX_SLOW_FACTOR: f64 = 1000.0;
+
+/// A staleness bound in steps, `None` for `inf` (fully asynchronous).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StalenessBound(pub Option<u64>);
+
+/// A staleness bound: a whole number of steps, 0..=[`MAX_STALENESS`], or `inf`.
+pub fn staleness(s: &str) -> Result<StalenessBound, String> {
+    let t = s.trim();
+    if t == "inf" || t == "async" {
+        return Ok(StalenessBound(None));
+    }
+    let v: u64 = t.parse().map_err(|_| {
+        format!("{s:?} is not a staleness bound (a whole number of steps from 0, or inf)")
+    })?;
+    if v > MAX_STALENESS {
+        return Err(format!(
+            "{v} steps is above the most allowed, {MAX_STALENESS} (say inf for no bound)"
+        ));
+    }
+    Ok(StalenessBound(Some(v)))
+}
+
+/// A straggler's slowdown: finite, 1..=[`MAX_SLOW_FACTOR`] (1: not slow).
+pub fn slow_factor(s: &str) -> Result<f64, String> {
+    match real(s)? {
+        v if (1.0..=MAX_SLOW_FACTOR).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{s} must be from 1 (not slow) to {MAX_SLOW_FACTOR}"
+        )),
+    }
 }
 
 /// A rank count: 1..=[`MAX_RANKS`] (what this host can run is [`host_can_run`]'s).
@@ -396,6 +435,22 @@ mod tests {
     }
 
     #[test]
+    fn staleness_and_slowdowns_are_bounded() {
+        assert_eq!(staleness("0"), Ok(StalenessBound(Some(0))));
+        assert_eq!(staleness("inf"), Ok(StalenessBound(None)));
+        assert_eq!(staleness("1000000"), Ok(StalenessBound(Some(1_000_000))));
+        for bad in ["-1", "1.5", "1000001", "18446744073709551616", "x", ""] {
+            let e = staleness(bad).unwrap_err();
+            assert!(!e.contains('\n'), "{bad}: {e}");
+        }
+        assert_eq!(slow_factor("2"), Ok(2.0));
+        assert_eq!(slow_factor("1"), Ok(1.0));
+        for bad in ["0.5", "0", "-2", "nan", "inf", "1001"] {
+            assert!(slow_factor(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn rank_counts_are_positive_and_bounded() {
         assert_eq!(ranks("4"), Ok(4));
         for bad in ["0", "-1", "65537", "100000", "3.5", "x"] {
@@ -447,6 +502,12 @@ mod tests {
                 }
                 if let Ok(n) = iters(s) {
                     prop_assert!(n <= MAX_ITERS);
+                }
+                if let Ok(StalenessBound(Some(k))) = staleness(s) {
+                    prop_assert!(k <= MAX_STALENESS);
+                }
+                if let Ok(f) = slow_factor(s) {
+                    prop_assert!((1.0..=MAX_SLOW_FACTOR).contains(&f));
                 }
                 for v in [positive(s), fraction(s)].into_iter().flatten() {
                     prop_assert!(v.is_finite() && v >= 0.0);

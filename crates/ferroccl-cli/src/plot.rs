@@ -11,6 +11,9 @@
 //!   the measured pipeline bubble fraction against micro-batches, per stage count and
 //!   schedule, next to the textbook (p − 1)/(m + p − 1).
 //!
+//! - `accuracy.svg`, from an `"accuracy-curves"` file (`tools/ps-experiment`): test
+//!   accuracy against wall-clock seconds, one line per run.
+//!
 //! SVG is written with plotters' own text layout (no font files, no system libraries).
 //! The size axis has a tick at every power of two (or every few, for wide ranges).
 
@@ -68,11 +71,16 @@ fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
     let mut busbw = Vec::new();
     let mut law = Vec::new();
     let mut bubble = Vec::new();
+    let mut curves = Vec::new();
     for f in &a.files {
         let text =
             std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
         if let Some(b) = parse_bubble(&text) {
             bubble.extend(b);
+            continue;
+        }
+        if let Some(c) = parse_curves(&text) {
+            curves.extend(c);
             continue;
         }
         let (b, l) = parse_file(&text, &stem(f)).map_err(|e| format!("{}: {e}", f.display()))?;
@@ -81,12 +89,25 @@ fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
     }
     dedup_names(&mut busbw);
     dedup_names(&mut bubble);
-    if busbw.iter().all(|s| s.points.is_empty()) && bubble.is_empty() {
+    dedup_names(&mut curves);
+    curves.retain(|c| !c.points.is_empty());
+    if busbw.iter().all(|s| s.points.is_empty()) && bubble.is_empty() && curves.is_empty() {
         return Err("no rows to plot in the given files".into());
     }
     std::fs::create_dir_all(&a.out_dir)
         .map_err(|e| format!("creating {}: {e}", a.out_dir.display()))?;
     let mut written = Vec::new();
+    if !curves.is_empty() {
+        let p = a.out_dir.join("accuracy.svg");
+        draw_lines(
+            &p,
+            &format!("{}: test accuracy against wall-clock time", a.title),
+            ("wall-clock seconds", "test accuracy"),
+            &curves,
+            SeriesLabelPosition::LowerRight,
+        )?;
+        written.push((p, curves.len()));
+    }
     if !bubble.is_empty() {
         let p = a.out_dir.join("bubble.svg");
         draw_lines(
@@ -94,6 +115,7 @@ fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
             &format!("{}: pipeline bubble against micro-batches", a.title),
             ("micro-batches m", "bubble fraction (idle / step time)"),
             &bubble,
+            SeriesLabelPosition::UpperRight,
         )?;
         written.push((p, bubble.len()));
     }
@@ -158,12 +180,46 @@ pub fn parse_bubble(text: &str) -> Option<Vec<Series>> {
     Some(out)
 }
 
+/// An `"accuracy-curves"` file (`tools/ps-experiment`: `series` of `name` and
+/// `points`, each `[seconds, accuracy]`): one series per run. `None` for any other
+/// file.
+pub fn parse_curves(text: &str) -> Option<Vec<Series>> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    if v.get("tool").and_then(Value::as_str) != Some("accuracy-curves") {
+        return None;
+    }
+    let series = v.get("series").and_then(Value::as_array)?;
+    Some(
+        series
+            .iter()
+            .map(|s| {
+                let mut points: Vec<(f64, f64)> = s
+                    .get("points")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| {
+                        let (x, y) = (p.get(0)?.as_f64()?, p.get(1)?.as_f64()?);
+                        (x.is_finite() && y.is_finite()).then_some((x, y))
+                    })
+                    .collect();
+                sort(&mut points);
+                Series {
+                    name: s.get("name").and_then(Value::as_str).unwrap_or("?").into(),
+                    points,
+                }
+            })
+            .collect(),
+    )
+}
+
 /// Lines of `series` on linear axes from 0, markers on the points.
 fn draw_lines(
     path: &Path,
     title: &str,
     (x_desc, y_desc): (&str, &str),
     series: &[Series],
+    legend: SeriesLabelPosition,
 ) -> Result<(), String> {
     let err = draw_err(path);
     let all = || series.iter().flat_map(|s| s.points.iter());
@@ -185,7 +241,7 @@ fn draw_lines(
         .y_desc(y_desc)
         .draw()
         .map_err(&err)?;
-    lines_with_dots(&mut chart, series, SeriesLabelPosition::UpperRight, &err)?;
+    lines_with_dots(&mut chart, series, legend, &err)?;
     root.present().map_err(&err)?;
     Ok(())
 }
@@ -530,6 +586,19 @@ pub fn draw_xy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accuracy_curves_are_read_sorted_and_other_files_are_not_curves() {
+        let text = r#"{"tool": "accuracy-curves", "series": [
+            {"name": "async", "points": [[2.0, 0.5], [1.0, 0.25], [3.0, "x"]]},
+            {"name": "sync", "points": []}]}"#;
+        let c = parse_curves(text).expect("a curves file");
+        assert_eq!(c[0].name, "async");
+        assert_eq!(c[0].points, vec![(1.0, 0.25), (2.0, 0.5)]);
+        assert!(c[1].points.is_empty());
+        assert!(parse_curves(r#"{"tool": "pipeline-bubble", "rows": []}"#).is_none());
+        assert!(parse_curves("not json").is_none());
+    }
 
     #[test]
     fn names_are_made_unique() {

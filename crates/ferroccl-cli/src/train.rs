@@ -119,6 +119,32 @@ pub struct TrainArgs {
     /// (sharded over the replicas).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     zero: u8,
+    /// How replicas keep in step: `sync` (DDP: all-reduced gradients, every rank
+    /// steps alike) or `ssp` (a sharded parameter server: every rank serves a shard
+    /// and runs a worker that pushes gradients and pulls parameters; see
+    /// --staleness).
+    #[arg(long, default_value = "sync", value_parser = clap::builder::PossibleValuesParser::new(["sync", "ssp"]))]
+    mode: String,
+    /// With --mode ssp: a worker may start step t only once every worker has
+    /// finished step t − S − 1 (0: synchronous, servers average each step's
+    /// gradients as DDP; inf: fully asynchronous). 0 to 1,000,000 or inf.
+    #[arg(long, value_parser = crate::args::staleness, allow_negative_numbers = true)]
+    staleness: Option<crate::args::StalenessBound>,
+    /// Make this rank a straggler (see --slow-factor).
+    #[arg(long)]
+    slow_rank: Option<usize>,
+    /// The straggler's slowdown: after each step's compute it sleeps
+    /// (F − 1) × that compute (1 to 1000).
+    #[arg(long, default_value = "2", value_parser = crate::args::slow_factor, requires = "slow_rank", allow_negative_numbers = true)]
+    slow_factor: f64,
+    /// Stop after this many seconds of training (sync: the ranks agree on rank 0's
+    /// clock; ssp: each worker stops on its own).
+    #[arg(long, value_parser = crate::args::seconds, allow_negative_numbers = true)]
+    time_limit: Option<std::time::Duration>,
+    /// Test accuracy every this many seconds of training (rank 0's weights, kept
+    /// and evaluated after the run).
+    #[arg(long, value_parser = crate::args::seconds, allow_negative_numbers = true)]
+    curve_every: Option<std::time::Duration>,
     /// Ranks to start when not under a launcher.
     #[arg(short = 'n', long, default_value = "1", value_parser = crate::args::ranks)]
     ranks: usize,
@@ -206,7 +232,13 @@ fn config(a: &TrainArgs) -> ferroccl::Result<TrainConfig> {
         }),
         metrics: a.metrics.clone(),
         log_every: a.log_every,
-        progress: true,
+        progress: a.mode == "sync",
+        straggler: a.slow_rank.map(|rank| ferroccl_candle::Straggler {
+            rank,
+            factor: a.slow_factor,
+        }),
+        time_limit: a.time_limit,
+        curve_every: a.curve_every,
         ..TrainConfig::default()
     })
 }
@@ -235,13 +267,16 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         share_cores(env);
         let mut c = Config::from_env()?;
         c.tuning.timeout = a.timeout;
+        check_modes(a, env.world_size)?;
         Communicator::init(c)?
     } else if a.ranks <= 1 {
+        check_modes(a, 1)?;
         let mut base = Config::new(0, 1, "");
         base.tuning.timeout = a.timeout;
         Communicator::local_group(1, &base)?.remove(0)
     } else {
         check_pipeline(a, a.ranks)?;
+        check_modes(a, a.ranks)?;
         return relaunch(a.ranks, a.max_restarts, &[], &[]);
     };
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
@@ -249,6 +284,10 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     tc.preemption = Some(ferroccl::ddp::Preemption::install()?);
     if a.pipeline > 1 || a.zero > 0 {
         return pipeline_run(a, &comm, &tc);
+    }
+    if a.mode == "ssp" {
+        let out = ps_run(a, &comm, &tc);
+        return crate::trace::finish(&comm, a.trace.as_deref(), out);
     }
     let out = ferroccl_candle::train(&comm, &tc);
     let out = crate::trace::finish(&comm, a.trace.as_deref(), out)?;
@@ -274,6 +313,7 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
             s.buckets,
             s.skipped_steps
         );
+        print_curve(&s.curve);
         if let Some(p) = &a.summary {
             let j = serde_json::to_string_pretty(s).expect("summary serialises");
             std::fs::write(p, j)
@@ -302,6 +342,120 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
             "--micro-batches {}: the batch {} over {replicas} replica(s) does not cut into {} equal micro-batches",
             a.micro_batches, a.batch, a.micro_batches
         ));
+    }
+    Ok(())
+}
+
+/// --mode, --staleness and the straggler against a job of `world` ranks, before any
+/// rank starts.
+fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
+    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+    if a.mode == "sync" && a.staleness.is_some() {
+        return bad("--staleness applies to --mode ssp (sync is DDP: staleness 0)".into());
+    }
+    if a.mode == "ssp" && (a.pipeline > 1 || a.zero > 0) {
+        return bad(
+            "--mode ssp trains LeNet on a parameter server: no --pipeline or --zero".into(),
+        );
+    }
+    if a.mode == "ssp" && (a.checkpoint_every > 0 || a.metrics.is_some()) {
+        return bad(
+            "--mode ssp checkpoints at the end of the run only and writes no --metrics \
+             (its summary: --summary)"
+                .into(),
+        );
+    }
+    if let Some(r) = a.slow_rank.filter(|&r| r >= world) {
+        return bad(format!(
+            "--slow-rank {r}: the job has {world} rank(s), 0 to {}",
+            world - 1
+        ));
+    }
+    Ok(())
+}
+
+/// `0: 12, 1: 3, ...`, the first 8 staleness values one by one and the rest as one
+/// count, with the mean and the largest.
+fn histogram_line(h: &[u64]) -> String {
+    let mut parts: Vec<String> = h
+        .iter()
+        .enumerate()
+        .take(8)
+        .filter(|(_, c)| **c > 0)
+        .map(|(k, c)| format!("{k}: {c}"))
+        .collect();
+    let rest: u64 = h.iter().skip(8).sum();
+    if rest > 0 {
+        parts.push(format!("8 or more: {rest}"));
+    }
+    let total: u64 = h.iter().sum();
+    let mean = h
+        .iter()
+        .enumerate()
+        .map(|(k, c)| k as f64 * *c as f64)
+        .sum::<f64>()
+        / total.max(1) as f64;
+    format!(
+        "{}  (mean {mean:.2}, max {})",
+        parts.join(", "),
+        h.len().saturating_sub(1)
+    )
+}
+
+fn print_curve(curve: &[(f64, f64)]) {
+    if curve.len() > 1 {
+        let pts: Vec<String> = curve
+            .iter()
+            .map(|(t, acc)| format!("{t:.1}s {:.1}%", 100.0 * acc))
+            .collect();
+        println!("test accuracy over time: {}", pts.join(", "));
+    }
+}
+
+/// `--mode ssp`: LeNet over the parameter server.
+fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+    use ferroccl_candle::ps::ssp::Staleness;
+    let s = match a
+        .staleness
+        .unwrap_or(crate::args::StalenessBound(Some(0)))
+        .0
+    {
+        Some(k) => Staleness::Bounded(k),
+        None => Staleness::Unbounded,
+    };
+    if comm.rank() == 0 {
+        println!(
+            "parameter server: training on {} ranks, staleness {s}",
+            comm.world_size()
+        );
+    }
+    let out = ferroccl_candle::ps::train::train_ps(comm, tc, s)?;
+    if comm.rank() == 0 {
+        let s = &out.summary;
+        println!(
+            "parameter server: {} ranks (each a worker and a shard's server), staleness {}, global batch {}  steps per worker {:?}  test accuracy {:.2}%",
+            s.world,
+            s.staleness,
+            s.global_batch,
+            s.steps,
+            100.0 * s.test_accuracy
+        );
+        println!(
+            "throughput {:.0} images/s  wall {:.1} s  updates {}",
+            s.images_per_s, s.wall_s, s.updates
+        );
+        println!(
+            "staleness histogram (steps: updates): {}",
+            histogram_line(&s.histogram)
+        );
+        print_curve(&s.curve);
+        if let Some(p) = &a.summary {
+            let j = serde_json::to_string_pretty(s).map_err(|e| {
+                ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}"))
+            })?;
+            std::fs::write(p, j)
+                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+        }
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 mod ddp;
 mod pipeline;
+mod ps;
 mod trainer;
 
 /// Rank 0's [`ferroccl::Error::Checkpoint`] as (path, why), once rank 1's error has been

@@ -79,11 +79,24 @@ fn spawn_ranks_printing(
     env: &[(&str, &str)],
     piped: impl Fn(usize) -> bool,
 ) -> Vec<Child> {
+    let mut full = vec!["bench"];
+    full.extend_from_slice(args);
+    spawn_command(n, &full, env, piped)
+}
+
+/// Starts `n` ranks of `ferroccl ARGS` with the torchrun environment and the extra
+/// variables `env`, with the stdout of the ranks `piped` says piped.
+fn spawn_command(
+    n: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+    piped: impl Fn(usize) -> bool,
+) -> Vec<Child> {
     let port = free_port().to_string();
     (0..n)
         .map(|r| {
             let mut c = Command::new(EXE);
-            c.arg("bench").args(args);
+            c.args(args);
             for v in common::proc::LAUNCHER_VARS {
                 c.env_remove(v);
             }
@@ -714,5 +727,54 @@ fn a_rank_killed_in_one_half_of_a_split_fails_that_half_only() {
             rows_after >= 1,
             "{transport}: no row after the kill: {lines:?}"
         );
+    }
+}
+
+/// A parameter-server job (`train --mode ssp`) of 3 ranks, each a worker and a shard's
+/// server, with a straggler; the server of shard 1 is killed (-9) once training runs.
+/// Every survivor fails within the deadline, and its error names rank 1.
+#[test]
+fn a_killed_parameter_server_is_named_by_every_worker() {
+    for s in ["0", "2", "inf"] {
+        let args = [
+            "train",
+            "--mode",
+            "ssp",
+            "--staleness",
+            s,
+            "--synthetic",
+            "600",
+            "--epochs",
+            "1000",
+            "-b",
+            "12",
+            "--slow-rank",
+            "2",
+            "--slow-factor",
+            "2",
+            "--timeout",
+            "10",
+        ];
+        let mut ranks = spawn_command(3, &args, &[("RAYON_NUM_THREADS", "1")], |r| r == 0);
+        wait_for_line(&mut ranks[0], |l| {
+            l.starts_with("parameter server: training")
+        });
+        // Let a few steps go by (their count does not matter: a kill at any point must
+        // be named).
+        std::thread::sleep(Duration::from_millis(500));
+        signal(&ranks[1], libc::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(45);
+        for (r, child) in ranks.into_iter().enumerate() {
+            let got = finish(child, deadline);
+            if r == 1 {
+                continue;
+            }
+            let (code, err) = got.unwrap_or_else(|| panic!("staleness {s}: rank {r} hung"));
+            assert_ne!(code, 0, "staleness {s}: rank {r} succeeded: {err}");
+            assert!(
+                err.contains("ferroccl train:") && names_the_victim(&err, 1),
+                "staleness {s}: rank {r} does not name rank 1: {err}"
+            );
+        }
     }
 }

@@ -229,6 +229,36 @@ fn bench_and_train_refuse_numbers_out_of_range() {
             "up to, not including, 1",
         ),
         (&["train", "--timeout", "inf"], "finite"),
+        (&["train", "--mode", "async"], "invalid value 'async'"),
+        (
+            &["train", "--mode", "ssp", "--staleness", "-1"],
+            "not a staleness bound",
+        ),
+        (
+            &["train", "--mode", "ssp", "--staleness", "2000000"],
+            "most allowed",
+        ),
+        (&["train", "--staleness", "1"], "applies to --mode ssp"),
+        (
+            &["train", "--slow-rank", "0", "--slow-factor", "0.5"],
+            "from 1 (not slow)",
+        ),
+        (
+            &["train", "--slow-rank", "0", "--slow-factor", "nan"],
+            "finite",
+        ),
+        (
+            &["train", "-n", "2", "--slow-rank", "2"],
+            "--slow-rank 2: the job has 2 rank(s)",
+        ),
+        (
+            &["train", "-n", "2", "--mode", "ssp", "--pipeline", "2"],
+            "no --pipeline",
+        ),
+        (
+            &["train", "--mode", "ssp", "--checkpoint-every", "5"],
+            "at the end of the run only",
+        ),
         (&["launch", "-n", "0", "--", "true"], "at least 1 rank"),
     ];
     for (args, want) in cases {

@@ -133,6 +133,69 @@ fn scaling_reports_each_world_size_and_draws_the_plot() {
 }
 
 #[test]
+fn a_parameter_server_run_with_a_straggler_reports_staleness_and_accuracy() {
+    let d = temp_dir("ssp");
+    let summary = d.join("s.json");
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "5",
+        "-n",
+        "2",
+        "--max-steps",
+        "6",
+        "--mode",
+        "ssp",
+        "--staleness",
+        "2",
+        "--slow-rank",
+        "1",
+        "--slow-factor",
+        "3",
+        "--summary",
+        summary.to_str().unwrap(),
+        "--curve-every",
+        "0.001",
+    ]);
+    let o = ok(&args);
+    for want in [
+        "parameter server: 2 ranks",
+        "staleness 2",
+        "images/s",
+        "staleness histogram",
+    ] {
+        assert!(
+            o.stdout.contains(want),
+            "stdout lacks {want:?}: {}",
+            o.stdout
+        );
+    }
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(s["steps"], serde_json::json!([6, 6]));
+    let hist: Vec<u64> = s["histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    // 2 workers × 6 steps × 2 shards, none staler than 2.
+    assert_eq!(hist.iter().sum::<u64>(), 24, "{hist:?}");
+    assert!(hist.len() <= 3, "{hist:?}");
+    let acc = s["test_accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc), "{acc}");
+    // Accuracy against time: in order, each a share, and the last the final accuracy.
+    let curve: Vec<(f64, f64)> = serde_json::from_value(s["curve"].clone()).unwrap();
+    assert!(!curve.is_empty());
+    assert!(curve.windows(2).all(|w| w[0].0 <= w[1].0), "{curve:?}");
+    assert!(
+        curve.iter().all(|p| (0.0..=1.0).contains(&p.1)),
+        "{curve:?}"
+    );
+    assert_eq!(curve.last().unwrap().1, acc);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
 fn bad_runs_are_refused_clearly() {
     let d = temp_dir("bad");
     let csv = d.join("bad.csv");
