@@ -372,9 +372,9 @@ pub struct Tuning {
     pub busy_poll: Duration,
     /// Bind each rank (the thread that makes the communicator, and every thread it
     /// starts afterwards: the communicator's own, a compute pool made later) to its own
-    /// even share of this host's CPUs (where the ranks outnumber them, consecutive
-    /// ranks to one CPU), when nothing placed the process already (its affinity mask
-    /// is the whole host). Without it the scheduler sometimes keeps two ranks that wake each other on
+    /// even share of this host's CPUs, when the ranks of this host do not outnumber
+    /// them and nothing placed the process already (its affinity mask is the whole
+    /// host). Without it the scheduler sometimes keeps two ranks that wake each other on
     /// one CPU for a whole run, while the other idles: on the 2-core development
     /// machine a 1 KiB all-reduce at 2 ranks then took 20–30 µs instead of 2–3 µs, in
     /// some runs and not others. Default on; `FERROCCL_BIND=off` leaves placement to
