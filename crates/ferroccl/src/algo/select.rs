@@ -92,6 +92,8 @@ pub(crate) struct Policy<'a> {
     /// Host-memory calls read the peers' memory (a transport whose memory peers read
     /// host memory) instead of streaming over links.
     pub host_pull: bool,
+    /// The largest call (workspace bytes) the memory peers take; larger calls stream.
+    pub pull_max: usize,
     /// Which ranks share a host, the same on every rank, if known.
     pub layout: Option<&'a HostLayout>,
     pub forced: AllReduceAlgo,
@@ -129,17 +131,19 @@ pub(crate) fn link_peers(rank: usize, n: usize, layout: Option<&HostLayout>) -> 
 }
 
 impl Policy<'_> {
-    /// Whether a call on host memory with data runs on the memory peers (pull) rather
-    /// than over the links (push). A call without data (a barrier) always streams.
-    pub fn pull(&self) -> bool {
-        self.host_pull
+    /// Whether a call on host memory with data, of `bytes` bytes of workspace, runs on
+    /// the memory peers (pull) rather than over the links (push): where there are
+    /// memory peers and they take that many. A call without data (a barrier) always
+    /// streams.
+    pub fn pull(&self, bytes: usize) -> bool {
+        self.host_pull && bytes <= self.pull_max
     }
 
-    /// Whether an all-reduce by `algo` runs on the memory peers: the ring's plan,
-    /// one-shot and two-shot do where there are memory peers; the others stream over
-    /// the links.
-    pub fn all_reduce_pulls(&self, algo: Algorithm) -> bool {
-        self.host_pull
+    /// Whether an all-reduce of `bytes` by `algo` runs on the memory peers: the ring's
+    /// plan, one-shot and two-shot do where the memory peers take it; the others
+    /// stream over the links.
+    pub fn all_reduce_pulls(&self, algo: Algorithm, bytes: usize) -> bool {
+        self.pull(bytes)
             && matches!(
                 algo,
                 Algorithm::Ring | Algorithm::OneShot | Algorithm::TwoShot
@@ -151,7 +155,7 @@ impl Policy<'_> {
     /// ([`Policy::runnable`] refuses it then).
     pub fn all_reduce(&self, bytes: usize) -> Algorithm {
         let n = self.world_size;
-        if self.host_pull {
+        if self.pull(bytes) {
             // Memory peers: one-shot and two-shot read every peer; small messages
             // stream over the links (recursive doubling); the ring reads its plan.
             // Forced Rabenseifner, tree or recursive doubling, or a cost model, stream
@@ -339,6 +343,7 @@ mod tests {
         Policy {
             world_size: n,
             host_pull: false,
+            pull_max: usize::MAX,
             layout,
             forced: AllReduceAlgo::Auto,
             small_message_bytes: 64 << 10,
@@ -423,8 +428,8 @@ mod tests {
             assert_eq!(p.all_reduce(sym_push_max(n)), Algorithm::RecursiveDoubling);
             assert_eq!(p.all_reduce(m + 1), Algorithm::TwoShot, "n={n}");
             assert_eq!(p.all_reduce(1 << 30), Algorithm::TwoShot);
-            assert!(!p.all_reduce_pulls(Algorithm::RecursiveDoubling));
-            assert!(p.all_reduce_pulls(Algorithm::TwoShot));
+            assert!(!p.all_reduce_pulls(Algorithm::RecursiveDoubling, 1 << 20));
+            assert!(p.all_reduce_pulls(Algorithm::TwoShot, 1 << 20));
             for (forced, want) in [
                 (AllReduceAlgo::OneShot, Algorithm::OneShot),
                 (AllReduceAlgo::TwoShot, Algorithm::TwoShot),
@@ -441,12 +446,12 @@ mod tests {
                     want,
                     Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Ring
                 );
-                assert_eq!(f.all_reduce_pulls(want), pulls, "n={n} {forced:?}");
+                assert_eq!(f.all_reduce_pulls(want, 1 << 20), pulls, "n={n} {forced:?}");
                 let links = Policy {
                     host_pull: false,
                     ..f
                 };
-                assert!(!links.all_reduce_pulls(want));
+                assert!(!links.all_reduce_pulls(want, 1 << 20));
                 if forced == AllReduceAlgo::Hierarchical {
                     assert_eq!(f.reduce_scatter(), Algorithm::Ring);
                     continue;
@@ -460,6 +465,21 @@ mod tests {
                 );
             }
         }
+        // Calls larger than the memory peers take stream: the ring, or what is forced.
+        let capped = Policy {
+            host_pull: true,
+            pull_max: 1 << 20,
+            ..policy(2, None)
+        };
+        assert_eq!(capped.all_reduce(1 << 20), Algorithm::TwoShot);
+        assert_eq!(capped.all_reduce((1 << 20) + 8), Algorithm::Ring);
+        assert!(!capped.all_reduce_pulls(Algorithm::Ring, (1 << 20) + 8));
+        assert!(capped.pull(1 << 20) && !capped.pull((1 << 20) + 1));
+        let forced = Policy {
+            forced: AllReduceAlgo::TwoShot,
+            ..capped
+        };
+        assert_eq!(forced.all_reduce(2 << 20), Algorithm::Ring);
         // Larger jobs read more per byte in one-shot: its limit never grows with n.
         assert!((2..64).all(|n| one_shot_max(n + 1) <= one_shot_max(n)));
         let alone = Policy {
@@ -492,9 +512,12 @@ mod tests {
                 ..p
             };
             assert_eq!(pulled.all_reduce(1 << 20), want, "{forced:?}");
-            assert_eq!(pulled.all_reduce_pulls(want), want == Algorithm::Ring);
+            assert_eq!(
+                pulled.all_reduce_pulls(want, 1 << 20),
+                want == Algorithm::Ring
+            );
             assert_eq!(pulled.rooted(), Algorithm::Chain);
-            assert!(pulled.pull() && !p.pull());
+            assert!(pulled.pull(1 << 20) && !p.pull(1 << 20));
         }
         let tree = Policy {
             forced: AllReduceAlgo::Tree,

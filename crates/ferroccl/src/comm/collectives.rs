@@ -73,7 +73,8 @@ impl Communicator {
         let (n, seg, pull) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().all_reduce_pulls(algo),
+            self.policy()
+                .all_reduce_pulls(algo, std::mem::size_of_val(buf)),
         );
         let (count, es) = (buf.len(), size_of::<T>());
         let shot = match algo {
@@ -135,7 +136,7 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().pull(),
+            self.policy().pull(std::mem::size_of_val(buf)),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {
@@ -175,7 +176,7 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().pull(),
+            self.policy().pull(std::mem::size_of_val(buf)),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {
@@ -211,7 +212,7 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().pull(),
+            self.policy().pull(std::mem::size_of_val(buf)),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {

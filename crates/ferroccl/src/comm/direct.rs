@@ -507,7 +507,7 @@ impl Communicator {
             plan_of,
             in_len,
             out_len,
-            pull: pullable && self.policy().pull(),
+            pull: pullable && self.policy().pull(in_len + out_len),
             dtype: T::DTYPE,
         }
     }

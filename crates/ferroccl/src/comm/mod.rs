@@ -87,6 +87,8 @@ pub struct Communicator {
     /// Whether host-memory collectives run on the transport's memory peers (a
     /// transport whose peers read each other's host memory) instead of its links.
     host_pull: bool,
+    /// The largest call the memory peers take ([`crate::transport::MemPeers::max_bytes`]).
+    pull_max: usize,
     /// Which ranks share a host, when the transport says (`auto`, `shm`); the same on
     /// every rank.
     layout: Option<HostLayout>,
@@ -372,6 +374,7 @@ impl Communicator {
     ) -> Result<Self> {
         let (rank, n) = (cfg.job.rank, cfg.job.world_size);
         let host_pull = links.mem.as_ref().is_some_and(|m| m.host_memory());
+        let pull_max = links.mem.as_ref().map_or(usize::MAX, |m| m.max_bytes());
         let device_pull = links.mem.as_ref().is_some_and(|m| !m.host_memory());
         let layout = family.hosts.as_ref().map(|h| HostLayout::from_hosts(h));
         // Ranks of this host: from the host list, else as the launcher says.
@@ -438,6 +441,7 @@ impl Communicator {
             worker: RefCell::new(None),
             health,
             host_pull,
+            pull_max,
             layout,
             device_pull,
             _store_server: server,
@@ -549,6 +553,7 @@ impl Communicator {
         Policy {
             world_size: self.world_size,
             host_pull: self.host_pull,
+            pull_max: self.pull_max,
             layout: self.layout.as_ref(),
             forced: t.all_reduce_algo,
             small_message_bytes: t.small_message_bytes,

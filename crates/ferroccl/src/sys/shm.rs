@@ -230,6 +230,21 @@ fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
     }
 }
 
+/// Bytes free for this user in `/dev/shm` (`statvfs`), or `None` when it cannot be
+/// read.
+pub(crate) fn shm_free_bytes() -> Option<u64> {
+    let path = CString::new("/dev/shm").ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    let r = unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: statvfs succeeded and filled `st`.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// This process's effective user id.
 pub(crate) fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -564,6 +564,12 @@ pub trait MemPeers: Send {
     /// Waits until everything enqueued has completed.
     fn end(&mut self) -> crate::error::Result<()>;
 
+    /// The largest call (workspace bytes) these peers take, the same on every rank;
+    /// larger calls stream over the links.
+    fn max_bytes(&self) -> usize {
+        usize::MAX
+    }
+
     /// Whether `peer` is known to be gone (its process has exited): a wait on its
     /// progress then fails at once instead of at the timeout. `false` where the
     /// transport cannot tell.

@@ -17,8 +17,12 @@
 //! may use it ([`crate::config::ShmOptions::symmetric`]). Each rank creates
 //! `/ferroccl-<comm id>-<pid>-<rank>-<rank>-255` (the rings' name shape, so a name
 //! left by a dead creator is reclaimed like theirs), holding a 4 KiB header and
-//! mapped over [`RESERVE`] bytes of address space, and says its name in the store
-//! (`shmsym/<rank>`, or `off`). Every rank reads every other's: if any says `off`,
+//! mapped over [`RESERVE`] bytes of address space, and says its name and its cap in
+//! the store (`shmsym/<rank>` = `<cap> <name>`, or `off`). The cap is what the
+//! workspace may grow to: half of `/dev/shm`'s free bytes shared among the ranks, a
+//! power of two from 1 MiB to 4 GiB (a container's 64 MiB `/dev/shm` gives 2 ranks
+//! 16 MiB each); the job takes the least, and a larger call streams through the
+//! rings, so a small `/dev/shm` costs speed, never a failed call. Every rank reads every other's: if any says `off`,
 //! every rank sees it and none uses symmetric memory (the job streams over the rings
 //! as before). Otherwise each maps every peer's segment, checks its magic, notes its
 //! pid and counts itself in the peer's `MAPPED` word; a rank whose segment all peers
@@ -52,8 +56,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Address space each workspace reserves (not memory: pages exist only once a call
-/// has grown the workspace to them). A call of more bytes runs on the rings.
+/// has grown the workspace to them).
 pub(crate) const RESERVE: usize = 1 << 36;
+/// The most a workspace grows to (a call of more bytes streams through the rings).
+const MAX_CAP: usize = 4 << 30;
+/// Below this cap (a nearly full `/dev/shm`) symmetric memory is not worth it.
+const MIN_CAP: usize = 1 << 20;
 
 /// Header words (8-byte indices into the first page); the data starts at [`DATA`].
 const MAGIC: usize = 0;
@@ -81,6 +89,9 @@ struct Peer {
 /// This rank's memory peers over symmetric shared memory.
 pub(crate) struct HostPeers {
     mine: SymSegment,
+    /// The largest workspace any rank of the job may grow to (the least of the ranks'
+    /// caps): larger calls stream through the rings.
+    cap: usize,
     /// Data bytes this rank's workspace holds.
     held: usize,
     /// By rank; `None` for this rank.
@@ -119,13 +130,21 @@ pub(crate) fn connect(
         }
     }
     let pid = std::process::id();
+    // What this rank's workspace may grow to: half of what `/dev/shm` has free now,
+    // shared among the job's ranks (all on this host), a power of two, at most
+    // [`MAX_CAP`]. A container's 64 MiB `/dev/shm` gives each of 2 ranks 16 MiB; calls
+    // larger than the job's least cap stream through the rings.
+    let cap = crate::sys::shm::shm_free_bytes()
+        .map_or(0, |free| (free / 2 / n as u64).min(MAX_CAP as u64) as usize);
+    let cap = if cap == 0 { 0 } else { 1usize << cap.ilog2() };
+    let want = want && cap >= MIN_CAP;
     let mine = if want {
         let nm = name(comm_id, pid, rank);
         match SymSegment::create(&nm, DATA, RESERVE + DATA) {
             Ok(s) => {
                 s.word(PID).store(u64::from(pid), Ordering::Relaxed);
                 s.word(MAGIC).store(MAGIC_VALUE, Ordering::Release);
-                store.set(&format!("shmsym/{rank}"), nm.as_bytes())?;
+                store.set(&format!("shmsym/{rank}"), format!("{cap} {nm}").as_bytes())?;
                 Some(s)
             }
             Err(e) => {
@@ -155,10 +174,27 @@ pub(crate) fn connect(
     if names.iter().flatten().any(|v| v.as_slice() == OFF) {
         return Ok(None);
     }
-    let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
+    // Every rank reads every key: the least cap is the same everywhere.
+    let mut job_cap = cap;
+    let mut parsed = vec![None; n];
     for (q, v) in names.iter().enumerate() {
         let Some(v) = v else { continue };
-        let nm = String::from_utf8_lossy(v).into_owned();
+        let text = String::from_utf8_lossy(v).into_owned();
+        let (c, nm) = text
+            .split_once(' ')
+            .and_then(|(c, nm)| Some((c.parse::<usize>().ok()?, nm.to_string())))
+            .ok_or_else(|| Error::Protocol {
+                rank,
+                peer: q,
+                op: "symmetric memory set-up".into(),
+                detail: format!("shmsym/{q} says {text:?}"),
+            })?;
+        job_cap = job_cap.min(c);
+        parsed[q] = Some(nm);
+    }
+    let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
+    for (q, nm) in parsed.into_iter().enumerate() {
+        let Some(nm) = nm else { continue };
         let seg = SymSegment::open(&nm, RESERVE + DATA)?;
         if seg.word(MAGIC).load(Ordering::Acquire) != MAGIC_VALUE {
             return Err(Error::Protocol {
@@ -188,6 +224,7 @@ pub(crate) fn connect(
     mine.unlink();
     Ok(Some(HostPeers {
         mine,
+        cap: job_cap,
         held: 0,
         peers,
         call: None,
@@ -264,8 +301,14 @@ impl MemPeers for HostPeers {
                 mem.space
             )));
         }
+        if bytes > self.cap {
+            return Err(Error::InvalidArgument(format!(
+                "internal: a call of {bytes} bytes on symmetric memory of at most {}",
+                self.cap
+            )));
+        }
         if bytes > self.held {
-            let want = bytes.next_power_of_two().min(RESERVE).max(bytes);
+            let want = bytes.next_power_of_two().min(self.cap).max(bytes);
             self.mine.grow(DATA + want)?;
             self.held = want;
         }
@@ -348,6 +391,10 @@ impl MemPeers for HostPeers {
     fn end(&mut self) -> Result<()> {
         self.call = None;
         Ok(())
+    }
+
+    fn max_bytes(&self) -> usize {
+        self.cap
     }
 
     fn gone(&self, peer: usize) -> bool {
