@@ -65,6 +65,9 @@ fn bare_bench_starts_its_own_ranks_and_counts_ring_bytes() {
         "--small-message-bytes",
         "0",
     ]);
+    // Through the rings (on one host the collectives read symmetric memory otherwise,
+    // and no payload crosses a link: `shm::symmetric_memory_runs_...` counts that).
+    cmd.env("FERROCCL_SHM_SYMMETRIC", "off");
     let out = run(cmd, Duration::from_secs(60));
     let (so, se) = text(&out);
     assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");

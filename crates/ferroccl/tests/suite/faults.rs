@@ -68,6 +68,9 @@ fn a_timeout_says_which_rank_is_behind_and_where() {
                 .all_reduce(&mut vec![1.0f32; 100_000], ReduceOp::Sum)
                 .unwrap_err();
             done.fetch_add(1, Ordering::SeqCst);
+            // Alive until the other has asked where this rank is: a rank that dropped
+            // its communicator no longer answers (it would be "unreachable").
+            wait_for(&done, 2);
             Ok(Some(e))
         });
         tick.join().unwrap();
