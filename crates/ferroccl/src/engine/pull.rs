@@ -202,12 +202,7 @@ impl Engine {
         let mut pacer = Pacer::new(&self.cfg, self.health.clone(), self.spin);
 
         // Whoever read our workspace last call has finished that call.
-        let prev = std::mem::take(&mut self.pull.consumers);
-        for &q in &prev {
-            self.wait_progress(mem, &mut pacer, fp, q, base, || {
-                format!("rank {q} to finish reading this rank's memory (previous call)")
-            })?;
-        }
+        let prev = self.previous_readers_done(mem, &mut pacer, fp, base)?;
         mem.begin(&call.mem, call.bytes, &peers)?;
         for &q in &prev {
             mem.order_after(q)?;
@@ -423,12 +418,7 @@ impl Engine {
             Shot::Two => 3,
         };
         let mut pacer = Pacer::new(&self.cfg, self.health.clone(), self.spin);
-        let prev = std::mem::take(&mut self.pull.consumers);
-        for &q in &prev {
-            self.wait_progress(mem, &mut pacer, fp, q, base, || {
-                format!("rank {q} to finish reading this rank's memory (previous call)")
-            })?;
-        }
+        let prev = self.previous_readers_done(mem, &mut pacer, fp, base)?;
         mem.begin(&call.mem, len, &peers)?;
         for &q in &prev {
             mem.order_after(q)?;
@@ -544,6 +534,24 @@ impl Engine {
                 op: fp.to_string(),
             },
         }
+    }
+
+    /// Waits until every rank that read this rank's workspace in the previous call
+    /// has finished that call (published `base`), and returns them.
+    fn previous_readers_done(
+        &mut self,
+        mem: &mut dyn MemPeers,
+        pacer: &mut Pacer,
+        fp: &Fingerprint,
+        base: u64,
+    ) -> Result<Vec<usize>> {
+        let prev = std::mem::take(&mut self.pull.consumers);
+        for &q in &prev {
+            self.wait_progress(mem, pacer, fp, q, base, || {
+                format!("rank {q} to finish reading this rank's memory (previous call)")
+            })?;
+        }
+        Ok(prev)
     }
 
     /// Waits until `peer`'s published progress reaches `at_least`.

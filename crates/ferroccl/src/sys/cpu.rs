@@ -1,22 +1,9 @@
-//! How many CPUs this process may run on, and how many the host has.
+//! How many CPUs this process may run on, how many the host has, and binding a rank to its share.
 
 /// CPUs in this process's affinity mask (`sched_getaffinity`), or `None` when it
 /// cannot be read.
 pub(crate) fn affinity_cpus() -> Option<usize> {
-    let mut set = std::mem::MaybeUninit::<libc::cpu_set_t>::zeroed();
-    // SAFETY: `set` is a valid, zeroed cpu_set_t of the size passed; pid 0 is this
-    // thread.
-    let r = unsafe {
-        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set.as_mut_ptr())
-    };
-    if r != 0 {
-        return None;
-    }
-    // SAFETY: sched_getaffinity filled the set.
-    let set = unsafe { set.assume_init() };
-    // SAFETY: CPU_COUNT reads the set it is given.
-    let n = unsafe { libc::CPU_COUNT(&set) };
-    usize::try_from(n).ok().filter(|&n| n > 0)
+    allowed_cpus().map(|c| c.len()).filter(|&n| n > 0)
 }
 
 /// CPUs online on this host (`sysconf(_SC_NPROCESSORS_ONLN)`), or `None`.
