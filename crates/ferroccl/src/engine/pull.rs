@@ -362,9 +362,11 @@ impl Engine {
     /// 3. one-shot: once every peer has published, the output is `x0 op x1 op … op
     ///    x(n-1)` from the workspaces, left to right (bit for bit the same on every
     ///    rank), then `base + 2`, done reading;
-    ///    two-shot: chunk `r` of the output likewise, copied into this rank's
-    ///    workspace too and published (`base + 2`); then every other chunk `q` from
-    ///    rank `q`'s workspace once it has published it, then `base + 3`, done reading.
+    ///    two-shot: chunk `r` of the output, which this rank alone computes, from its
+    ///    own input (in place) and then the others' in rank order, copied into this
+    ///    rank's workspace too and published (`base + 2`); then every other chunk `q`
+    ///    from rank `q`'s workspace once it has published it, then `base + 3`, done
+    ///    reading.
     pub(crate) fn pull_shot(
         &mut self,
         fp: &Fingerprint,
