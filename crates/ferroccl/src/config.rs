@@ -751,7 +751,8 @@ impl Config {
     /// `TORCHELASTIC_USE_AGENT_STORE` [`Job::agent_store`]; `FERROCCL_TOKEN`, when set,
     /// becomes [`Job::token`], and
     /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`], `FERROCCL_TRACE_CAPACITY`
-    /// [`Tuning::trace_capacity`], `FERROCCL_TRANSPORT` [`TransportOptions::kind`],
+    /// [`Tuning::trace_capacity`], `FERROCCL_BUSY_POLL_US` [`Tuning::busy_poll`] (in
+    /// microseconds), `FERROCCL_TRANSPORT` [`TransportOptions::kind`],
     /// `FERROCCL_TCP_CONGESTION` [`TcpOptions::congestion`].
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|k| std::env::var(k).ok())
@@ -784,6 +785,9 @@ impl Config {
         c.transport.rdma.gid_index = env.rdma_gid_index.unwrap_or(0);
         if let Some(n) = env.trace_capacity {
             c.tuning.trace_capacity = n;
+        }
+        if let Some(us) = env.busy_poll_us {
+            c.tuning.busy_poll = Duration::from_micros(us);
         }
         if let Some(a) = &env.algo {
             c.tuning.all_reduce_algo = a
@@ -990,9 +994,10 @@ mod tests {
     use super::*;
 
     /// Every variable the launcher environment is read from.
-    const ENV_VARS: [&str; 39] = [
+    const ENV_VARS: [&str; 40] = [
         "FERROCCL_ALGO",
         "FERROCCL_BIND",
+        "FERROCCL_BUSY_POLL_US",
         "FERROCCL_COST_MODEL",
         "FERROCCL_JOB_ID",
         "FERROCCL_RDMA_GID_INDEX",
@@ -1065,6 +1070,25 @@ mod tests {
                 proptest::prop_assert!(c.validate().is_ok(), "{c:?}");
             }
         }
+    }
+
+    #[test]
+    fn busy_poll_comes_from_the_environment_in_microseconds() {
+        let env = |v: &'static str| {
+            move |k: &str| match k {
+                "RANK" => Some("0".to_string()),
+                "WORLD_SIZE" => Some("1".to_string()),
+                "FERROCCL_BUSY_POLL_US" => Some(v.to_string()),
+                _ => None,
+            }
+        };
+        let c = Config::from_lookup(env("250")).unwrap();
+        assert_eq!(c.tuning.busy_poll, Duration::from_micros(250));
+        let e = Config::from_lookup(env("1ms")).unwrap_err().to_string();
+        assert!(
+            e.contains("FERROCCL_BUSY_POLL_US") && e.contains("microseconds"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -592,6 +592,76 @@ impl Error {
     }
 }
 
+/// What kind of failure an [`Error`] is: one class per way a caller reacts to it, for
+/// bindings that give each its own exception type (the Python package's
+/// `ferroccl.MismatchError`, `PeerClosedError`, ...).
+///
+/// Deliberately not `#[non_exhaustive]`, and [`Error::class`] matches every variant
+/// by name: a new [`Error`] variant fails to compile there until it has a class, and a
+/// new class fails to compile in each binding's exhaustive `match` until it has an
+/// exception there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// [`Error::InvalidArgument`].
+    InvalidArgument,
+    /// [`Error::UnsupportedOp`], [`Error::Unavailable`].
+    Unsupported,
+    /// [`Error::Env`], [`Error::Config`].
+    Config,
+    /// The ranks could not meet: [`Error::AddrInUse`], [`Error::StoreUnreachable`],
+    /// [`Error::OtherJob`], [`Error::Rendezvous`], [`Error::Handshake`].
+    Rendezvous,
+    /// [`Error::PeerClosed`].
+    PeerClosed,
+    /// [`Error::PeerFailed`] (and [`Error::Remote`], which is only ever its cause).
+    PeerFailed,
+    /// [`Error::Protocol`].
+    Protocol,
+    /// [`Error::Mismatch`].
+    Mismatch,
+    /// [`Error::Timeout`].
+    Timeout,
+    /// [`Error::Aborted`].
+    Aborted,
+    /// [`Error::Poisoned`].
+    Poisoned,
+    /// [`Error::Cuda`].
+    Cuda,
+    /// [`Error::Io`].
+    Io,
+    /// Training stopped: [`Error::Diverged`], [`Error::Preempted`],
+    /// [`Error::Checkpoint`].
+    Training,
+}
+
+impl Error {
+    /// This error's [`ErrorClass`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::InvalidArgument(_) => ErrorClass::InvalidArgument,
+            Error::UnsupportedOp { .. } | Error::Unavailable { .. } => ErrorClass::Unsupported,
+            Error::Env(_) | Error::Config(_) => ErrorClass::Config,
+            Error::AddrInUse { .. }
+            | Error::StoreUnreachable { .. }
+            | Error::OtherJob { .. }
+            | Error::Rendezvous(_)
+            | Error::Handshake { .. } => ErrorClass::Rendezvous,
+            Error::PeerClosed { .. } => ErrorClass::PeerClosed,
+            Error::PeerFailed { .. } | Error::Remote { .. } => ErrorClass::PeerFailed,
+            Error::Protocol { .. } => ErrorClass::Protocol,
+            Error::Mismatch { .. } => ErrorClass::Mismatch,
+            Error::Timeout { .. } => ErrorClass::Timeout,
+            Error::Aborted { .. } => ErrorClass::Aborted,
+            Error::Poisoned(_) => ErrorClass::Poisoned,
+            Error::Cuda { .. } => ErrorClass::Cuda,
+            Error::Io { .. } => ErrorClass::Io,
+            Error::Diverged { .. } | Error::Preempted { .. } | Error::Checkpoint { .. } => {
+                ErrorClass::Training
+            }
+        }
+    }
+}
+
 /// `e`, raised on a child communicator (`split`, `group`) of id `id` whose rank `r` is
 /// job rank `global[r]`, naming the job rank beside every rank it names: the ranks in
 /// its fields stay the child's (what the caller numbers by), and its text says which

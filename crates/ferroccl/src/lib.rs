@@ -225,7 +225,7 @@ pub use config::{
     AllReduceAlgo, Clock, Config, ConfigBuilder, CostModel, CostModelSpec, TcpCongestion,
     TransportKind,
 };
-pub use error::{Error, Result};
+pub use error::{Error, ErrorClass, Result};
 pub use half;
 pub use reduce::{DataType, Element, ReduceOp};
 pub use wire::WireStats;

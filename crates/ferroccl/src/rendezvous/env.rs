@@ -33,6 +33,9 @@ pub struct LaunchEnv {
     pub rdma_gid_index: Option<u8>,
     /// `FERROCCL_TRACE_CAPACITY`: operations the flight recorder keeps (0: none).
     pub trace_capacity: Option<usize>,
+    /// `FERROCCL_BUSY_POLL_US`: how long, in microseconds, a wait polls before it
+    /// sleeps (`Tuning::busy_poll` in `crate::config`).
+    pub busy_poll_us: Option<u64>,
     /// The launcher's name for this job, the same on every rank of it and different
     /// for another job: `FERROCCL_JOB_ID` (`ferroccl launch`), torchrun's
     /// `TORCHELASTIC_RUN_ID` and restart count, Slurm's `SLURM_JOB_ID` and
@@ -278,6 +281,9 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
         let trace_capacity = var("FERROCCL_TRACE_CAPACITY")
             .map(|v| parse_var("FERROCCL_TRACE_CAPACITY", &v, "a number of operations"))
             .transpose()?;
+        let busy_poll_us = var("FERROCCL_BUSY_POLL_US")
+            .map(|v| parse_var("FERROCCL_BUSY_POLL_US", &v, "a number of microseconds"))
+            .transpose()?;
         return Ok(Some(LaunchEnv {
             rank,
             world_size,
@@ -290,6 +296,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             token: var("FERROCCL_TOKEN"),
             rdma_gid_index,
             trace_capacity,
+            busy_poll_us,
             job_id: job_identity(fam.source, &var),
             algo: var("FERROCCL_ALGO"),
             cost_model: var("FERROCCL_COST_MODEL"),
@@ -400,6 +407,7 @@ mod tests {
             token: None,
             rdma_gid_index: None,
             trace_capacity: None,
+            busy_poll_us: None,
             job_id: None,
             algo: None,
             cost_model: None,
