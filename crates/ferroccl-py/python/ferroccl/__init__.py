@@ -28,8 +28,10 @@ from . import _native
 from ._native import (
     AbortedError,
     ConfigError,
+    CudaError,
     FerrocclError,
     InvalidArgumentError,
+    IoError,
     MismatchError,
     PeerClosedError,
     PeerFailedError,
@@ -37,6 +39,7 @@ from ._native import (
     ProtocolError,
     RendezvousError,
     TimeoutError,
+    TrainingError,
     UnsupportedError,
     new_token,
 )
@@ -46,8 +49,10 @@ __all__ = [
     "AbortedError",
     "Communicator",
     "ConfigError",
+    "CudaError",
     "FerrocclError",
     "InvalidArgumentError",
+    "IoError",
     "MismatchError",
     "PeerClosedError",
     "PeerFailedError",
@@ -55,6 +60,7 @@ __all__ = [
     "ProtocolError",
     "RendezvousError",
     "TimeoutError",
+    "TrainingError",
     "UnsupportedError",
     "Work",
     "new_token",
@@ -113,7 +119,8 @@ def _writable(obj: Any, what: str) -> tuple:
 
 def _op(op: str) -> str:
     o = str(op).lower()
-    if o not in _OPS and o not in ("product", "mean"):
+    o = {"product": "prod", "mean": "avg"}.get(o, o)
+    if o not in _OPS:
         raise UnsupportedError(
             f"ferroccl has no reduction {op!r} (it has {', '.join(_OPS)})"
         )

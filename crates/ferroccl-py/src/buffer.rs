@@ -1,0 +1,181 @@
+//! Buffers handed in by Python, and all of the binding's `unsafe`.
+//!
+//! A buffer arrives as `(address, elements, dtype)`: the Python side
+//! (`ferroccl.buffer`) checked that the memory is a contiguous CPU buffer of that type,
+//! and holds a reference to its owner, untouched, until the operation is over (its
+//! callback has run or the blocking call returned). This is the only place that turns
+//! such an address into a slice.
+
+use crate::errors::InvalidArgumentError;
+use ferroccl::{DataType, Element};
+use pyo3::prelude::*;
+
+/// A buffer as Python hands it over: `(address, elements, dtype name)`.
+pub(crate) type RawBuf = (usize, usize, String);
+
+/// A CPU buffer handed in by Python (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Buf {
+    addr: usize,
+    pub(crate) len: usize,
+    pub(crate) dt: DataType,
+}
+
+impl Buf {
+    fn new((addr, len, dtype): RawBuf) -> PyResult<Self> {
+        let dt =
+            DataType::parse(&dtype).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?;
+        let size = dt.size();
+        if len > 0 && (addr == 0 || addr % size != 0) {
+            return Err(InvalidArgumentError::new_err(format!(
+                "a {dtype} buffer at {addr:#x} is not aligned to {size} bytes"
+            )));
+        }
+        if len
+            .checked_mul(size)
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(InvalidArgumentError::new_err(format!(
+                "a buffer of {len} {dtype} elements is too large"
+            )));
+        }
+        Ok(Buf { addr, len, dt })
+    }
+
+    fn bytes(&self) -> (usize, usize) {
+        (self.addr, self.len * self.dt.size())
+    }
+
+    fn overlaps(&self, other: &Buf) -> bool {
+        let ((a, la), (b, lb)) = (self.bytes(), other.bytes());
+        la > 0 && lb > 0 && a < b + lb && b < a + la
+    }
+
+    /// The buffer as a slice of `T`.
+    ///
+    /// # Safety
+    /// `T` is the buffer's type, and the memory stays valid and untouched by anything
+    /// else for `'a` (the contract with the Python side above). No other slice of it
+    /// is alive.
+    pub(crate) unsafe fn slice<'a, T: Element>(self) -> &'a mut [T] {
+        debug_assert_eq!(T::DTYPE, self.dt);
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: non-null, aligned (checked in `new`), `len` elements of `T` alive
+        // and exclusively ours for 'a (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut T, self.len) }
+    }
+
+    /// A copy of the buffer's elements.
+    ///
+    /// # Safety
+    /// As [`Buf::slice`], for the duration of the call.
+    pub(crate) unsafe fn to_vec<T: Element>(self) -> Vec<T> {
+        // SAFETY: the caller's contract; the slice does not outlive the call.
+        unsafe { self.slice::<T>() }.to_vec()
+    }
+}
+
+/// Reads `(addr, len, dtype)` tuples into buffers.
+pub(crate) fn bufs<const N: usize>(raw: [RawBuf; N]) -> PyResult<[Buf; N]> {
+    let mut out = [Buf {
+        addr: 0,
+        len: 0,
+        dt: DataType::U8,
+    }; N];
+    for (o, r) in out.iter_mut().zip(raw) {
+        *o = Buf::new(r)?;
+    }
+    Ok(out)
+}
+
+/// The same type on every buffer of one call.
+pub(crate) fn same_type(bufs: &[Buf]) -> PyResult<DataType> {
+    let dt = bufs[0].dt;
+    if let Some(b) = bufs.iter().find(|b| b.dt != dt) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "the buffers of one call must have one element type ({} and {})",
+            dt, b.dt
+        )));
+    }
+    Ok(dt)
+}
+
+/// Runs `$body` with `$T` the Rust type of `$dt`.
+macro_rules! typed {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            ::ferroccl::DataType::F32 => {
+                type $T = f32;
+                $body
+            }
+            ::ferroccl::DataType::F64 => {
+                type $T = f64;
+                $body
+            }
+            ::ferroccl::DataType::F16 => {
+                type $T = ::ferroccl::half::f16;
+                $body
+            }
+            ::ferroccl::DataType::BF16 => {
+                type $T = ::ferroccl::half::bf16;
+                $body
+            }
+            ::ferroccl::DataType::I32 => {
+                type $T = i32;
+                $body
+            }
+            ::ferroccl::DataType::I64 => {
+                type $T = i64;
+                $body
+            }
+            ::ferroccl::DataType::U8 => {
+                type $T = u8;
+                $body
+            }
+            other => Err(::ferroccl::Error::InvalidArgument(format!(
+                "ferroccl's Python binding has no element type {other}"
+            ))),
+        }
+    };
+}
+pub(crate) use typed;
+
+/// The input of a call with an input and an output: read in place when the two do
+/// not overlap, else first copied out (an in-place all-gather, an all-to-all of a
+/// tensor with itself).
+pub(crate) enum Input<'a, T> {
+    Borrowed(&'a [T]),
+    Copied(Vec<T>),
+}
+
+impl<T> std::ops::Deref for Input<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Input::Borrowed(s) => s,
+            Input::Copied(v) => v,
+        }
+    }
+}
+
+/// `input` and `output` as slices of `T`.
+///
+/// # Safety
+/// As [`Buf::slice`] for both, for `'a`.
+pub(crate) unsafe fn split_io<'a, T: Element>(
+    input: Buf,
+    output: Buf,
+) -> (Input<'a, T>, &'a mut [T]) {
+    // SAFETY: the caller's contract; an input overlapping the output is copied (and
+    // its slice dropped) before the output's slice is made.
+    unsafe {
+        let i = if input.overlaps(&output) {
+            Input::Copied(input.to_vec())
+        } else {
+            Input::Borrowed(input.slice::<T>())
+        };
+        (i, output.slice::<T>())
+    }
+}
