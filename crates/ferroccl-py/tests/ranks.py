@@ -28,9 +28,11 @@ def run(
     timeout: float = 90.0,
     env=None,
     allow_fail=(),
+    module: str = "workers",
 ):
-    """Runs ``workers.<fn>(rank, n, *args)`` on ranks 0..n. Returns the results by rank
-    (a rank in ``allow_fail`` may die: its result is None)."""
+    """Runs ``<module>.<fn>(rank, n, *args)`` (``workers`` by default) on ranks 0..n.
+    Returns the results by rank (a rank in ``allow_fail`` may die: its result is
+    None)."""
     with tempfile.TemporaryDirectory(prefix="ferroccl-pytest-") as tmp:
         port = free_port()
         procs = []
@@ -51,7 +53,7 @@ def run(
             procs.append(
                 (
                     subprocess.Popen(
-                        [sys.executable, "-m", "workers", spec],
+                        [sys.executable, "-m", module, spec],
                         env=e,
                         stdout=out,
                         stderr=subprocess.STDOUT,
@@ -77,9 +79,7 @@ def run(
             out.close()
         log = "\n".join(logs)
         if hung:
-            raise AssertionError(
-                f"{fn} on {n} ranks did not finish in {timeout} s:\n{log}"
-            )
+            raise AssertionError(f"{fn} on {n} ranks did not finish in {timeout} s:\n{log}")
         results = []
         for r, (p, _) in enumerate(procs):
             if p.returncode != 0:

@@ -19,9 +19,7 @@ def test_env_init_and_the_plain_package_under_a_launcher_environment():
 
 def test_tcp_init_method():
     port = ranks.free_port()
-    assert ranks.run(
-        2, "collectives", init="tcp", env={"TEST_PORT": str(port)}, timeout=180
-    )
+    assert ranks.run(2, "collectives", init="tcp", env={"TEST_PORT": str(port)}, timeout=180)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -31,9 +29,7 @@ def test_ddp_replicas_are_bitwise_equal_and_match_gloo(n):
         _, params0, _ = res[0][backend]
         for r in range(1, n):
             _, params, _ = res[r][backend]
-            assert torch.equal(params, params0), (
-                f"{backend}: rank {r}'s parameters differ"
-            )
+            assert torch.equal(params, params0), f"{backend}: rank {r}'s parameters differ"
     ours, theirs = res[0]["ferroccl"], res[0]["gloo"]
     rel = ((ours[1] - theirs[1]).abs().max() / theirs[1].abs().max()).item()
     assert rel <= 1e-6, f"ferroccl and gloo end {rel:.3g} apart (relative)"
@@ -78,3 +74,46 @@ def test_wait_honours_its_timeout_and_the_operation_goes_on():
     res = ranks.run(2, "wait_timeout")
     assert "not done after 0.2 s" in res[0]["early"], res[0]
     assert res[0]["value"] == res[1]["value"] == [2.0] * 4
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_exiting_during_ddp_makes_the_others_raise_naming_it_not_crash(n):
+    res = ranks.run(n, "ddp_peer_exits", allow_fail={n - 1}, timeout=120)
+    assert res[n - 1] is None
+    for r in range(n - 1):
+        got = res[r]
+        assert got["type"] is not None, (r, got)
+        assert f"rank {n - 1}" in got["msg"], (r, got)
+        assert any(k in got["msg"] for k in ("PeerClosedError", "PeerFailedError")), got
+        assert got["after"] < 20 + 10, (r, got)
+
+
+def test_a_mismatch_inside_a_ddp_bucket_raises_on_every_rank():
+    n = 2
+    res = ranks.run(n, "ddp_mismatch", timeout=120)
+    for r, got in enumerate(res):
+        assert got["type"] is not None, (r, got)
+        assert "MismatchError" in got["msg"] or got["type"] == "MismatchError", (r, got)
+        assert "mismatched collective" in got["msg"], (r, got)
+
+
+def test_power_sgd_hook_trains_as_over_gloo():
+    n = 2
+    res = ranks.run(n, "power_sgd", timeout=180)
+    for r in range(n):
+        (ours, p_ours), (theirs, p_theirs) = res[r]["ferroccl"], res[r]["gloo"]
+        assert len(ours) == 20
+        assert max(abs(a - b) for a, b in zip(ours, theirs)) <= 1e-6, (ours, theirs)
+        assert (p_ours - p_theirs).abs().max().item() <= 1e-6
+    assert torch.equal(res[0]["ferroccl"][1], res[1]["ferroccl"][1])
+
+
+def test_groups_carry_what_torch_reads_as_gloos_do():
+    res = ranks.run(2, "torch_facts")
+    for got in res:
+        assert got["ferroccl"]["backend"] == "ferroccl", got
+        assert got["ferroccl"]["cpu"] and got["gloo"]["cpu"] and got["sub"]["cpu"], got
+        if got["gloo"]["name"] is not None:  # torch 2.x names its groups
+            assert isinstance(got["ferroccl"]["name"], str), got
+            assert got["sub"]["name"] not in (None, got["ferroccl"]["name"]), got
+        assert got["sub_sum"] == [2.0] * 3

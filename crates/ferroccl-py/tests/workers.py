@@ -34,9 +34,7 @@ def init(rank, n, how, tmp, backend="ferroccl", timeout=60):
     else:
         method = "env://"
     kw = {} if how == "env" else {"rank": rank, "world_size": n}
-    dist.init_process_group(
-        backend, init_method=method, timeout=timedelta(seconds=timeout), **kw
-    )
+    dist.init_process_group(backend, init_method=method, timeout=timedelta(seconds=timeout), **kw)
 
 
 def data(rank, count, dtype, salt=0):
@@ -47,9 +45,7 @@ def data(rank, count, dtype, salt=0):
 
 def check(got, want, what):
     if not torch.equal(got, want):
-        raise AssertionError(
-            f"{what}: got {got.tolist()[:16]}, want {want.tolist()[:16]}"
-        )
+        raise AssertionError(f"{what}: got {got.tolist()[:16]}, want {want.tolist()[:16]}")
 
 
 def collectives(rank, n, how, tmp):
@@ -138,9 +134,7 @@ def collectives(rank, n, how, tmp):
         )
         check(recv, want, f"all_to_all_single with splits {dt}")
         outs = [torch.zeros(q + 1, dtype=dt) for q in range(n)]
-        dist.all_to_all(
-            outs, [torch.full((rank + 1,), p + rank, dtype=dt) for p in range(n)]
-        )
+        dist.all_to_all(outs, [torch.full((rank + 1,), p + rank, dtype=dt) for p in range(n)])
         for q in range(n):
             check(
                 outs[q],
@@ -204,9 +198,7 @@ def collectives(rank, n, how, tmp):
         check(outs[i], total.chunk(n)[rank], f"rs coalesced {i}")
     # torch's layout: output_lists[q][i] is rank q's input i.
     lists = [[torch.zeros(2), torch.zeros(4)] for _ in range(n)]
-    dist.all_gather_coalesced(
-        lists, [torch.full((2,), float(rank)), torch.full((4,), -1.0 * rank)]
-    )
+    dist.all_gather_coalesced(lists, [torch.full((2,), float(rank)), torch.full((4,), -1.0 * rank)])
     for q in range(n):
         check(lists[q][0], torch.full((2,), float(q)), "all_gather_coalesced 0")
         check(lists[q][1], torch.full((4,), -1.0 * q), "all_gather_coalesced 1")
@@ -292,8 +284,9 @@ def subgroups(rank, n, how, tmp):
     mine = odd if rank % 2 else even
     # A child of the default group's communicator (its links, no new store), ranked
     # as torch ranks a new group (sorted).
-    assert mine.comm.id != 0, "new_group made a communicator of its own"
-    assert mine.comm.job_ranks == ([1, 3] if rank % 2 else [0, 2]), mine.comm.job_ranks
+    comm = ferroccl.torch.communicator(mine)
+    assert comm.id != 0, "new_group made a communicator of its own"
+    assert comm.job_ranks == ([1, 3] if rank % 2 else [0, 2]), comm.job_ranks
     t = torch.tensor([float(rank)])
     dist.all_reduce(t, group=mine)
     want = 4.0 if rank % 2 else 2.0
@@ -352,6 +345,104 @@ def killed(rank, n, how, tmp):
     return {"type": None, "msg": "trained on", "after": time.monotonic() - start}
 
 
+def ddp_peer_exits(rank, n, how, tmp):
+    """The last rank os._exit()s at step 5 of DDP training on a plain MLP (one bucket
+    or several, ``bucket_mb``): every other rank must raise naming it, not crash."""
+    init(rank, n, how, tmp, timeout=20)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    net = torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    start = time.monotonic()
+    try:
+        for step in range(1000):
+            if rank == n - 1 and step == 5:
+                sys.stdout.flush()
+                os._exit(3)
+            loss = net(torch.randn(8, 64)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    except RuntimeError as e:  # ferroccl's errors are RuntimeErrors too
+        return {"type": type(e).__name__, "msg": str(e), "after": time.monotonic() - start}
+    return {"type": None, "msg": "trained on", "after": time.monotonic() - start}
+
+
+def ddp_mismatch(rank, n, how, tmp):
+    """At step 3 the last rank broadcasts where the others all-reduce DDP's buckets:
+    every rank must raise a mismatch (the others from inside backward)."""
+    init(rank, n, how, tmp, timeout=20)
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    try:
+        for step in range(10):
+            if rank == n - 1 and step == 3:
+                dist.broadcast(torch.zeros(7), src=0)
+            else:
+                net(torch.randn(2, 16)).sum().backward()
+    except RuntimeError as e:
+        return {"type": type(e).__name__, "msg": str(e)}
+    return {"type": None, "msg": "no error"}
+
+
+def power_sgd(rank, n, how, tmp, steps=20):
+    """DDP with PowerSGD's hook (whose callbacks issue all-reduces and wait for them)
+    over ferroccl and over gloo: the losses and parameters of each."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    init(rank, n, how, tmp, timeout=30)
+    gloo = dist.new_group(list(range(n)), backend="gloo")
+
+    def run(pg):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        net = torch.nn.parallel.DistributedDataParallel(m, process_group=pg)
+        state = psgd.PowerSGDState(
+            process_group=pg,
+            matrix_approximation_rank=2,
+            start_powerSGD_iter=3,
+            use_error_feedback=True,
+            warm_start=True,
+        )
+        net.register_comm_hook(state, psgd.powerSGD_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(10 + rank)
+        losses = []
+        for _ in range(steps):
+            loss = net(torch.randn(8, 32, generator=g)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+    out = {"ferroccl": run(None), "gloo": run(gloo)}
+    # No destroy_process_group: on torch 1.13, the gloo group's last reference can go
+    # on one of gloo's own threads (a hook's callback), whose destructor then joins
+    # itself ("Resource deadlock avoided", seen once in 4 runs). The process ends
+    # with os._exit.
+    return out
+
+
+def torch_facts(rank, n, how, tmp):
+    """What torch's own code reads from a group: the same for ferroccl as for gloo."""
+    init(rank, n, how, tmp)
+    gloo = dist.new_group(list(range(n)), backend="gloo")
+    sub = dist.new_group(list(range(n)))
+    out = {}
+    for name, pg in (("ferroccl", dist.group.WORLD), ("gloo", gloo), ("sub", sub)):
+        out[name] = {
+            "backend": dist.get_backend(pg),
+            "cpu": torch.device("cpu") in getattr(pg, "_device_types", [torch.device("cpu")]),
+            "name": getattr(pg, "group_name", None),  # torch 1.13 has none
+        }
+    t = torch.ones(3)
+    dist.all_reduce(t, group=sub)
+    out["sub_sum"] = t.tolist()
+    dist.destroy_process_group()
+    return out
+
+
 def wait_timeout(rank, n, how, tmp):
     """Work.wait(timeout) raises ferroccl.TimeoutError while its peer has not joined,
     and the operation goes on: a later wait() completes it. Rank 1 joins only once
@@ -385,15 +476,11 @@ def misuse(rank, n, how, tmp):
         ("bool", lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool))),
         (
             "band",
-            lambda: dist.all_reduce(
-                torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND
-            ),
+            lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND),
         ),
         (
             "avg_int",
-            lambda: dist.all_reduce(
-                torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG
-            ),
+            lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG),
         ),
     ]:
         try:
@@ -405,10 +492,16 @@ def misuse(rank, n, how, tmp):
     return out
 
 
-if __name__ == "__main__":
+def main(fns: dict) -> None:
+    """Runs the function a spec names (``python -m MODULE SPEC``, see ranks.py), writes
+    its result for ranks.py and ends the process at once."""
     fn, rank, n, how, tmp, args = pickle.loads(bytes.fromhex(sys.argv[1]))
-    result = globals()[fn](rank, n, how, tmp, *args)
+    result = fns[fn](rank, n, how, tmp, *args)
     with open(os.path.join(tmp, f"result.{rank}"), "wb") as f:
         pickle.dump(result, f)
     sys.stdout.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    main(globals())

@@ -70,9 +70,7 @@ def run(cmd, env=None):
 def binding(a) -> None:
     sizes = ["-b", "1K", "-e", "64M", "-f", "8", "-n", str(a.iters), "-w", "5"]
     print(f"# in-place all-reduce, float32, {a.reps} interleaved repetitions, medians")
-    print(
-        f"# {'n':>2} {'size':>9} {'native us':>10} {'torch us':>10} {'busbw x':>8} {'+us':>8}"
-    )
+    print(f"# {'n':>2} {'size':>9} {'native us':>10} {'torch us':>10} {'busbw x':>8} {'+us':>8}")
     for n in a.ranks:
         native, ours = {}, {}
         with tempfile.TemporaryDirectory() as tmp:
@@ -108,9 +106,7 @@ def binding(a) -> None:
                 statistics.median(native[size]),
                 statistics.median(ours.get(size, [0])),
             )
-            print(
-                f"  {n:>2} {size:>9} {nt:>10.1f} {tt:>10.1f} {nt / tt:>8.2f} {tt - nt:>8.1f}"
-            )
+            print(f"  {n:>2} {size:>9} {nt:>10.1f} {tt:>10.1f} {nt / tt:>8.2f} {tt - nt:>8.1f}")
 
 
 def ddp(a) -> None:
@@ -157,8 +153,7 @@ def ddp(a) -> None:
         for b, rs in res.items()
     }
     loss_gap = max(
-        abs(x - y)
-        for x, y in zip(res["ferroccl"][0]["losses"], res["gloo"][0]["losses"])
+        abs(x - y) for x, y in zip(res["ferroccl"][0]["losses"], res["gloo"][0]["losses"])
     )
     print(
         f"# ddp_resnet.py, {a.ranks[0]} ranks, {a.steps} steps, {a.reps} interleaved "
@@ -186,9 +181,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--iters", type=int, default=100)
-    p.add_argument(
-        "--ferroccl", default=os.path.join(ROOT, "target", "release", "ferroccl")
-    )
+    p.add_argument("--ferroccl", default=os.path.join(ROOT, "target", "release", "ferroccl"))
     p.add_argument(
         "--hosts",
         type=int,

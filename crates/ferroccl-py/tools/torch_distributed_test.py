@@ -106,9 +106,7 @@ def _parse_args(argv):
     which.add_argument(
         "--curated", action="store_true", help="the tests known to pass (the default)"
     )
-    which.add_argument(
-        "--list", metavar="FILE", help="the tests named in FILE, one a line"
-    )
+    which.add_argument("--list", metavar="FILE", help="the tests named in FILE, one a line")
     p.add_argument(
         "-k",
         dest="patterns",
@@ -117,9 +115,7 @@ def _parse_args(argv):
         metavar="PATTERN",
         help="only tests whose name holds PATTERN (fnmatch when it has a *); repeatable",
     )
-    p.add_argument(
-        "--world-size", type=int, default=2, help="ranks per test (default 2)"
-    )
+    p.add_argument("--world-size", type=int, default=2, help="ranks per test (default 2)")
     p.add_argument(
         "--feature",
         dest="features",
@@ -135,20 +131,14 @@ def _parse_args(argv):
         default=DEFAULT_TIMEOUT,
         help=f"seconds a test may run before it fails (default {DEFAULT_TIMEOUT})",
     )
-    p.add_argument(
-        "--backend", default="ferroccl", help="the backend to test (default ferroccl)"
-    )
+    p.add_argument("--backend", default="ferroccl", help="the backend to test (default ferroccl)")
     p.add_argument(
         "--child-logs",
         metavar="DIR",
         help="write each rank's output to DIR/<test>.rank<N>.log, not to this terminal",
     )
-    p.add_argument(
-        "--tracebacks", action="store_true", help="print every failure's full text"
-    )
-    p.add_argument(
-        "--names", action="store_true", help="print the selected tests and exit"
-    )
+    p.add_argument("--tracebacks", action="store_true", help="print every failure's full text")
+    p.add_argument("--names", action="store_true", help="print the selected tests and exit")
     args = p.parse_args(argv)
     if args.world_size < 1:
         p.error("--world-size must be at least 1")
@@ -181,9 +171,7 @@ def _load_suite():
     # re-initialise unless INIT_METHOD is file://); each test sets its own.
     scratch = tempfile.gettempdir()
     os.environ.setdefault("TEMP_DIR", scratch)
-    os.environ.setdefault(
-        "INIT_METHOD", "file://" + os.path.join(scratch, "ferroccl_dt_init")
-    )
+    os.environ.setdefault("INIT_METHOD", "file://" + os.path.join(scratch, "ferroccl_dt_init"))
     os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", str(DEFAULT_TIMEOUT))
     if BACKEND == "ferroccl":
         importlib.import_module("ferroccl.torch")  # registers the backend
@@ -198,9 +186,7 @@ def _load_suite():
         if BACKEND == "ferroccl":
             for collective in UNSUPPORTED:
                 cd.DistTestCases.skip_collective[collective].add(BACKEND)
-        dt = importlib.import_module(
-            "torch.testing._internal.distributed.distributed_test"
-        )
+        dt = importlib.import_module("torch.testing._internal.distributed.distributed_test")
     finally:
         sys.argv = argv
     # Keep the ranks' errors, drop the suite's and torch's INFO chatter.
@@ -211,9 +197,7 @@ def _load_suite():
 if BACKEND:
     _cd, _dt = _load_suite()
 
-    class TestDistBackendWithSpawn(
-        _dt.TestDistBackend, _dt.DistributedTest._DistTestBase
-    ):
+    class TestDistBackendWithSpawn(_dt.TestDistBackend, _dt.DistributedTest._DistTestBase):
         """Upstream's ``test_distributed_spawn.py`` class: a test spawns its ranks."""
 
         def setUp(self):
@@ -236,9 +220,7 @@ if BACKEND:
                 # (a dataclass with a mutable default), and the suite turns on DDP's
                 # ReplicatedTensor mode, which imports it: every DDP test would fail
                 # on that. Run DDP in its ordinary mode instead.
-                rt = importlib.import_module(
-                    "torch.nn.parallel._replicated_tensor_ddp_utils"
-                )
+                rt = importlib.import_module("torch.nn.parallel._replicated_tensor_ddp_utils")
                 rt._set_ddp_with_replicated_tensor = lambda value: None
             super()._run(rank, test_name, file_name, pipe)
 

@@ -97,9 +97,7 @@ def buffer(obj: Any, what: str = "buffer") -> tuple:
 
     arr = obj if isinstance(obj, np.ndarray) else np.asarray(memoryview(obj))
     if not arr.flags["C_CONTIGUOUS"]:
-        raise InvalidArgumentError(
-            f"{what} is not C-contiguous (use np.ascontiguousarray)"
-        )
+        raise InvalidArgumentError(f"{what} is not C-contiguous (use np.ascontiguousarray)")
     name = arr.dtype.name
     if name not in DTYPES:
         raise UnsupportedError(
@@ -121,9 +119,7 @@ def _op(op: str) -> str:
     o = str(op).lower()
     o = {"product": "prod", "mean": "avg"}.get(o, o)
     if o not in _OPS:
-        raise UnsupportedError(
-            f"ferroccl has no reduction {op!r} (it has {', '.join(_OPS)})"
-        )
+        raise UnsupportedError(f"ferroccl has no reduction {op!r} (it has {', '.join(_OPS)})")
     return o
 
 
@@ -258,21 +254,15 @@ class Communicator:
 
     def all_reduce(self, buf, op: str = "sum", async_op: bool = False):
         b = _writable(buf, "buf")
-        return _run(
-            lambda cb: self._c.all_reduce(b, _op(op), cb), "all_reduce", [buf], async_op
-        )
+        return _run(lambda cb: self._c.all_reduce(b, _op(op), cb), "all_reduce", [buf], async_op)
 
     def broadcast(self, buf, root: int = 0, async_op: bool = False):
         b = _writable(buf, "buf")
-        return _run(
-            lambda cb: self._c.broadcast(b, root, cb), "broadcast", [buf], async_op
-        )
+        return _run(lambda cb: self._c.broadcast(b, root, cb), "broadcast", [buf], async_op)
 
     def reduce(self, buf, op: str = "sum", root: int = 0, async_op: bool = False):
         b = _writable(buf, "buf")
-        return _run(
-            lambda cb: self._c.reduce(b, _op(op), root, cb), "reduce", [buf], async_op
-        )
+        return _run(lambda cb: self._c.reduce(b, _op(op), root, cb), "reduce", [buf], async_op)
 
     def all_gather(self, send, recv, async_op: bool = False):
         s, r = buffer(send, "send"), _writable(recv, "recv")
@@ -292,9 +282,7 @@ class Communicator:
             async_op,
         )
 
-    def all_to_all(
-        self, send, recv, send_counts=None, recv_counts=None, async_op: bool = False
-    ):
+    def all_to_all(self, send, recv, send_counts=None, recv_counts=None, async_op: bool = False):
         s, r = buffer(send, "send"), _writable(recv, "recv")
         sc = None if send_counts is None else [int(x) for x in send_counts]
         rc = None if recv_counts is None else [int(x) for x in recv_counts]
@@ -308,9 +296,7 @@ class Communicator:
     def gather(self, send, recv=None, root: int = 0, async_op: bool = False):
         s = buffer(send, "send")
         r = _writable(recv, "recv") if recv is not None else (0, 0, s[2])
-        return _run(
-            lambda cb: self._c.gather(s, r, root, cb), "gather", [send, recv], async_op
-        )
+        return _run(lambda cb: self._c.gather(s, r, root, cb), "gather", [send, recv], async_op)
 
     def scatter(self, send, recv, root: int = 0, async_op: bool = False):
         r = _writable(recv, "recv")

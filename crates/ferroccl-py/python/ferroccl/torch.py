@@ -5,11 +5,21 @@
 
 Operations run on the communicator's worker thread in issue order and complete a
 ``torch.futures.Future`` (so DDP and its communication hooks overlap them with the
-backward pass); ``Work.wait()`` raises ferroccl's typed errors (``ferroccl.MismatchError``,
-``ferroccl.PeerFailedError``, ...) with ferroccl's message. Contiguous tensors are used in
-place; others are copied in and out. ``new_group`` makes a child of the default group's
-communicator through its links (no new store or listener) when the default group is
-ferroccl's, and meets on the group's store otherwise.
+backward pass, and a hook's callback may itself issue collectives and wait for them);
+``Work.wait()`` raises ferroccl's typed errors (``ferroccl.MismatchError``,
+``ferroccl.PeerFailedError``, ...) with ferroccl's message. A future handed to torch
+fails with a real error, which torch's C++ side (DDP's reducer) raises as a
+``RuntimeError`` carrying ferroccl's class name and message. Contiguous tensors are
+used in place; others are copied in and out. ``new_group`` (and ``DeviceMesh``) makes
+a child of the default group's communicator through its links (no new store or
+listener) when the default group is ferroccl's, and meets on the group's store
+otherwise; the members check on the group's store that they agree on who is in it.
+
+The backend is a ``torch.distributed.Backend`` under torch's own ``ProcessGroup``
+where torch lets Python implement one (its ``PyBackend``); on older torch it is the
+``ProcessGroup`` itself (with, on torch 2.x, a placeholder backend for the CPU so that
+``group_name`` and ``_device_types`` are set). ``communicator(group)`` gives the
+ferroccl :class:`~ferroccl.Communicator` of a group either way.
 
 The ranks meet on the store torch hands the backend: rank 0 serves ferroccl's own store
 on a free port and publishes its address, a fresh job token and the job's identity
@@ -21,21 +31,25 @@ reach it by either). GPU tensors are refused: use NCCL for them.
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import os
 import socket
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from . import Communicator, InvalidArgumentError, UnsupportedError
+from . import Communicator, InvalidArgumentError, MismatchError, UnsupportedError
 from . import TimeoutError as FerrocclTimeout
 from . import buffer as _buffer
 
 BACKEND = "ferroccl"
 
+_C10D = torch._C._distributed_c10d
 _WorkBase = getattr(dist, "_Work", None) or dist.Work
 
 # Works are Python objects that C++ (DDP's reducer, `_broadcast_coalesced`) holds by a
@@ -49,13 +63,16 @@ _LOCK = threading.Lock()
 
 class Work(_WorkBase):
     """A torch ``Work`` for one ferroccl operation. In the background (``tracked``):
-    held in ``_LIVE`` until over, its future made at once (DDP takes it right away).
-    Run on the caller's thread: over before it is returned, its future made on
-    request."""
+    held in ``_LIVE`` until over. Run on the caller's thread: over before it is
+    returned.
 
-    def __init__(
-        self, what: str, result: list[torch.Tensor], keep=(), then=None, tracked=True
-    ):
+    ``_complete`` settles the *gate*, a Python future that only says "over". The
+    future handed out, to DDP's reducer and to hooks, is ``gate.then(self._settle)``:
+    it holds the tensors, or a real C++ error with ferroccl's class and message. (A
+    future completed with ``Future.set_exception`` holds the exception as a *value*
+    that only Python unwraps: DDP's reducer reads it as tensors, and crashes.)"""
+
+    def __init__(self, what: str, result: list[torch.Tensor], keep=(), then=None, tracked=True):
         super().__init__()
         self._what = what
         self._result = result
@@ -64,13 +81,14 @@ class Work(_WorkBase):
         self._error: BaseException | None = None
         self._ticket = None
         self._tracked = tracked
-        self._fut = torch.futures.Future() if tracked else None
+        self._gate = torch.futures.Future() if tracked else None
+        self._fut = None
         if tracked:
             with _LOCK:
                 _LIVE.add(self)
 
-    # The communicator's worker thread calls this, under the GIL (or the caller's
-    # thread, for an operation it ran). The ticket says "done" once this returned.
+    # A reporter thread calls this, under the GIL (or the caller's thread, for an
+    # operation it ran). The ticket says "done" once this returned.
     def _complete(self, error: BaseException | None) -> None:
         if error is None and self._then is not None:
             try:
@@ -84,25 +102,21 @@ class Work(_WorkBase):
         with _LOCK:
             _LIVE.discard(self)
             _RECENT.append(self)
-        if error is None:
-            self._fut.set_result(self._result)
-        else:
-            self._fut.set_exception(error)
+        self._gate.set_result(None)
+
+    def _settle(self, _gate):
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        return self._result
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         secs = None
         if timeout is not None:
-            secs = (
-                timeout.total_seconds()
-                if isinstance(timeout, timedelta)
-                else float(timeout)
-            )
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
             if secs <= 0:
                 secs = None  # torch's kNoTimeout
         if not self._ticket.wait(secs):
-            raise FerrocclTimeout(
-                f"{self._what} was not done after {secs} s (Work.wait's timeout)"
-            )
+            raise FerrocclTimeout(f"{self._what} was not done after {secs} s (Work.wait's timeout)")
         if self._error is not None:
             raise self._error
         return True
@@ -117,13 +131,13 @@ class Work(_WorkBase):
         return self._error
 
     def get_future(self):
-        if self._fut is None:  # ran on the caller's thread: over already
-            self._fut = torch.futures.Future()
-            if self._error is None:
-                self._fut.set_result(self._result)
-            else:
-                self._fut.set_exception(self._error)
-        return self._fut
+        with _LOCK:
+            if self._fut is None:
+                if self._gate is None:  # ran on the caller's thread: over already
+                    self._gate = torch.futures.Future()
+                    self._gate.set_result(None)
+                self._fut = self._gate.then(self._settle)
+            return self._fut
 
     def result(self):
         self.wait()
@@ -149,7 +163,9 @@ class _Done:
 
 
 _DONE = _Done()
-_C10D = "torch.distributed.distributed_c10d"
+# The tag of monitored_barrier's messages (torch's own tags are small).
+_MONITOR_TAG = 0xFFFF_FF00
+_C10D_MODULE = "torch.distributed.distributed_c10d"
 
 
 def _caller_waits(opts) -> bool:
@@ -163,7 +179,7 @@ def _caller_waits(opts) -> bool:
     f = sys._getframe(2)
     while f is not None and f.f_globals.get("__name__") == __name__:
         f = f.f_back
-    if f is None or f.f_globals.get("__name__") != _C10D:
+    if f is None or f.f_globals.get("__name__") != _C10D_MODULE:
         return False
     # send and recv wait for their work; isend and irecv do not.
     return f.f_locals.get("async_op") is False or f.f_code.co_name in ("send", "recv")
@@ -197,11 +213,7 @@ def _op_name(op) -> str:
         if op == theirs:
             return ours
     name = next(
-        (
-            k
-            for k in ("BAND", "BOR", "BXOR", "PREMUL_SUM")
-            if hasattr(R, k) and op == getattr(R, k)
-        ),
+        (k for k in ("BAND", "BOR", "BXOR", "PREMUL_SUM") if hasattr(R, k) and op == getattr(R, k)),
         str(op),
     )
     raise UnsupportedError(
@@ -238,9 +250,7 @@ def _flat(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
         return torch.empty(0)
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1:
-        raise InvalidArgumentError(
-            f"{what}: tensors of several dtypes {sorted(map(str, dtypes))}"
-        )
+        raise InvalidArgumentError(f"{what}: tensors of several dtypes {sorted(map(str, dtypes))}")
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
@@ -272,13 +282,54 @@ def _chain(*fs):
     return run
 
 
-class ProcessGroupFerroccl(dist.ProcessGroup):
-    """A torch.distributed process group over a ferroccl communicator."""
+def _python_backends() -> bool:
+    """Whether this torch calls a Python subclass of its c10d ``Backend`` (the
+    ``PyBackend`` trampoline of recent torch 2.x): asked of a throw-away group."""
+    base = getattr(_C10D, "Backend", None)
+    if base is None:
+        return False
+    seen = []
+
+    class Probe(base):
+        def allreduce(self, tensors, opts=None):
+            seen.append(True)
+            f = torch.futures.Future()
+            f.set_result(tensors)
+            return _C10D._create_work_from_future(f)
+
+        def getBackendName(self):
+            return "probe"
+
+    try:
+        kind = dist.ProcessGroup.BackendType.CUSTOM
+        pg = dist.ProcessGroup(dist.HashStore(), 0, 1)
+        pg._set_default_backend(kind)
+        pg._register_backend(torch.device("cpu"), kind, Probe(0, 1))
+        pg.allreduce([torch.zeros(1)]).wait()
+    except Exception:  # noqa: BLE001 - any failure means "no"
+        return False
+    return bool(seen)
+
+
+# What the backend is: a c10d Backend under torch's ProcessGroup where torch calls
+# Python ones; otherwise the ProcessGroup itself (torch 1.13 has nothing else).
+_AS_BACKEND = _python_backends()
+_Base = _C10D.Backend if _AS_BACKEND else dist.ProcessGroup
+
+
+class ProcessGroupFerroccl(_Base):
+    """torch.distributed's backend over a ferroccl communicator (``comm``)."""
 
     def __init__(self, comm: Communicator, rank: int, size: int):
         super().__init__(rank, size)
         self.comm = comm
-        self._nonces: dict = {}
+        if not _AS_BACKEND and hasattr(self, "_register_backend"):
+            # torch 2.x keeps a group's name and device types in its backends: give
+            # this group a placeholder for the CPU (every call reaches the methods
+            # below, which this group overrides).
+            kind = dist.ProcessGroup.BackendType.CUSTOM
+            self._set_default_backend(kind)
+            self._register_backend(torch.device("cpu"), kind, _C10D.Backend(rank, size))
 
     # -- names ----------------------------------------------------------------------
 
@@ -291,13 +342,15 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     def name(self) -> str:
         return BACKEND
 
-    # torch 2.x asks a group for its backend per device (to learn, for example, whether
-    # it coalesces point-to-point): this group is its own backend, on the CPU.
+    # torch 2.x asks for the backend of a device (to learn, for example, whether it
+    # coalesces point-to-point): as the group itself, this group is its own backend.
     supports_coalescing = False
     supports_splitting = False
 
-    def _get_backend(self, device=None):
-        return self
+    if not _AS_BACKEND:
+
+        def _get_backend(self, device=None):
+            return self
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -492,12 +545,8 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         return self._reduce_scatter_base(output, input, opts)
 
-    def all_to_all_single(
-        self, output, input, output_split_sizes, input_split_sizes, opts=None
-    ):
-        return self.alltoall_base(
-            output, input, output_split_sizes, input_split_sizes, opts
-        )
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     def gather_single(self, output, input, opts=None):
         """The root's ``output`` (world_size × ``input``) gathers every rank's input."""
@@ -528,9 +577,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         """``output_lists[q][i]`` receives rank q's ``input_list[i]`` (torch's
         ``all_gather_coalesced``): one all-gather of the inputs end to end."""
         n = self.size()
-        if len(output_lists) != n or any(
-            len(o) != len(input_list) for o in output_lists
-        ):
+        if len(output_lists) != n or any(len(o) != len(input_list) for o in output_lists):
             raise InvalidArgumentError(
                 f"all_gather_coalesced: {n} output lists (one per rank), each of one "
                 f"tensor per input ({len(input_list)})"
@@ -600,9 +647,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         if self.rank() == root:
             outs = _one(output_tensors, "gather")
             if len(outs) != n or any(o.numel() != inp.numel() for o in outs):
-                raise InvalidArgumentError(
-                    f"gather: the root needs {n} outputs the input's size"
-                )
+                raise InvalidArgumentError(f"gather: the root needs {n} outputs the input's size")
             flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
             then = lambda: _unflat(flat, outs)
         else:
@@ -625,9 +670,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         if self.rank() == root:
             ins = _one(input_tensors, "scatter")
             if len(ins) != n or any(i.numel() != out.numel() for i in ins):
-                raise InvalidArgumentError(
-                    f"scatter: the root needs {n} inputs the output's size"
-                )
+                raise InvalidArgumentError(f"scatter: the root needs {n} inputs the output's size")
             flat = _flat(ins, "scatter")
         else:
             flat = torch.empty(0, dtype=out.dtype)
@@ -642,9 +685,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             opts=opts,
         )
 
-    def alltoall_base(
-        self, output, input, output_split_sizes, input_split_sizes, opts=None
-    ):
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self.size()
 
         def counts(t, splits, what):
@@ -705,12 +746,43 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         )
 
     def barrier(self, opts=None):
-        return self._issue(
-            "barrier", [], [], lambda cb: self.comm._c.barrier(cb), opts=opts
-        )
+        return self._issue("barrier", [], [], lambda cb: self.comm._c.barrier(cb), opts=opts)
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
-        self.barrier().wait()
+        """gloo's ``monitored_barrier``: every rank reports to rank 0, which waits at
+        most the timeout for each and names the ranks that did not come (the first,
+        or all with ``wait_all_ranks``), then releases the others."""
+        timeout = getattr(opts, "timeout", None)
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        me, n = self.rank(), self.size()
+        c = self.comm._c
+        tok = torch.zeros(1, dtype=torch.uint8)
+        tag = _MONITOR_TAG
+        if me != 0:
+            c.send(_data(tok), 0, tag)
+            if not c.recv(_data(tok), 0, tag, lambda e: None).wait(secs):
+                raise FerrocclTimeout(
+                    f"rank {me}: monitored_barrier: rank 0 did not release it within {secs} s"
+                )
+            return
+        deadline = None if secs is None else time.monotonic() + secs
+        bufs = {q: torch.zeros(1, dtype=torch.uint8) for q in range(1, n)}
+        tickets = {q: c.recv(_data(bufs[q]), q, tag, lambda e: None) for q in bufs}
+        missing = []
+        for q, t in tickets.items():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not t.wait(left):
+                missing.append(q)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            ranks = ", ".join(map(str, missing))
+            raise FerrocclTimeout(
+                f"rank 0: monitored_barrier: rank{'s' if len(missing) > 1 else ''} "
+                f"{ranks} did not reach it within {secs} s"
+            )
+        for q in bufs:
+            c.send(_data(tok), q, tag)
 
     # -- point to point -------------------------------------------------------------
 
@@ -790,27 +862,105 @@ def _native_token() -> str:
     return new_token()
 
 
-def _members(store, rank: int, size: int, timeout: timedelta) -> list[int]:
-    """The default group's rank of each member of a new group, by group rank (traded
-    on the group's store: torch does not tell the backend)."""
-    me = _DEFAULT.rank
-    store.set(f"ferroccl/member/{rank}", str(me))
-    return [int(_get(store, f"ferroccl/member/{q}", timeout)) for q in range(size)]
+# Set on the default group's store by a member that found a new group's members
+# disagree, so that the members of groups that agree among themselves do not wait for
+# it (torch gives a new group a 30-minute timeout by default) but raise as well.
+_BROKEN = "ferroccl/broken-group"
 
 
-def create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupFerroccl:
-    """torch.distributed's creator for the backend ``"ferroccl"``."""
+def _has(store, key: str) -> bool:
+    """Whether ``key`` is on ``store``, without waiting (torch 1.13's stores have no
+    ``check`` in Python: a wait of a millisecond stands in)."""
+    if hasattr(store, "check"):
+        return store.check([key])
+    try:
+        store.wait([key], timedelta(milliseconds=1))
+    except RuntimeError:
+        return False
+    return True
+
+
+def _agree(store, rank: int, ranks: list[int], timeout: timedelta) -> None:
+    """Checks on the group's store that every member was given the same members (a
+    mesh built differently on each rank): a member given others would otherwise wait
+    to connect to a group nobody else makes until the timeout.
+
+    Two rounds: each member publishes whom it was given and compares with the others';
+    then each says whether it goes on, and connects only if every member does. A
+    member waiting in the first round for one that will never come (it raised in
+    another group, and said so on the default group's store) raises at once, and says
+    "no" in the second round, so no member connects to it."""
+    world = dist.distributed_c10d._get_default_store()
+    deadline = time.monotonic() + timeout.total_seconds()
+    me = ranks[rank]
+
+    def read(key: str, q: int, give_up: bool) -> str:
+        pause = 0.001
+        while not _has(store, key):
+            if give_up and _has(world, _BROKEN):
+                raise MismatchError(bytes(world.get(_BROKEN)).decode())
+            if time.monotonic() > deadline:
+                raise FerrocclTimeout(
+                    f"rank {me}: new group of {ranks}: rank {ranks[q]} did not join it "
+                    f"within {timeout.total_seconds()} s"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        return bytes(store.get(key)).decode()
+
+    store.set(f"ferroccl/members/{rank}", json.dumps([me, ranks]))
+    try:
+        for q in range(len(ranks)):
+            if q == rank:
+                continue
+            who, theirs = json.loads(read(f"ferroccl/members/{q}", q, give_up=True))
+            if theirs != ranks:
+                msg = (
+                    f"rank {me}: mismatched new group: this rank was given the members "
+                    f"{ranks}, rank {who} (its rank {q} in the group) was given {theirs}"
+                )
+                world.set(_BROKEN, msg)
+                raise MismatchError(msg)
+    except BaseException:
+        store.set(f"ferroccl/verdict/{rank}", "no")
+        raise
+    store.set(f"ferroccl/verdict/{rank}", "go")
+    for q in range(len(ranks)):
+        if q != rank and read(f"ferroccl/verdict/{q}", q, give_up=False) != "go":
+            why = bytes(world.get(_BROKEN)).decode() if _has(world, _BROKEN) else ""
+            raise MismatchError(
+                f"rank {me}: new group of {ranks}: rank {ranks[q]} did not make it ({why})"
+            )
+
+
+def _nonce(ranks: list[int], name: str) -> int:
+    """What tells apart the groups of one list of members: torch's name for the group
+    (the same on every member), or, without one, how many groups of these members this
+    rank made before."""
+    if name:
+        return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    key = tuple(ranks)
+    n = _NONCES[key]
+    _NONCES[key] += 1
+    return n
+
+
+def create(opts, options=None) -> ProcessGroupFerroccl:
+    """torch.distributed's creator for the backend ``"ferroccl"`` (its extended form:
+    ``opts`` says the group's store, rank, size, timeout, name and the world's ranks
+    of its members)."""
     global _DEFAULT
+    store, rank, size = opts.store, opts.group_rank, opts.group_size
+    timeout = opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
+    ranks = list(getattr(opts, "global_ranks_in_group", None) or range(size))
     default_is_ours = (
         _DEFAULT is not None and dist.is_initialized() and dist.get_backend() == BACKEND
     )
     if default_is_ours:
-        ranks = _members(store, rank, size, timeout)
-        key = tuple(ranks)
-        nonce = _NONCES[key]
-        _NONCES[key] += 1
+        _agree(store, rank, ranks, timeout)
+        nonce = _nonce(ranks, str(getattr(opts, "group_id", "") or ""))
         comm = _DEFAULT.group_of_members(ranks, nonce)
     else:
         comm = _meet(store, rank, size, timeout)
@@ -822,13 +972,29 @@ def create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupFerro
     return ProcessGroupFerroccl(comm, rank, size)
 
 
+def communicator(group=None) -> Communicator:
+    """The ferroccl :class:`~ferroccl.Communicator` under a torch.distributed group of
+    the backend (the default group when ``group`` is None): for what torch does not
+    reach, such as ``dump_trace``."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    ours = pg
+    if not isinstance(ours, ProcessGroupFerroccl) and hasattr(pg, "_get_backend"):
+        try:
+            ours = pg._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            ours = None
+    if not isinstance(ours, ProcessGroupFerroccl):
+        raise InvalidArgumentError(f"{pg!r} is not a group of the backend {BACKEND!r}")
+    return ours.comm
+
+
 def _register() -> None:
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     try:
-        dist.Backend.register_backend(BACKEND, create, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
     except TypeError:  # torch 1.13: no devices=
-        dist.Backend.register_backend(BACKEND, create)
+        dist.Backend.register_backend(BACKEND, create, extended_api=True)
 
 
 _register()

@@ -1,0 +1,89 @@
+"""PyTorch 2.x's mesh-based parallelism over the backend, each against gloo in the same
+test: FSDP2, tensor parallel, a 2 x 2 mesh, pipelining; and what torch builds on a
+mesh (DeviceMesh, monitored_barrier, async checkpoints). Skipped on torch 1.13 (CI
+runs them under a torch 2.x: see tests/python.rs)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+pytest.importorskip("torch.distributed.device_mesh", reason="torch 1.x has no DeviceMesh")
+
+import ranks
+
+TOL = 1e-6
+
+
+def both(n, fn, *args, timeout=240):
+    """``fn`` over ferroccl and over gloo, by rank."""
+    return {
+        b: ranks.run(n, fn, b, *args, module="parallel", timeout=timeout)
+        for b in ("ferroccl", "gloo")
+    }
+
+
+def assert_close(ours, theirs, what):
+    (l1, p1), (l2, p2) = ours, theirs
+    assert len(l1) == len(l2) > 0, what
+    gap = max(abs(a - b) for a, b in zip(l1, l2))
+    assert gap <= TOL, f"{what}: losses {gap:.3g} apart: {l1} vs {l2}"
+    for a, b in zip(p1, p2):
+        assert a.shape == b.shape, what
+        d = (a - b).abs().max().item()
+        assert d <= TOL, f"{what}: parameters {d:.3g} apart"
+
+
+def test_fsdp2_trains_as_over_gloo():
+    res = both(2, "fsdp2")
+    for r in range(2):
+        assert_close(res["ferroccl"][r], res["gloo"][r], f"FSDP2 rank {r}")
+    assert res["ferroccl"][0][0] == res["ferroccl"][1][0], "the ranks' mean losses differ"
+
+
+def test_tensor_parallel_trains_as_over_gloo():
+    res = both(2, "tensor_parallel")
+    for r in range(2):
+        assert_close(res["ferroccl"][r], res["gloo"][r], f"tensor parallel rank {r}")
+
+
+def test_a_2x2_mesh_of_data_and_tensor_parallel_trains_as_over_gloo():
+    res = both(4, "mesh_2d", timeout=300)
+    for r in range(4):
+        assert_close(res["ferroccl"][r], res["gloo"][r], f"2 x 2 mesh rank {r}")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelining_trains_as_over_gloo(schedule):
+    res = both(2, "pipelining", schedule)
+    for r in range(2):
+        ours, theirs = res["ferroccl"][r], res["gloo"][r]
+        if r == 1:
+            assert_close(ours, theirs, f"{schedule} last stage")
+        for a, b in zip(ours[1], theirs[1]):
+            assert (a - b).abs().max().item() <= TOL, f"{schedule} stage {r}"
+
+
+def test_device_mesh_monitored_barrier_and_async_save_work():
+    res = ranks.run(4, "mesh_facts", module="parallel", timeout=180)
+    for r, got in enumerate(res):
+        assert got["b_sum"] == 2.0, got
+        assert all(isinstance(x, str) for x in got["names"]), got
+        # A plain tensor is saved as replicated: rank 0's, loaded on every rank.
+        assert got["loaded"] == [0.0, 1.0, 2.0, 3.0], got
+
+
+def test_monitored_barrier_names_the_rank_that_did_not_come():
+    res = ranks.run(3, "monitored_barrier_late", module="parallel", timeout=60)
+    got = res[0]
+    assert got["type"] is not None, got
+    assert "rank 2 did not reach it" in got["msg"], got
+    assert got["after"] < 2 + 5, got
+
+
+def test_a_mesh_laid_out_differently_on_each_rank_is_a_mismatch_not_a_hang():
+    res = ranks.run(4, "mesh_disagrees", module="parallel", timeout=120)
+    for r, got in enumerate(res):
+        assert got["type"] == "MismatchError", (r, got)
+        assert "mismatched new group" in got["msg"], (r, got)
+        assert got["after"] < 30, (r, got)
