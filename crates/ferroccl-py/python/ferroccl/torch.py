@@ -72,18 +72,21 @@ class Work(_WorkBase):
     future completed with ``Future.set_exception`` holds the exception as a *value*
     that only Python unwraps: DDP's reducer reads it as tensors, and crashes.)"""
 
+    # Defaults of what a Work may set (a call on the hot path sets only what differs).
+    _error: BaseException | None = None
+    _ticket = None
+    _gate = None
+    _fut = None
+
     def __init__(self, what: str, result: list[torch.Tensor], keep=(), then=None, tracked=True):
         super().__init__()
         self._what = what
         self._result = result
         self._keep = keep
         self._then = then
-        self._error: BaseException | None = None
-        self._ticket = None
         self._tracked = tracked
-        self._gate = torch.futures.Future() if tracked else None
-        self._fut = None
         if tracked:
+            self._gate = torch.futures.Future()
             with _LOCK:
                 _LIVE.add(self)
 
@@ -223,7 +226,7 @@ def _op_name(op) -> str:
 
 def _io(t: torch.Tensor, what: str):
     """A contiguous CPU tensor for ``t``: itself, or a copy to copy back."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise UnsupportedError(
             f"{what} is a {t.device.type} tensor: the ferroccl backend moves CPU tensors "
             "only (use nccl for GPU tensors)"
@@ -239,10 +242,31 @@ def _io(t: torch.Tensor, what: str):
 _AS_BYTES = (torch.int8, torch.bool)
 
 
+_NAMES = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+}
+
+
+def _raw(t: torch.Tensor):
+    """ferroccl's ``(address, elements, dtype)`` of ``t``: at once for a contiguous CPU
+    tensor of a supported dtype (the hot path), else through ``ferroccl.buffer``,
+    which raises the typed error naming what is wrong."""
+    name = _NAMES.get(t.dtype)
+    if name is None or not t.is_cpu or not t.is_contiguous():
+        return _buffer(t)
+    return (t.data_ptr(), t.numel(), name)
+
+
 def _data(t: torch.Tensor):
     """ferroccl's buffer for ``t`` in an operation without arithmetic: an int8 or bool
-    tensor as its bytes (uint8). Reductions keep ``_buffer``, which refuses them."""
-    return _buffer(t.view(torch.uint8) if t.dtype in _AS_BYTES else t)
+    tensor as its bytes (uint8). Reductions keep ``_raw``, which refuses them."""
+    return _raw(t.view(torch.uint8) if t.dtype in _AS_BYTES else t)
 
 
 def _flat(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
@@ -317,6 +341,15 @@ _AS_BACKEND = _python_backends()
 _Base = _C10D.Backend if _AS_BACKEND else dist.ProcessGroup
 
 
+def _placeholder(rank: int, size: int):
+    """A backend that only holds what torch 2.x keeps in backends (the group's name,
+    its devices): torch's fake backend, told to raise on any collective, so that a
+    call that reaches it instead of this group's methods fails rather than pretends."""
+    opts = _C10D.FakeProcessGroup.Options()
+    opts.error_on_collective = True
+    return _C10D.FakeProcessGroup._create_internal(rank, size, opts)
+
+
 class ProcessGroupFerroccl(_Base):
     """torch.distributed's backend over a ferroccl communicator (``comm``)."""
 
@@ -329,7 +362,7 @@ class ProcessGroupFerroccl(_Base):
             # below, which this group overrides).
             kind = dist.ProcessGroup.BackendType.CUSTOM
             self._set_default_backend(kind)
-            self._register_backend(torch.device("cpu"), kind, _C10D.Backend(rank, size))
+            self._register_backend(torch.device("cpu"), kind, _placeholder(rank, size))
 
     # -- names ----------------------------------------------------------------------
 
@@ -358,9 +391,10 @@ class ProcessGroupFerroccl(_Base):
         if _caller_waits(opts):
             # Run here and now (the queue before it first), sparing the worker's
             # wake-up: the caller would only wait for it. Errors raise from here.
-            w = Work(what, result, keep, then, tracked=False)
             issue(None)
-            w._complete(None)
+            if then is not None:
+                then()
+            w = Work(what, result, tracked=False)
             w._ticket = _DONE
             return w
         w = Work(what, result, keep, then)
@@ -378,7 +412,7 @@ class ProcessGroupFerroccl(_Base):
         t = _one(tensors, "allreduce")
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         c, back = _io(t, "allreduce's tensor")
-        b = _buffer(c)
+        b = _raw(c)
         return self._issue(
             "allreduce",
             tensors,
@@ -391,7 +425,7 @@ class ProcessGroupFerroccl(_Base):
     def allreduce_coalesced(self, tensors, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flat = _flat(tensors, "allreduce_coalesced")
-        b = _buffer(flat)
+        b = _raw(flat)
         return self._issue(
             "allreduce_coalesced",
             tensors,
@@ -420,7 +454,7 @@ class ProcessGroupFerroccl(_Base):
         root = opts.rootRank if opts is not None else 0
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         c, back = _io(t, "reduce's tensor")
-        b = _buffer(c)
+        b = _raw(c)
         return self._issue(
             "reduce",
             tensors,
@@ -525,7 +559,7 @@ class ProcessGroupFerroccl(_Base):
             for o, b in zip(outputs, recv.split(sizes)):
                 o.copy_(b.reshape(o.shape))
 
-        s, r = _buffer(send), _buffer(recv)
+        s, r = _raw(send), _raw(recv)
         return self._issue(
             "reduce_scatter_tensor_coalesced",
             list(outputs),
@@ -611,7 +645,7 @@ class ProcessGroupFerroccl(_Base):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flat = _flat(ins, "reduce_scatter")
         c, back = _io(out, "reduce_scatter's output")
-        s, r = _buffer(flat), _buffer(c)
+        s, r = _raw(flat), _raw(c)
         return self._issue(
             "reduce_scatter",
             output_tensors,
@@ -630,7 +664,7 @@ class ProcessGroupFerroccl(_Base):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         inp = input.contiguous()
         c, back = _io(output, "reduce_scatter_tensor's output")
-        s, r = _buffer(inp), _buffer(c)
+        s, r = _raw(inp), _raw(c)
         return self._issue(
             "reduce_scatter_tensor",
             [output],
