@@ -242,6 +242,7 @@ def mesh_disagrees(rank, n, how, tmp):
     from torch.distributed.device_mesh import DeviceMesh
 
     init(rank, n, how, tmp, timeout=60)
+    dist.barrier()  # every rank past the rendezvous before the others fail and go
     layout = torch.arange(n).reshape(2, -1)
     if rank != 0:
         layout = layout.t().contiguous()
