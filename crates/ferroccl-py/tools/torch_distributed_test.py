@@ -205,7 +205,7 @@ if BACKEND:
             self._spawn_processes()
 
         @classmethod
-        def _run(cls, rank, test_name, file_name, pipe):
+        def _run(cls, rank, test_name, file_name, pipe, **kwargs):
             logs = os.environ.get("FERROCCL_DT_CHILD_LOGS")
             if logs:
                 path = os.path.join(logs, f"{test_name}.rank{rank}.log")
@@ -222,7 +222,7 @@ if BACKEND:
                 # on that. Run DDP in its ordinary mode instead.
                 rt = importlib.import_module("torch.nn.parallel._replicated_tensor_ddp_utils")
                 rt._set_ddp_with_replicated_tensor = lambda value: None
-            super()._run(rank, test_name, file_name, pipe)
+            super()._run(rank, test_name, file_name, pipe, **kwargs)
 
 
 def _shard_imports() -> bool:
