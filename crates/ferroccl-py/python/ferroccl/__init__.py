@@ -20,7 +20,6 @@ ferroccl's message (which rank, which operation, what it expected and what arriv
 from __future__ import annotations
 
 import atexit
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,16 +123,21 @@ def _op(op: str) -> str:
 
 
 class Work:
-    """A non-blocking operation in flight. Holds its buffers until it is over."""
+    """A non-blocking operation in flight: the one object for it on the Python side
+    (``ferroccl.torch`` wraps it in torch's ``Work``). Holds its buffers until it is
+    over; ``then`` runs when it succeeded (a copy back, say), ``on_done`` once it is
+    over either way."""
 
-    def __init__(self, what: str, keep: Sequence[Any] = (), then=None):
+    def __init__(self, what: str, keep: Sequence[Any] = (), then=None, on_done=None):
         self._what = what
-        self._keep = list(keep)
+        self._keep = keep
         self._then = then
-        self._done = threading.Event()
+        self._on_done = on_done
         self._error: BaseException | None = None
+        self._ticket = None
 
-    # Called by the communicator's worker thread, under the GIL.
+    # Called once, under the GIL, by a thread of the communicator's (or the caller's,
+    # when it ran the operation itself); the ticket says "done" once this returned.
     def _complete(self, error: BaseException | None) -> None:
         if error is None and self._then is not None:
             try:
@@ -141,12 +145,13 @@ class Work:
             except BaseException as e:  # noqa: BLE001 - reported on wait()
                 error = e
         self._error = error
-        self._keep = []
-        self._done.set()
+        self._keep = ()
+        if self._on_done is not None:
+            self._on_done()
 
     def is_completed(self) -> bool:
         """True once the operation is over (successfully or not)."""
-        return self._done.is_set()
+        return self._ticket is not None and self._ticket.done()
 
     def exception(self) -> BaseException | None:
         """The operation's error, once it failed; else None."""
@@ -219,6 +224,14 @@ class Communicator:
                 local_rank,
             )
         )
+
+    @property
+    def native(self) -> _native.Communicator:
+        """The extension's communicator under this one: it takes buffers as
+        ``(address, elements, dtype)`` and reports through callbacks (see
+        ``_native.pyi``), for framework backends that describe their tensors
+        themselves (``ferroccl.torch``)."""
+        return self._c
 
     rank = property(lambda self: self._c.rank)
     world_size = property(lambda self: self._c.world_size)

@@ -43,6 +43,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+import ferroccl
+
 from . import Communicator, InvalidArgumentError, MismatchError, UnsupportedError
 from . import TimeoutError as FerrocclTimeout
 from . import buffer as _buffer
@@ -62,76 +64,60 @@ _LOCK = threading.Lock()
 
 
 class Work(_WorkBase):
-    """A torch ``Work`` for one ferroccl operation. In the background (``tracked``):
-    held in ``_LIVE`` until over. Run on the caller's thread: over before it is
-    returned.
+    """torch's ``Work`` for one ferroccl operation: a :class:`ferroccl.Work` (``op``)
+    seen through torch's interface. In the background, held in ``_LIVE`` until over;
+    run on the caller's thread (``op`` None), over before it is returned.
 
-    ``_complete`` settles the *gate*, a Python future that only says "over". The
-    future handed out, to DDP's reducer and to hooks, is ``gate.then(self._settle)``:
-    it holds the tensors, or a real C++ error with ferroccl's class and message. (A
-    future completed with ``Future.set_exception`` holds the exception as a *value*
-    that only Python unwraps: DDP's reducer reads it as tensors, and crashes.)"""
+    When ``op`` is over it settles the *gate*, a Python future that only says "over".
+    The future handed out, to DDP's reducer and to hooks, is ``gate.then(settle)``: it
+    holds the tensors, or a real C++ error with ferroccl's class and message. (A future
+    completed with ``Future.set_exception`` holds the exception as a *value* that only
+    Python unwraps: DDP's reducer reads it as tensors, and crashes.)"""
 
-    # Defaults of what a Work may set (a call on the hot path sets only what differs).
-    _error: BaseException | None = None
-    _ticket = None
+    _op: ferroccl.Work | None = None
     _gate = None
     _fut = None
 
-    def __init__(self, what: str, result: list[torch.Tensor], keep=(), then=None, tracked=True):
+    def __init__(self, result: list[torch.Tensor], op: ferroccl.Work | None = None):
         super().__init__()
-        self._what = what
         self._result = result
-        self._keep = keep
-        self._then = then
-        self._tracked = tracked
-        if tracked:
+        if op is not None:
+            self._op = op
             self._gate = torch.futures.Future()
+            op._on_done = self._over
             with _LOCK:
                 _LIVE.add(self)
 
-    # A reporter thread calls this, under the GIL (or the caller's thread, for an
-    # operation it ran). The ticket says "done" once this returned.
-    def _complete(self, error: BaseException | None) -> None:
-        if error is None and self._then is not None:
-            try:
-                self._then()
-            except BaseException as e:  # noqa: BLE001 - reported on wait()
-                error = e
-        self._error = error
-        self._keep = None
-        if not self._tracked:
-            return
+    def _over(self) -> None:
         with _LOCK:
             _LIVE.discard(self)
             _RECENT.append(self)
         self._gate.set_result(None)
 
     def _settle(self, _gate):
-        if self._error is not None:
-            raise self._error.with_traceback(None)
+        e = self.exception()
+        if e is not None:
+            raise e.with_traceback(None)
         return self._result
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        secs = None
-        if timeout is not None:
-            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-            if secs <= 0:
-                secs = None  # torch's kNoTimeout
-        if not self._ticket.wait(secs):
-            raise FerrocclTimeout(f"{self._what} was not done after {secs} s (Work.wait's timeout)")
-        if self._error is not None:
-            raise self._error
+        if self._op is not None:
+            secs = None
+            if timeout is not None:
+                secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+                if secs <= 0:
+                    secs = None  # torch's kNoTimeout
+            self._op.wait(secs)
         return True
 
     def is_completed(self) -> bool:
-        return self._ticket is not None and self._ticket.done()
+        return self._op is None or self._op.is_completed()
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
+        return self.is_completed() and self.exception() is None
 
     def exception(self):
-        return self._error
+        return None if self._op is None else self._op.exception()
 
     def get_future(self):
         with _LOCK:
@@ -153,19 +139,6 @@ class Work(_WorkBase):
         raise UnsupportedError("ferroccl has no receive from any source")
 
 
-class _Done:
-    """The ticket of an operation that ran on the caller's thread."""
-
-    @staticmethod
-    def wait(timeout=None) -> bool:
-        return True
-
-    @staticmethod
-    def done() -> bool:
-        return True
-
-
-_DONE = _Done()
 # The tag of monitored_barrier's messages (torch's own tags are small).
 _MONITOR_TAG = 0xFFFF_FF00
 _C10D_MODULE = "torch.distributed.distributed_c10d"
@@ -356,6 +329,7 @@ class ProcessGroupFerroccl(_Base):
     def __init__(self, comm: Communicator, rank: int, size: int):
         super().__init__(rank, size)
         self.comm = comm
+        self._n = comm.native
         if not _AS_BACKEND and hasattr(self, "_register_backend"):
             # torch 2.x keeps a group's name and device types in its backends: give
             # this group a placeholder for the CPU (every call reaches the methods
@@ -394,12 +368,11 @@ class ProcessGroupFerroccl(_Base):
             issue(None)
             if then is not None:
                 then()
-            w = Work(what, result, tracked=False)
-            w._ticket = _DONE
-            return w
-        w = Work(what, result, keep, then)
+            return Work(result)
+        op = ferroccl.Work(what, keep, then)
+        w = Work(result, op)
         try:
-            w._ticket = issue(w._complete)
+            op._ticket = issue(op._complete)
         except BaseException:
             with _LOCK:
                 _LIVE.discard(w)
@@ -417,7 +390,7 @@ class ProcessGroupFerroccl(_Base):
             "allreduce",
             tensors,
             [c],
-            lambda cb: self.comm._c.all_reduce(b, op, cb),
+            lambda cb: self._n.all_reduce(b, op, cb),
             back,
             opts=opts,
         )
@@ -430,7 +403,7 @@ class ProcessGroupFerroccl(_Base):
             "allreduce_coalesced",
             tensors,
             [flat],
-            lambda cb: self.comm._c.all_reduce(b, op, cb),
+            lambda cb: self._n.all_reduce(b, op, cb),
             lambda: _unflat(flat, tensors),
             opts=opts,
         )
@@ -444,7 +417,7 @@ class ProcessGroupFerroccl(_Base):
             "broadcast",
             tensors,
             [c],
-            lambda cb: self.comm._c.broadcast(b, root, cb),
+            lambda cb: self._n.broadcast(b, root, cb),
             back,
             opts=opts,
         )
@@ -459,7 +432,7 @@ class ProcessGroupFerroccl(_Base):
             "reduce",
             tensors,
             [c],
-            lambda cb: self.comm._c.reduce(b, op, root, cb),
+            lambda cb: self._n.reduce(b, op, root, cb),
             back,
             opts=opts,
         )
@@ -481,7 +454,7 @@ class ProcessGroupFerroccl(_Base):
             "allgather",
             output_tensors,
             [inp, flat],
-            lambda cb: self.comm._c.all_gather(s, r, cb),
+            lambda cb: self._n.all_gather(s, r, cb),
             lambda: _unflat(flat, outs),
             opts=opts,
         )
@@ -499,7 +472,7 @@ class ProcessGroupFerroccl(_Base):
             "allgather_into_tensor",
             [output],
             [inp, c],
-            lambda cb: self.comm._c.all_gather(s, r, cb),
+            lambda cb: self._n.all_gather(s, r, cb),
             back,
             opts=opts,
         )
@@ -531,7 +504,7 @@ class ProcessGroupFerroccl(_Base):
             "all_gather_into_tensor_coalesced",
             list(outputs),
             [send, recv],
-            lambda cb: self.comm._c.all_gather(s, r, cb),
+            lambda cb: self._n.all_gather(s, r, cb),
             then,
             opts=opts,
         )
@@ -564,7 +537,7 @@ class ProcessGroupFerroccl(_Base):
             "reduce_scatter_tensor_coalesced",
             list(outputs),
             [send, recv],
-            lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
+            lambda cb: self._n.reduce_scatter(s, r, op, cb),
             then,
             opts=opts,
         )
@@ -600,7 +573,7 @@ class ProcessGroupFerroccl(_Base):
             "gather",
             [output],
             [inp, c],
-            lambda cb: self.comm._c.gather(s, r, root, cb),
+            lambda cb: self._n.gather(s, r, root, cb),
             back,
             opts=opts,
         )
@@ -629,7 +602,7 @@ class ProcessGroupFerroccl(_Base):
             "all_gather_coalesced",
             [t for outs in output_lists for t in outs],
             [send, recv],
-            lambda cb: self.comm._c.all_gather(s, r, cb),
+            lambda cb: self._n.all_gather(s, r, cb),
             then,
             opts=opts,
         )
@@ -650,7 +623,7 @@ class ProcessGroupFerroccl(_Base):
             "reduce_scatter",
             output_tensors,
             [flat, c],
-            lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
+            lambda cb: self._n.reduce_scatter(s, r, op, cb),
             back,
             opts=opts,
         )
@@ -669,7 +642,7 @@ class ProcessGroupFerroccl(_Base):
             "reduce_scatter_tensor",
             [output],
             [inp, c],
-            lambda cb: self.comm._c.reduce_scatter(s, r, op, cb),
+            lambda cb: self._n.reduce_scatter(s, r, op, cb),
             back,
             opts=opts,
         )
@@ -692,7 +665,7 @@ class ProcessGroupFerroccl(_Base):
             "gather",
             output_tensors,
             [inp, flat],
-            lambda cb: self.comm._c.gather(s, r, root, cb),
+            lambda cb: self._n.gather(s, r, root, cb),
             then,
             opts=opts,
         )
@@ -714,7 +687,7 @@ class ProcessGroupFerroccl(_Base):
             "scatter",
             output_tensors,
             [flat, c],
-            lambda cb: self.comm._c.scatter(s, r, root, cb),
+            lambda cb: self._n.scatter(s, r, root, cb),
             back,
             opts=opts,
         )
@@ -756,7 +729,7 @@ class ProcessGroupFerroccl(_Base):
             "alltoall_base",
             [output],
             [inp, c],
-            lambda cb: self.comm._c.all_to_all(s, r, sc, rc, cb),
+            lambda cb: self._n.all_to_all(s, r, sc, rc, cb),
             back,
             opts=opts,
         )
@@ -774,13 +747,13 @@ class ProcessGroupFerroccl(_Base):
             "alltoall",
             output_tensors,
             [sflat, rflat],
-            lambda cb: self.comm._c.all_to_all(s, r, sc, rc, cb),
+            lambda cb: self._n.all_to_all(s, r, sc, rc, cb),
             lambda: _unflat(rflat, output_tensors),
             opts=opts,
         )
 
     def barrier(self, opts=None):
-        return self._issue("barrier", [], [], lambda cb: self.comm._c.barrier(cb), opts=opts)
+        return self._issue("barrier", [], [], lambda cb: self._n.barrier(cb), opts=opts)
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
         """gloo's ``monitored_barrier``: every rank reports to rank 0, which waits at
@@ -789,7 +762,7 @@ class ProcessGroupFerroccl(_Base):
         timeout = getattr(opts, "timeout", None)
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
         me, n = self.rank(), self.size()
-        c = self.comm._c
+        c = self._n
         tok = torch.zeros(1, dtype=torch.uint8)
         tag = _MONITOR_TAG
         if me != 0:
@@ -823,9 +796,7 @@ class ProcessGroupFerroccl(_Base):
     def send(self, tensors, dstRank, tag=0):
         t = _one(tensors, "send").contiguous()
         b = _data(t)
-        return self._issue(
-            "send", tensors, [t], lambda cb: self.comm._c.send(b, dstRank, int(tag), cb)
-        )
+        return self._issue("send", tensors, [t], lambda cb: self._n.send(b, dstRank, int(tag), cb))
 
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv")
@@ -835,7 +806,7 @@ class ProcessGroupFerroccl(_Base):
             "recv",
             tensors,
             [c],
-            lambda cb: self.comm._c.recv(b, srcRank, int(tag), cb),
+            lambda cb: self._n.recv(b, srcRank, int(tag), cb),
             back,
         )
 
