@@ -384,3 +384,52 @@ fn p_by_t_by_d_layouts_match_one_process_with_and_without_zero() {
         );
     }
 }
+
+/// The trainer's MLP (784 → 512 × 7 → 10) on a few steps: `--tensor-parallel 2` on 2
+/// ranks and `--tensor-parallel 2 --pipeline 2` on 4 end on the weights one process
+/// ends on, and count the formula's bytes when the ring is forced.
+#[test]
+fn the_trainer_with_tensor_parallel_ends_on_the_one_process_weights() {
+    use ferroccl_candle::pipeline::train::train_mesh;
+    use ferroccl_candle::{DataSource, TrainConfig};
+    let tc = TrainConfig {
+        data: DataSource::Synthetic(200),
+        global_batch: 8,
+        max_steps: Some(6),
+        base_lr: 0.1,
+        base_batch: 8,
+        ..TrainConfig::default()
+    };
+    let pcfg = PipelineConfig {
+        schedule: Schedule::OneFOneB,
+        micro_batches: 2,
+        zero: false,
+    };
+    let mut cfg = test_config();
+    cfg.tuning.all_reduce_algo = ferroccl::AllReduceAlgo::Ring;
+    let go = |n: usize, p: usize, t: usize| {
+        let tc = tc.clone();
+        run(n, Net::Local, &cfg, DEADLINE, move |c| {
+            train_mesh(c, &tc, pcfg, p, t)
+        })
+        .expect("train")
+    };
+    let one = go(1, 1, 1).remove(0);
+    assert_eq!(one.weights.len(), 16);
+    for (n, p, t) in [(2, 1, 2), (4, 2, 2)] {
+        let out = go(n, p, t);
+        for s in &out {
+            assert_eq!(s.weights, out[0].weights, "{p} × {t}: ranks disagree");
+        }
+        let d = rel_diff(&out[0].weights, &one.weights);
+        eprintln!("trainer {p} × {t}: relative {d}");
+        assert!(d <= 1e-5, "{p} × {t}: relative {d}");
+        for r in &out[0].per_rank {
+            assert!(r.tensor_law_bytes_per_step > 0.0);
+            assert_eq!(
+                r.tensor_bytes_per_step, r.tensor_law_bytes_per_step,
+                "{r:?}"
+            );
+        }
+    }
+}
