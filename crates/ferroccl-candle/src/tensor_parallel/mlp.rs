@@ -7,7 +7,9 @@
 
 use super::cost::check_pairs;
 use super::layers::{Shard, TpMlp};
+use super::layout::shard_ranges;
 use super::TensorGroup;
+use crate::pipeline::mlp::even_split;
 use crate::pipeline::mlp::mlp_stage;
 use candle_core::{Module, Tensor};
 use ferroccl::{Error, Result};
@@ -60,4 +62,57 @@ pub fn tp_mlp_stage(
         blocks.push((block, i + 3 < widths.len()));
     }
     Ok((TpMlpStage { blocks }, shards))
+}
+
+/// Whether the MLP of `widths`, cut evenly into `stages` pipeline stages, can have
+/// each stage's layers split over `tensor` ranks: every stage whole pairs of layers,
+/// every pair's hidden width a multiple of T. Pure, so that a launcher can refuse a
+/// layout before any rank starts; the ranks check it again, together, when they
+/// build the layers.
+pub fn check_mlp(widths: &[usize], stages: usize, tensor: usize) -> Result<()> {
+    if tensor <= 1 {
+        return Ok(());
+    }
+    for layers in even_split(widths.len().saturating_sub(1), stages)? {
+        check_pairs(widths, &layers).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "{stages} pipeline stage(s) with tensor parallelism: {e}"
+            ))
+        })?;
+        for i in layers.step_by(2) {
+            shard_ranges(widths[i + 1], 1, 0, tensor).map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "the MLP's hidden size {} (layer {i}) does not cut into {tensor} equal \
+                     tensor-parallel shards",
+                    widths[i + 1]
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_mlp;
+
+    #[test]
+    fn stages_must_hold_whole_pairs_and_t_must_divide_the_hidden_size() {
+        let w = [784, 512, 512, 512, 512, 512, 512, 512, 10];
+        for (p, t) in [(1, 2), (2, 2), (4, 2), (1, 4), (2, 8), (8, 1), (1, 512)] {
+            assert!(check_mlp(&w, p, t).is_ok(), "{p} {t}");
+        }
+        let e = check_mlp(&w, 8, 2).unwrap_err().to_string();
+        assert!(e.contains("not whole tensor-parallel blocks"), "{e}");
+        let e = check_mlp(&w, 1, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("hidden size 512") && e.contains("3 equal"),
+            "{e}"
+        );
+        assert!(check_mlp(&w, 3, 2).is_err());
+        assert!(
+            check_mlp(&w, 9, 1).is_ok(),
+            "T = 1 is the pipeline's own business"
+        );
+    }
 }
