@@ -433,3 +433,8 @@ fn the_trainer_with_tensor_parallel_ends_on_the_one_process_weights() {
         }
     }
 }
+
+#[test]
+fn readme_shows_the_tensor_parallel_examples_code() {
+    crate::readme_shows("examples/tensor_parallel.rs");
+}
