@@ -49,7 +49,9 @@
 //!
 //! **2-D layouts**: [`Layout::split`] cuts a job of W ranks into W/P pipelines of P
 //! stages; rank r is stage r mod P of replica r / P, and the ranks holding the same
-//! stage form its data-parallel group.
+//! stage form its data-parallel group. **3-D**: [`Layout::mesh`] adds T
+//! tensor-parallel ranks per stage (P × T × D, see [`crate::tensor_parallel`]), whose
+//! layers a stage declares with [`Pipeline::with_tensor_group`].
 
 pub mod mlp;
 pub mod schedule;
