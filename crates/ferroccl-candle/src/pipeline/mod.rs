@@ -150,7 +150,9 @@ impl Layout {
         let c = mesh.coords(comm.rank());
         let (p, t) = (mesh.pipeline, mesh.tensor);
         let color = |v: usize| {
-            u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("layout of {w} ranks")))
+            u32::try_from(v).map_err(|_| {
+                Error::InvalidArgument(format!("a layout of {w} ranks: group {v} is beyond u32"))
+            })
         };
         let missing = || Error::InvalidArgument("split left this rank out".into());
         let tensor = comm

@@ -3,7 +3,7 @@
 //! --tensor-parallel` prints), with the ring forced as the ring law's tests do; and
 //! misuse — a layout that is not the job, a size T does not divide, shards that
 //! disagree between ranks, a tensor rank that dies mid-step — is a typed error on
-//! every rank, never a hang.
+//! every rank, never a hang; a checkpoint of another tensor shard loads on no rank.
 
 use crate::tensor_parallel::{batch, build, sgd, BATCH, DEADLINE, FFN, HEADS, HIDDEN, SEQ};
 use candle_core::{Device, Module, Tensor, Var};
@@ -303,4 +303,48 @@ fn a_tensor_rank_that_dies_mid_step_fails_every_rank_with_a_typed_error() {
         );
     }
     let _ = HEADS;
+}
+
+#[test]
+fn a_checkpoint_loads_on_every_tensor_rank_or_on_none() {
+    let dir = std::env::temp_dir().join(format!("ferroccl-candle-tp-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let d2 = dir.clone();
+    let out = run(2, Net::Local, &test_config(), DEADLINE, move |c| {
+        let l = Layout::mesh(c, mesh(1, 2, 1))?;
+        let t = l.tensor.rank();
+        let (model, shards) = build(&l.tensor, 0, 1)?;
+        let vars = shards
+            .iter()
+            .map(|s| (s.name.clone(), s.var.clone()))
+            .collect();
+        let cfg = PipelineConfig::default();
+        let mut pl = Pipeline::from_vars(&l.pipe, None, model, vars, &[SEQ, HIDDEN], sgd(), cfg)?
+            .with_tensor_group(&l.tensor);
+        let ck = pl
+            .snapshot(serde_json::json!({}))?
+            .expect("each tensor rank writes");
+        ferroccl::ddp::checkpoint::save(&d2.join(format!("t{t}.ckpt")), &ck)?;
+        l.tensor.with(|c| c.barrier())?;
+        let before = pl.weights();
+        // Tensor rank 0 is offered its own file, rank 1 rank 0's (another shard).
+        let file = d2.join("t0.ckpt");
+        let r = pl.restore(ferroccl::ddp::checkpoint::load(&file).map(|ck| Some((file, ck))));
+        Ok((r.map(|_| ()), before == pl.weights()))
+    })
+    .expect("2 tensor ranks");
+    match &out[1].0 {
+        Err(Error::Checkpoint { why, .. }) => assert!(why.contains("\"tensor\":0"), "{why}"),
+        other => panic!("tensor rank 1: {other:?}"),
+    }
+    match &out[0].0 {
+        Err(Error::InvalidArgument(w)) => assert!(w.contains("tensor-parallel rank"), "{w}"),
+        other => panic!("tensor rank 0: {other:?}"),
+    }
+    assert!(
+        out[0].1 && out[1].1,
+        "a half-restored tensor-parallel model"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
