@@ -386,11 +386,14 @@ fn a_pipeline_run_prints_each_ranks_step_time_row_and_refuses_bad_layouts() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// `ferroccl train ARGS` with the ring forced (so that the tensor-parallel bytes the
-/// links count follow the ring law), failing the test unless it succeeds.
+/// `ferroccl train ARGS` with the ring forced over TCP (so that the tensor-parallel
+/// bytes cross links and follow the ring law, whatever shared memory would pick),
+/// failing the test unless it succeeds.
 fn ok_ring(args: &[&str]) -> common::proc::Output {
     let mut c = std::process::Command::new(common::proc::EXE);
-    c.args(args).env("FERROCCL_ALGO", "ring");
+    c.args(args)
+        .env("FERROCCL_ALGO", "ring")
+        .env("FERROCCL_TRANSPORT", "tcp");
     let o = common::proc::run_cmd(c, DEADLINE);
     assert!(
         o.status.success(),
