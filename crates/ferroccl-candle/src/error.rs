@@ -45,11 +45,15 @@ impl Error {
 
 impl From<Error> for ferroccl::Error {
     /// Into ferroccl's error: a candle failure becomes `InvalidArgument` with its
-    /// first line (for code whose error type is ferroccl's).
+    /// first line (for code whose error type is ferroccl's), unless it was a
+    /// tensor-parallel collective's, which is that collective's own error.
     fn from(e: Error) -> Self {
         match e {
             Error::Comm(e) => e,
             Error::Candle(e) => {
+                if let Some(failed) = crate::tensor_parallel::failure(&e) {
+                    return failed;
+                }
                 let text = e.to_string();
                 ferroccl::Error::InvalidArgument(format!(
                     "candle: {}",

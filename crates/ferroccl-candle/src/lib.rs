@@ -6,7 +6,8 @@
 //! accumulation, rank-0 checkpoints and exact resume.
 //!
 //! Next to it, [`ps`]: a sharded parameter server with bounded staleness (SSP), the
-//! asynchronous alternative (`ferroccl train --mode ssp`).
+//! asynchronous alternative (`ferroccl train --mode ssp`); and for models that do not
+//! fit, [`pipeline`] stages, [`zero`] (ZeRO-1) and [`tensor_parallel`] layers.
 //!
 //! Every rank calls [`train`] with the same [`TrainConfig`]; rank 0's initial weights
 //! are broadcast so replicas start identical, and every optimizer step applies the
@@ -18,6 +19,7 @@ pub mod error;
 pub mod model;
 pub mod pipeline;
 pub mod ps;
+pub mod tensor_parallel;
 pub mod zero;
 
 /// candle, as this crate builds on it: a user's model needs no version of its own.

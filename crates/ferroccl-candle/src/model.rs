@@ -27,6 +27,10 @@ use std::ops::Range;
 pub(crate) fn ce(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
     // candle appends a backtrace to some errors' text: keep the message.
     move |e| {
+        // A tensor-parallel collective that failed inside candle: its own error.
+        if let Some(failed) = crate::tensor_parallel::failure(&e) {
+            return failed;
+        }
         let text = e.to_string();
         let first = text.lines().next().unwrap_or_default();
         Error::InvalidArgument(format!("{what}: {first}"))

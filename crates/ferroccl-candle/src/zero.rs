@@ -26,6 +26,7 @@ use crate::ddp::{
     agree, broadcast_bytes, counter_tensors, read_counter, read_vars, stored, Optimizer,
 };
 use crate::model::ce;
+use crate::tensor_parallel::TensorGroup;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use ferroccl::ddp::checkpoint::{Checkpoint, Tensor as CkptTensor};
@@ -63,6 +64,8 @@ pub struct Zero<'c, O> {
     layout: serde_json::Value,
     /// Ranks that must all load their checkpoints for any to (a pipeline's stages).
     together: Option<&'c Communicator>,
+    /// And the tensor-parallel ranks splitting these parameters with this one.
+    tensor: Option<TensorGroup>,
     steps: u64,
 }
 
@@ -109,6 +112,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
             opt,
             layout: json!({"stage": 0, "stages": 1}),
             together: None,
+            tensor: None,
             steps: 0,
         };
         if let Some(c) = comm {
@@ -124,6 +128,12 @@ impl<'c, O: Optimizer> Zero<'c, O> {
     pub(crate) fn set_layout(&mut self, layout: serde_json::Value, pipe: &'c Communicator) {
         self.layout = layout;
         self.together = Some(pipe);
+    }
+
+    /// The tensor-parallel group these parameters are shards over: a checkpoint
+    /// loads on all its ranks or on none.
+    pub(crate) fn set_tensor(&mut self, tensor: TensorGroup) {
+        self.tensor = Some(tensor);
     }
 
     /// Elements of all parameters (without padding).
@@ -345,18 +355,23 @@ impl<'c, O: Optimizer> Zero<'c, O> {
             Some(c) => agree(c, r, "to load the checkpoint"),
             None => r,
         };
-        // Every stage of a pipeline loads, or none does: no half-restored model.
+        // Every tensor rank and every stage of a pipeline loads, or none does: no
+        // half-restored model (the tensor group first, so that the pipeline's vote
+        // carries it to the other stages).
+        let mut ok = [i32::from(r.is_ok())];
+        if let Some(t) = &self.tensor {
+            t.with(|c| c.all_reduce(&mut ok, ReduceOp::Min))?;
+        }
         if let Some(p) = self.together {
-            let mut ok = [i32::from(r.is_ok())];
             p.all_reduce(&mut ok, ReduceOp::Min)?;
-            if ok[0] == 0 {
-                r?;
-                return Err(Error::InvalidArgument(
-                    "another pipeline stage failed to load its checkpoint (its error says \
-                     why); nothing was loaded"
-                        .into(),
-                ));
-            }
+        }
+        if ok[0] == 0 {
+            r?;
+            return Err(Error::InvalidArgument(
+                "another pipeline stage or tensor-parallel rank failed to load its checkpoint \
+                 (its error says why); nothing was loaded"
+                    .into(),
+            ));
         }
         r?;
         if let Some(c) = self.comm {

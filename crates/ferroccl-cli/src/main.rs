@@ -25,6 +25,7 @@ mod gpu_check;
 mod launch;
 mod law;
 mod plan;
+mod plan_tp;
 mod planner;
 mod plot;
 mod simulate;

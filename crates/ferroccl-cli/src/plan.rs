@@ -107,6 +107,30 @@ pub struct PlanArgs {
     /// value for every stage, or one per stage (10,12,10,9), for --pipeline.
     #[arg(long, allow_hyphen_values = true)]
     pub stage_ms: Option<String>,
+    /// The tensor-parallel question: T ranks splitting every layer. With
+    /// --per-rank-batch B (sequences each tensor-parallel group processes per step)
+    /// and --hidden H, `plan` answers with each layer's communication (two
+    /// all-reduces of B·S·H per block) against data parallelism's over T ranks,
+    /// instead of the data-parallel report (--grad-dtype sets the element type,
+    /// --link and --alpha-us add times).
+    #[arg(long, allow_negative_numbers = true)]
+    pub tensor_parallel: Option<usize>,
+    /// Tokens per sequence S, for --tensor-parallel [default: 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub seq_len: Option<usize>,
+    /// Model width H, for --tensor-parallel.
+    #[arg(long, allow_negative_numbers = true)]
+    pub hidden: Option<usize>,
+    /// MLP hidden width F, for --tensor-parallel [default: 4 × --hidden].
+    #[arg(long, allow_negative_numbers = true)]
+    pub ffn: Option<usize>,
+    /// Layers L, for --tensor-parallel [default: 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub layers: Option<usize>,
+    /// With --tensor-parallel: each layer is self-attention and an MLP (a
+    /// transformer layer: four all-reduces), not an MLP block alone.
+    #[arg(long)]
+    pub attention: bool,
     /// Print every input and output as one JSON object instead of the report.
     #[arg(long)]
     pub json: bool,
@@ -161,6 +185,12 @@ struct PlanFile {
     pipeline: Option<usize>,
     micro_batches: Option<usize>,
     stage_ms: Option<Count>,
+    tensor_parallel: Option<usize>,
+    seq_len: Option<usize>,
+    hidden: Option<usize>,
+    ffn: Option<usize>,
+    layers: Option<usize>,
+    attention: Option<bool>,
 }
 
 impl PlanFile {
@@ -198,6 +228,12 @@ impl PlanFile {
             pipeline: f.pipeline,
             micro_batches: f.micro_batches,
             stage_ms: f.stage_ms.map(Count::text),
+            tensor_parallel: f.tensor_parallel,
+            seq_len: f.seq_len,
+            hidden: f.hidden,
+            ffn: f.ffn,
+            layers: f.layers,
+            attention: f.attention.unwrap_or(false),
             json: false,
         })
     }
@@ -265,6 +301,12 @@ fn merge(flags: PlanArgs, mut file: PlanArgs) -> PlanArgs {
         pipeline: flags.pipeline.or(file.pipeline),
         micro_batches: flags.micro_batches.or(file.micro_batches),
         stage_ms: flags.stage_ms.or(file.stage_ms),
+        tensor_parallel: flags.tensor_parallel.or(file.tensor_parallel),
+        seq_len: flags.seq_len.or(file.seq_len),
+        hidden: flags.hidden.or(file.hidden),
+        ffn: flags.ffn.or(file.ffn),
+        layers: flags.layers.or(file.layers),
+        attention: flags.attention || file.attention,
         json: flags.json,
     }
 }
@@ -380,6 +422,9 @@ fn run(flags: PlanArgs) -> Result<String> {
     };
     if args.pipeline.is_some() {
         return pipeline(&args);
+    }
+    if args.tensor_parallel.is_some() {
+        return crate::plan_tp::tensor_parallel(&args, json);
     }
     let p = plan::compute(&input(args)?)?;
     if json {

@@ -108,6 +108,21 @@ pub struct TrainArgs {
     /// replicas, and prints each rank's step-time table.
     #[arg(long, default_value = "1", value_parser = crate::args::ranks)]
     pipeline: usize,
+    /// Tensor-parallel ranks T: each stage's layers split over T ranks (Megatron MLP
+    /// blocks: column- then row-parallel), the ranks a P × T × D layout with
+    /// ranks/(P × T) data-parallel replicas. Trains the MLP (see --pipeline); T must
+    /// divide its hidden size 512 and each stage must hold whole pairs of layers
+    /// (P = 1, 2 or 4).
+    #[arg(long, default_value = "1", value_parser = crate::args::ranks)]
+    tensor_parallel: usize,
+    /// Train the MLP of --pipeline and --tensor-parallel even with neither (one
+    /// stage, no tensor parallelism, ranks as data-parallel replicas): their baseline.
+    #[arg(long)]
+    mlp: bool,
+    /// With the MLP: rank 0 writes the whole model's final weights (every stage's and
+    /// tensor shard's, put back together), flat, as a ferroccl checkpoint file.
+    #[arg(long, value_name = "FILE")]
+    save_weights: Option<PathBuf>,
     /// Micro-batches per step with --pipeline (must divide the batch per replica),
     /// 1 to 1,000,000.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
@@ -267,9 +282,11 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         share_cores(env);
         let mut c = Config::from_env()?;
         c.tuning.timeout = a.timeout;
+        check_pipeline(a, env.world_size)?;
         check_modes(a, env.world_size)?;
         Communicator::init(c)?
     } else if a.ranks <= 1 {
+        check_pipeline(a, 1)?;
         check_modes(a, 1)?;
         let mut base = Config::new(0, 1, "");
         base.tuning.timeout = a.timeout;
@@ -282,7 +299,7 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
     // finish the step, checkpoint, exit 75 so that a launcher restarts the job.
     tc.preemption = Some(ferroccl::ddp::Preemption::install()?);
-    if a.pipeline > 1 || a.zero > 0 {
+    if mlp(a) {
         return pipeline_run(a, &comm, &tc);
     }
     if a.mode == "ssp" {
@@ -323,10 +340,23 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
     Ok(())
 }
 
-/// The pipeline flags against a job of `world` ranks, before any rank starts (each
-/// rank would otherwise say it, once per rank).
+/// Whether this run trains the MLP (pipeline, tensor parallelism, ZeRO) rather than
+/// LeNet.
+fn mlp(a: &TrainArgs) -> bool {
+    a.pipeline > 1 || a.zero > 0 || a.tensor_parallel > 1 || a.mlp
+}
+
+/// The pipeline and tensor-parallel flags against a job of `world` ranks, before any
+/// rank starts (each rank would otherwise say it, once per rank).
 fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
-    if a.pipeline <= 1 && a.zero == 0 {
+    if !mlp(a) {
+        if a.save_weights.is_some() {
+            return Err(ferroccl::Error::InvalidArgument(
+                "--save-weights writes the MLP's weights: add --mlp, --pipeline or \
+                 --tensor-parallel"
+                    .into(),
+            ));
+        }
         return Ok(());
     }
     let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
@@ -336,7 +366,20 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
             a.pipeline, a.pipeline
         ));
     }
-    let replicas = world / a.pipeline;
+    let (p, t) = (a.pipeline, a.tensor_parallel);
+    if !world.is_multiple_of(p.saturating_mul(t)) {
+        return bad(format!(
+            "--pipeline {p} --tensor-parallel {t}: {world} ranks are not a P × T × D \
+             layout ({p} × {t} = {} does not divide {world})",
+            p.saturating_mul(t)
+        ));
+    }
+    ferroccl_candle::tensor_parallel::mlp::check_mlp(
+        &ferroccl_candle::pipeline::train::WIDTHS,
+        p,
+        t,
+    )?;
+    let replicas = world / (p * t);
     if !a.batch.is_multiple_of(replicas) || !(a.batch / replicas).is_multiple_of(a.micro_batches) {
         return bad(format!(
             "--micro-batches {}: the batch {} over {replicas} replica(s) does not cut into {} equal micro-batches",
@@ -353,9 +396,11 @@ fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
     if a.mode == "sync" && a.staleness.is_some() {
         return bad("--staleness applies to --mode ssp (sync is DDP: staleness 0)".into());
     }
-    if a.mode == "ssp" && (a.pipeline > 1 || a.zero > 0) {
+    if a.mode == "ssp" && mlp(a) {
         return bad(
-            "--mode ssp trains LeNet on a parameter server: no --pipeline or --zero".into(),
+            "--mode ssp trains LeNet on a parameter server: no --pipeline, --tensor-parallel, \
+             --zero or --mlp"
+                .into(),
         );
     }
     if a.mode == "ssp" && (a.checkpoint_every > 0 || a.metrics.is_some()) {
@@ -460,7 +505,8 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
     Ok(())
 }
 
-/// `--pipeline P` / `--zero 1`: the MLP as a pipeline, and the step-time table.
+/// `--pipeline P` / `--tensor-parallel T` / `--zero 1` / `--mlp`: the MLP on a
+/// P × T × D layout, and the step-time table.
 fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
     use ferroccl_candle::pipeline::{PipelineConfig, Schedule};
     // --zero is 0 or 1 (the flag's parser): ZeRO-1 is the only stage built.
@@ -469,43 +515,94 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferrocc
         micro_batches: a.micro_batches,
         zero: a.zero == 1,
     };
-    let s = ferroccl_candle::pipeline::train::train_pipeline(comm, tc, pcfg, a.pipeline.max(1))?;
-    if comm.rank() == 0 {
-        println!(
-            "pipeline: {} stages × {} replicas, {} with {} micro-batches{}, MLP {:?}: {} steps, loss {:.4}",
-            s.stages,
-            s.replicas,
-            pcfg.schedule.name(),
-            s.micro_batches,
-            if pcfg.zero { ", ZeRO-1" } else { "" },
-            ferroccl_candle::pipeline::train::WIDTHS,
-            s.steps,
-            s.final_loss
-        );
-        println!("| rank | stage | replica | step ms | busy ms | bubble | textbook | peak live | optimizer bytes |");
-        println!("|---|---|---|---|---|---|---|---|---|");
-        for (r, x) in s.per_rank.iter().enumerate() {
-            println!(
-                "| {r} | {} | {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {} | {} |",
-                x.stage,
-                x.replica,
-                x.step_ms,
-                x.busy_ms,
-                100.0 * x.bubble,
-                100.0 * s.textbook_bubble,
-                x.peak_live,
-                x.optimizer_bytes
-            );
-        }
-        if let Some(p) = &a.summary {
-            let j = serde_json::to_string_pretty(&s).map_err(|e| {
-                ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}"))
-            })?;
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
-        }
+    let s = ferroccl_candle::pipeline::train::train_mesh(
+        comm,
+        tc,
+        pcfg,
+        a.pipeline.max(1),
+        a.tensor_parallel.max(1),
+    )?;
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    let layout = if s.tensor > 1 {
+        format!(
+            "{} stages × {} tensor-parallel × {} replicas (P × T × D)",
+            s.stages, s.tensor, s.replicas
+        )
+    } else {
+        format!("{} stages × {} replicas", s.stages, s.replicas)
+    };
+    println!(
+        "pipeline: {layout}, {} with {} micro-batches{}, MLP {:?}: {} steps, loss {:.4}",
+        pcfg.schedule.name(),
+        s.micro_batches,
+        if pcfg.zero { ", ZeRO-1" } else { "" },
+        ferroccl_candle::pipeline::train::WIDTHS,
+        s.steps,
+        s.final_loss
+    );
+    print_stage_table(&s);
+    if let Some(p) = &a.summary {
+        let j = serde_json::to_string_pretty(&s)
+            .map_err(|e| ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}")))?;
+        std::fs::write(p, j)
+            .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+    }
+    if let Some(p) = &a.save_weights {
+        let tensors = s
+            .weights
+            .iter()
+            .map(|(name, v)| ferroccl::ddp::checkpoint::Tensor {
+                name: name.clone(),
+                shape: vec![v.len()],
+                data: v.clone(),
+            })
+            .collect();
+        let state = serde_json::json!({
+            "steps": s.steps, "stages": s.stages, "tensor": s.tensor, "replicas": s.replicas,
+        });
+        ferroccl::ddp::checkpoint::save(p, &ferroccl::ddp::Checkpoint { state, tensors })?;
     }
     Ok(())
+}
+
+/// Each rank's row: stage, replica, step and busy time, bubble, peak live
+/// micro-batches, optimizer bytes; with tensor parallelism its tensor rank and the
+/// payload bytes its tensor-parallel links sent per step, counted and by the formula.
+fn print_stage_table(s: &ferroccl_candle::pipeline::train::PipelineSummary) {
+    let tp = s.tensor > 1;
+    let (head, rule) = if tp {
+        (
+            " tensor | tensor bytes/step (counted) | (formula) |",
+            "---|---|---|",
+        )
+    } else {
+        ("", "")
+    };
+    println!("| rank | stage | replica | step ms | busy ms | bubble | textbook | peak live | optimizer bytes |{head}");
+    println!("|---|---|---|---|---|---|---|---|---|{rule}");
+    for (r, x) in s.per_rank.iter().enumerate() {
+        let extra = if tp {
+            format!(
+                " {} | {:.0} | {:.0} |",
+                x.tensor, x.tensor_bytes_per_step, x.tensor_law_bytes_per_step
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "| {r} | {} | {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {} | {} |{extra}",
+            x.stage,
+            x.replica,
+            x.step_ms,
+            x.busy_ms,
+            100.0 * x.bubble,
+            100.0 * s.textbook_bubble,
+            x.peak_live,
+            x.optimizer_bytes
+        );
+    }
 }
 
 /// Re-runs this command under our own launcher with `n` ranks, without the options

@@ -49,7 +49,9 @@
 //!
 //! **2-D layouts**: [`Layout::split`] cuts a job of W ranks into W/P pipelines of P
 //! stages; rank r is stage r mod P of replica r / P, and the ranks holding the same
-//! stage form its data-parallel group.
+//! stage form its data-parallel group. **3-D**: [`Layout::mesh`] adds T
+//! tensor-parallel ranks per stage (P × T × D, see [`crate::tensor_parallel`]), whose
+//! layers a stage declares with [`Pipeline::with_tensor_group`].
 
 pub mod mlp;
 pub mod schedule;
@@ -57,6 +59,7 @@ pub mod train;
 
 use crate::ddp::Optimizer;
 use crate::model::ce;
+use crate::tensor_parallel::{Mesh, TensorGroup};
 use crate::zero::Zero;
 use candle_core::{DType, Module, Tensor, Var};
 use candle_nn::VarMap;
@@ -105,35 +108,67 @@ pub struct StepReport {
     pub peak_live: usize,
 }
 
-/// The pipeline and data-parallel groups of one rank in a P × D layout.
+/// The pipeline, tensor-parallel and data-parallel groups of one rank in a
+/// P × T × D layout ([`Mesh`]; T = 1 is the P × D layout).
 pub struct Layout {
     /// This rank's pipeline (P ranks, in stage order).
     pub pipe: Communicator,
-    /// The ranks holding the same stage (D ranks, in replica order).
+    /// The ranks holding the same stage and tensor shard (D ranks, in replica order).
     pub data: Communicator,
+    /// The ranks splitting this stage's layers (T ranks; this rank alone when T = 1).
+    pub tensor: TensorGroup,
 }
 
 impl Layout {
     /// Splits `comm` (W ranks) into W / `stages` pipelines: rank r is stage r mod P of
-    /// replica r / P. Collective; W not a multiple of P is [`Error::InvalidArgument`]
-    /// on every rank.
+    /// replica r / P (the P × 1 × D [`Mesh`]). Collective; W not a multiple of P is
+    /// [`Error::InvalidArgument`] on every rank.
     pub fn split(comm: &Communicator, stages: usize) -> Result<Layout> {
+        let mesh = Mesh::for_world(comm.world_size(), stages, 1);
+        Self::checked(comm, mesh)
+    }
+
+    /// Cuts `comm` into `mesh`'s groups: rank r = t + T × (s + P × d) is tensor rank t
+    /// of stage s of replica d. Collective over `comm`; every rank first gathers the
+    /// mesh every rank asked for, so that a mesh the ranks disagree on
+    /// ([`Error::Mismatch`]) or whose P × T × D is not the job's size
+    /// ([`Error::InvalidArgument`]) fails on every rank alike, before any group is
+    /// made.
+    pub fn mesh(comm: &Communicator, mesh: Mesh) -> Result<Layout> {
+        Self::checked(comm, Ok(mesh))
+    }
+
+    fn checked(comm: &Communicator, mesh: Result<Mesh>) -> Result<Layout> {
         let w = comm.world_size();
-        if stages == 0 || !w.is_multiple_of(stages) {
-            return Err(Error::InvalidArgument(format!(
-                "{stages} pipeline stages do not divide the job's {w} ranks"
-            )));
-        }
-        let r = comm.rank();
-        let (stage, replica) = (r % stages, r / stages);
+        // A rank that could not even name its mesh still gathers (as zeros).
+        let mine = mesh.as_ref().map_or([0; 3], Mesh::words);
+        let mut all = vec![0i64; 3 * w];
+        comm.all_gather(&mine, &mut all)?;
+        mesh?;
+        let asked: Vec<Mesh> = all.chunks_exact(3).map(Mesh::from_words).collect();
+        let mesh = Mesh::agree(comm.rank(), &asked)?;
+        let c = mesh.coords(comm.rank());
+        let (p, t) = (mesh.pipeline, mesh.tensor);
+        let color = |v: usize| {
+            u32::try_from(v).map_err(|_| {
+                Error::InvalidArgument(format!("a layout of {w} ranks: group {v} is beyond u32"))
+            })
+        };
         let missing = || Error::InvalidArgument("split left this rank out".into());
+        let tensor = comm
+            .split(Some(color(c.stage + p * c.replica)?), c.tensor as i64)?
+            .ok_or_else(missing)?;
         let pipe = comm
-            .split(Some(replica as u32), stage as i64)?
+            .split(Some(color(c.tensor + t * c.replica)?), c.stage as i64)?
             .ok_or_else(missing)?;
         let data = comm
-            .split(Some(stage as u32), replica as i64)?
+            .split(Some(color(c.tensor + t * c.stage)?), c.replica as i64)?
             .ok_or_else(missing)?;
-        Ok(Layout { pipe, data })
+        Ok(Layout {
+            pipe,
+            data,
+            tensor: TensorGroup::new(tensor),
+        })
     }
 }
 
@@ -200,6 +235,7 @@ pub struct Pipeline<'c, M, O> {
     in_shape: Vec<usize>,
     cfg: PipelineConfig,
     plan: Vec<Action>,
+    tensor: Option<TensorGroup>,
 }
 
 impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
@@ -243,7 +279,23 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             in_shape: in_shape.to_vec(),
             cfg,
             plan,
+            tensor: None,
         })
+    }
+
+    /// Declares that this stage's layers are split over `tensor` (tensor-parallel
+    /// layers built on it, their variables this rank's shards): the tensor rank joins
+    /// the checkpoint layout, a failed step aborts the group too (so that the stage's
+    /// other tensor ranks fail rather than wait), and a checkpoint loads on every
+    /// tensor rank or on none.
+    pub fn with_tensor_group(mut self, tensor: &TensorGroup) -> Self {
+        let (s, p) = (self.pipe.rank(), self.pipe.world_size());
+        let layout =
+            json!({"stage": s, "stages": p, "tensor": tensor.rank(), "tensors": tensor.size()});
+        self.params.set_layout(layout, self.pipe);
+        self.params.set_tensor(tensor.clone());
+        self.tensor = Some(tensor.clone());
+        self
     }
 
     /// This stage's index.
@@ -259,6 +311,11 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     /// As [`Pipeline::params`], mutable (for the optimizer-state size).
     pub fn params_mut(&mut self) -> &mut Zero<'c, O> {
         &mut self.params
+    }
+
+    /// Micro-batches per step.
+    pub fn micro_batches(&self) -> usize {
+        self.cfg.micro_batches
     }
 
     /// The stage's weights by name.
@@ -309,6 +366,9 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             self.pipe.abort_handle().abort();
             if let Some(c) = self.params.comm() {
                 c.abort_handle().abort();
+            }
+            if let Some(t) = &self.tensor {
+                t.abort();
             }
         }
         drop(flight);

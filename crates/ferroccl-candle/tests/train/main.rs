@@ -3,6 +3,8 @@
 mod ddp;
 mod pipeline;
 mod ps;
+mod tensor_parallel;
+mod tensor_parallel_checks;
 mod trainer;
 
 /// Rank 0's [`ferroccl::Error::Checkpoint`] as (path, why), once rank 1's error has been
@@ -40,4 +42,25 @@ fn readme_shows(example: &str) {
         readme.contains(&dedented),
         "README lacks the code of {example}:\n{dedented}"
     );
+}
+
+/// Largest |a − b| over the largest |b|, per tensor; the worst tensor (weights by
+/// name, in the same order).
+#[track_caller]
+fn rel_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((na, va), (nb, vb))| {
+            assert_eq!(na, nb);
+            assert_eq!(va.len(), vb.len(), "{na}");
+            let d = va
+                .iter()
+                .zip(vb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            let s = vb.iter().map(|y| y.abs()).fold(0.0, f32::max);
+            d / s.max(1e-6)
+        })
+        .fold(0.0, f32::max)
 }

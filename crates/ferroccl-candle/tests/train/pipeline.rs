@@ -18,6 +18,8 @@ use ferroccl_candle::zero::Zero;
 use std::ops::Range;
 use std::time::Duration;
 
+use crate::rel_diff;
+
 const DEADLINE: Duration = Duration::from_secs(120);
 /// Widths of the 4-layer MLP: 6 → 12 → 12 → 12 → 3, tanh between.
 const DIMS: [usize; 5] = [6, 12, 12, 12, 3];
@@ -111,24 +113,6 @@ fn reference<O: Optimizer + Send + 'static>(
     })
     .expect("reference")
     .remove(0)
-}
-
-/// Largest |a − b| over the largest |b|, per tensor; the worst tensor.
-fn rel_diff(a: &Weights, b: &Weights) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((na, va), (nb, vb))| {
-            assert_eq!(na, nb);
-            let d = va
-                .iter()
-                .zip(vb)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max);
-            let s = vb.iter().map(|y| y.abs()).fold(0.0, f32::max);
-            d / s.max(1e-6)
-        })
-        .fold(0.0, f32::max)
 }
 
 fn loss_fn(
