@@ -25,8 +25,6 @@ mod gpu_check;
 mod launch;
 mod law;
 mod plan;
-mod plan_tp;
-mod planner;
 mod plot;
 mod simulate;
 mod trace;

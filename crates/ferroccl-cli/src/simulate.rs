@@ -77,7 +77,7 @@ pub fn main(a: SimulateArgs) -> ExitCode {
 
 fn network(a: &SimulateArgs) -> Result<Network> {
     let rate = |flag: &str, text: &str| {
-        crate::planner::parse_rate(flag, text).map_err(|e| Error::InvalidArgument(e.to_string()))
+        crate::plan::parse_rate(flag, text).map_err(|e| Error::InvalidArgument(e.to_string()))
     };
     let us = |flag: &str, v: f64| {
         if v.is_finite() && v >= 0.0 {

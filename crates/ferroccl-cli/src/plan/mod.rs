@@ -5,11 +5,22 @@
 //! (`throughput`/`compute_ms`, `params`/`grad_bytes`, `warmup_epochs`/`warmup_steps`,
 //! `link`+`alpha_us`/`bench`), a flag also replaces the file's other choice. A relative
 //! `bench` path in the file is relative to the file. The formulas live in
-//! `planner.rs`; an input left out skips what needs it, with the reason.
+//! `model.rs` (pure), their report in `render.rs`, the units people type in
+//! `parse.rs`, and tensor parallelism's per-layer communication in `tp.rs`; an input left
+//! out skips what needs it, with the reason.
 
-use crate::planner::{self as plan, Compute, GradDtype, Gradient, Link, PlanInput, Warmup};
+mod model;
+#[cfg(test)]
+mod model_tests;
+mod parse;
+mod render;
+mod tp;
+
 use clap::Args;
 use ferroccl::{Error, Result};
+pub use model::*;
+pub use parse::*;
+pub use render::{fmt_bytes, fmt_g, fmt_rate, fmt_time};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -327,12 +338,12 @@ fn comm_cut(text: &str) -> Result<f64> {
     }
 }
 
-/// Turns merged arguments into a [`PlanInput`], checked by `plan::compute` (reading a
+/// Turns merged arguments into a [`PlanInput`], checked by `compute` (reading a
 /// bench file). Inputs left out stay `None`; two ways of giving one input are refused.
 fn input(a: PlanArgs) -> Result<PlanInput> {
     let dataset_size = a
         .dataset_size
-        .map(|d| plan::parse_count("--dataset-size", &d, false))
+        .map(|d| parse_count("--dataset-size", &d, false))
         .transpose()?;
     let compute = match (a.throughput, a.compute_ms, a.step_ms) {
         (Some(t), None, None) => Some(Compute::Throughput(t)),
@@ -350,12 +361,8 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
         (None, None) => None,
     };
     let gradient = match (a.params, a.grad_bytes) {
-        (Some(p), None) => Some(Gradient::Params(plan::parse_count("--params", &p, false)?)),
-        (None, Some(b)) => Some(Gradient::Bytes(plan::parse_count(
-            "--grad-bytes",
-            &b,
-            true,
-        )?)),
+        (Some(p), None) => Some(Gradient::Params(parse_count("--params", &p, false)?)),
+        (None, Some(b)) => Some(Gradient::Bytes(parse_count("--grad-bytes", &b, true)?)),
         (Some(_), Some(_)) => return Err(both("--params", "--grad-bytes")),
         (None, None) => None,
     };
@@ -365,7 +372,7 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
     };
     let link = match (a.link, a.alpha_us, a.bench) {
         (Some(l), alpha_us, None) => {
-            let bytes_per_s = plan::parse_bandwidth(&l)?;
+            let bytes_per_s = parse_bandwidth(&l)?;
             let alpha_us = alpha_us.unwrap_or(0.0);
             Some(Link::from_bandwidth(
                 bytes_per_s,
@@ -380,7 +387,7 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Error::io(format!("reading bench file {name}"), e))?;
-            Some(plan::link_from_bench_json(&text, &name)?)
+            Some(link_from_bench_json(&text, &name)?)
         }
         (Some(_), _, Some(_)) => return Err(both("--link", "--bench")),
         (None, Some(_), None) => {
@@ -424,9 +431,9 @@ fn run(flags: PlanArgs) -> Result<String> {
         return pipeline(&args);
     }
     if args.tensor_parallel.is_some() {
-        return crate::plan_tp::tensor_parallel(&args, json);
+        return tp::tensor_parallel(&args, json);
     }
-    let p = plan::compute(&input(args)?)?;
+    let p = compute(&input(args)?)?;
     if json {
         p.to_json()
     } else {

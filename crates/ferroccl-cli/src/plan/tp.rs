@@ -9,7 +9,7 @@ use ferroccl::{Error, Result};
 /// The report (or its JSON) for `a`'s tensor-parallel question.
 #[cfg(feature = "candle")]
 pub fn tensor_parallel(a: &PlanArgs, json: bool) -> Result<String> {
-    use crate::planner::{self, fmt_bytes, fmt_g, fmt_time, GradDtype};
+    use crate::plan::{self as planner, fmt_bytes, fmt_g, fmt_time, GradDtype};
     use ferroccl_candle::tensor_parallel::cost::{plan, PlanInput};
     let need = |what: &str| Error::InvalidArgument(format!("--tensor-parallel needs {what}"));
     let hidden = a
