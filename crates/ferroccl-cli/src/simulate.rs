@@ -11,7 +11,6 @@ use crate::args::size as parse_size;
 use clap::Args;
 use ferroccl::sim::{choose_all_reduce, choose_by_model, Network};
 use ferroccl::{Algorithm, Error, Result};
-use std::process::ExitCode;
 
 /// Arguments of `ferroccl simulate`.
 #[derive(Args, Debug)]
@@ -65,14 +64,9 @@ pub struct SimulateArgs {
 }
 
 /// Entry point.
-pub fn main(a: SimulateArgs) -> ExitCode {
-    match run(&a) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferroccl simulate: {e}");
-            ExitCode::from(2)
-        }
-    }
+pub fn main(a: SimulateArgs) -> crate::error::Result<bool> {
+    run(&a)?;
+    Ok(true)
 }
 
 fn network(a: &SimulateArgs) -> Result<Network> {

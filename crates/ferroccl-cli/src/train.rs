@@ -725,7 +725,7 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
         "images/s (job)",
         &pts,
     )
-    .map_err(ferroccl::Error::InvalidArgument)?;
+    .map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))?;
     println!("plot: {}", a.plot.display());
     Ok(())
 }

@@ -30,6 +30,7 @@ mod tests;
 use clap::Args;
 pub use error::{LaunchError, RankExit};
 use job::*;
+pub(crate) use output::lock_output;
 use output::*;
 use signals::*;
 use std::ffi::OsString;
@@ -37,7 +38,7 @@ use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -76,7 +77,7 @@ pub struct LaunchArgs {
 }
 
 /// Entry point of `ferroccl launch`: runs the ranks and turns the outcome into an exit code.
-pub fn main(a: LaunchArgs) -> ExitCode {
+pub fn main(a: LaunchArgs) -> crate::error::Result<bool> {
     let opts = LaunchOptions {
         master_addr: a.master_addr,
         master_port: a.master_port,
@@ -85,14 +86,8 @@ pub fn main(a: LaunchArgs) -> ExitCode {
         node_rank: usize::try_from(a.node_rank).unwrap_or(usize::MAX),
         ..LaunchOptions::default()
     };
-    match run(a.nproc, &a.command, &opts) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let _guard = lock_output();
-            let _ = writeln!(io::stderr().lock(), "ferroccl launch: {e}");
-            ExitCode::from(e.exit_code())
-        }
-    }
+    run(a.nproc, &a.command, &opts)?;
+    Ok(true)
 }
 
 /// How [`run`] sets up the job, beyond the rank count and the command.

@@ -27,7 +27,7 @@ pub(super) struct Forwarding {
 /// stdout and stderr sharing a terminal) never interleave.
 pub(super) static OUTPUT: Mutex<()> = Mutex::new(());
 
-pub(super) fn lock_output() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn lock_output() -> std::sync::MutexGuard<'static, ()> {
     OUTPUT.lock().unwrap_or_else(|p| p.into_inner())
 }
 

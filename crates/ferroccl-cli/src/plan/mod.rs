@@ -23,7 +23,6 @@ pub use parse::*;
 pub use render::{fmt_bytes, fmt_g, fmt_rate, fmt_time};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// Arguments of `ferroccl plan`.
 #[derive(Args, Debug, Clone, Default)]
@@ -530,20 +529,13 @@ fn pipeline(a: &PlanArgs) -> Result<String> {
 }
 
 /// Runs `ferroccl plan`; errors go to stderr as `ferroccl plan: <error>` with exit code 2.
-pub fn main(a: PlanArgs) -> ExitCode {
-    match run(a) {
-        Ok(out) => {
-            print!("{out}");
-            if !out.ends_with('\n') {
-                println!();
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("ferroccl plan: {e}");
-            ExitCode::from(2)
-        }
+pub fn main(a: PlanArgs) -> crate::error::Result<bool> {
+    let out = run(a)?;
+    print!("{out}");
+    if !out.ends_with('\n') {
+        println!();
     }
+    Ok(true)
 }
 
 #[cfg(all(test, feature = "candle"))]

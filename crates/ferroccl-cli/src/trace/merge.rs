@@ -1,5 +1,6 @@
 //! Every rank's dump on the reference clock (`t - clock_offset_ns`).
 
+use crate::error::Result;
 use ferroccl::trace::{OpRecord, RankTrace};
 // ---------------------------------------------------------------------------------
 // Merging: every time on the reference clock.
@@ -55,16 +56,16 @@ pub(super) fn to_ref(t: u64, offset: i64) -> i64 {
     ns(t).saturating_sub(offset)
 }
 
-pub(super) fn merge(traces: &[RankTrace]) -> Result<Merged<'_>, String> {
+pub(super) fn merge(traces: &[RankTrace]) -> Result<Merged<'_>> {
     let mut warnings = Vec::new();
     for t in traces {
         if t.info.rank >= t.info.world_size {
-            return Err(format!(
+            return Err(crate::error::CliError::Input(format!(
                 "{}: rank {} is not a rank of its world size {}",
                 t.path.display(),
                 t.info.rank,
                 t.info.world_size
-            ));
+            )));
         }
     }
     let world_size = traces.iter().map(|t| t.info.world_size).max().unwrap_or(0);

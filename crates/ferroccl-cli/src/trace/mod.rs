@@ -24,13 +24,13 @@ mod svg;
 #[cfg(test)]
 mod tests;
 
+use crate::error::Result;
 use chrome::chrome_trace;
 use clap::Args;
 use merge::merge;
 pub use record::{finish, record_into};
 use report::{print_report, report};
 use std::path::PathBuf;
-use std::process::ExitCode;
 use svg::draw_svg;
 
 /// Arguments of `ferroccl trace`.
@@ -56,18 +56,12 @@ pub struct TraceArgs {
     pub last: usize,
 }
 
-pub fn main(a: TraceArgs) -> ExitCode {
-    match run(&a) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferroccl trace: {e}");
-            ExitCode::from(2)
-        }
-    }
+pub fn main(a: TraceArgs) -> Result<bool> {
+    run(&a).map(|()| true)
 }
 
-fn run(a: &TraceArgs) -> Result<(), String> {
-    let traces = ferroccl::trace::read_dir(&a.dir).map_err(|e| e.to_string())?;
+fn run(a: &TraceArgs) -> Result<()> {
+    let traces = ferroccl::trace::read_dir(&a.dir)?;
     let m = merge(&traces)?;
     let out = a.out.clone().unwrap_or_else(|| a.dir.join("trace.json"));
     let text = serde_json::to_string(&chrome_trace(&m)).map_err(|e| e.to_string())?;

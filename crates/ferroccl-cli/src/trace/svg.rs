@@ -2,12 +2,13 @@
 
 use super::merge::{Merged, Op};
 use super::report::thousands;
+use crate::error::Result;
 use plotters::prelude::*;
 use std::path::Path;
 // ---------------------------------------------------------------------------------
 // The SVG timeline.
 
-pub(super) fn draw_svg(path: &Path, m: &Merged<'_>) -> Result<(), String> {
+pub(super) fn draw_svg(path: &Path, m: &Merged<'_>) -> Result<()> {
     let err = crate::plot::draw_err(path);
     let ws = m.world_size.max(1);
     let span = m.t_end.saturating_sub(m.t0).max(1) as f64;
