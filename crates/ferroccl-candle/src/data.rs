@@ -2,8 +2,8 @@
 //! per row, optionally gzipped), the standard MNIST IDX files, and a synthetic set
 //! that needs no download.
 
+use crate::error::{Error, Result};
 use ferroccl::ddp::Rng;
-use ferroccl::{Error, Result};
 use std::io::Read;
 use std::path::Path;
 
@@ -78,7 +78,7 @@ impl Dataset {
                         return Ok(p);
                     }
                 }
-                Err(Error::InvalidArgument(format!(
+                Err(Error::invalid(format!(
                     "{} has no {stem} (or {stem}.gz): expected the MNIST IDX files",
                     path.display()
                 )))
@@ -86,12 +86,11 @@ impl Dataset {
             let images = read_maybe_gz(&find("train-images-idx3-ubyte")?)?;
             let labels = read_maybe_gz(&find("train-labels-idx1-ubyte")?)?;
             return parse_idx(&images, &labels).map_err(|e| {
-                Error::InvalidArgument(format!("MNIST IDX files in {}: {e}", path.display()))
+                Error::invalid(format!("MNIST IDX files in {}: {e}", path.display()))
             });
         }
         let text = read_maybe_gz(path)?;
-        parse_csv(&text)
-            .map_err(|e| Error::InvalidArgument(format!("dataset {}: {e}", path.display())))
+        parse_csv(&text).map_err(|e| Error::invalid(format!("dataset {}: {e}", path.display())))
     }
 
     /// A synthetic digit-like dataset of `n` images: each class is a fixed random

@@ -31,14 +31,16 @@ pub use ferroccl;
 
 use data::{Dataset, PIXELS, SIDE};
 use ddp::{Ddp, DdpConfig, Sgd};
+pub use error::{Error, Result};
 use ferroccl::ddp::buckets::{DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
 use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir};
 use ferroccl::ddp::metrics::{check_same_steps, Record};
-use ferroccl::ddp::{Decay, DistributedSampler, LossScaler, LrSchedule, Rng, WireDtype};
+use ferroccl::ddp::{
+    Decay, DistributedSampler, LossScaler, LrSchedule, Rng, TrainError, TrainResult, WireDtype,
+};
 use ferroccl::Communicator;
 use ferroccl::ReduceOp;
-use ferroccl::{Error, Result};
-use model::{ce, LeNet, Precision};
+use model::{LeNet, Precision};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::PathBuf;
@@ -115,7 +117,7 @@ pub struct TrainConfig {
     pub checkpoint_dir: Option<PathBuf>,
     /// When set, a stop request (SIGTERM, see [`ferroccl::ddp::Preemption`]) ends the
     /// run after the current step on every rank, with a checkpoint (rank 0) and
-    /// [`Error::Preempted`].
+    /// [`TrainError::Preempted`].
     pub preemption: Option<ferroccl::ddp::Preemption>,
     /// Checkpoint every this many steps (0: only at the end).
     pub checkpoint_every: u64,
@@ -156,7 +158,7 @@ impl Straggler {
     pub fn check(s: Option<Straggler>, world: usize) -> Result<()> {
         match s {
             Some(s) if s.rank >= world || !(s.factor.is_finite() && s.factor >= 1.0) => {
-                Err(Error::InvalidArgument(format!(
+                Err(Error::invalid(format!(
                     "straggler: rank {} slowed {}× in a job of {world} rank(s) (a rank below \
                      {world}, a finite factor of 1 or more)",
                     s.rank, s.factor
@@ -376,18 +378,19 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         || cfg.global_batch == 0
         || !cfg.global_batch.is_multiple_of(world * cfg.accum)
     {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "global batch {} must be a positive multiple of ranks × accumulation steps ({world} × {})",
             cfg.global_batch, cfg.accum
         )));
     }
     if cfg.precision == Precision::Bf16 {
-        return Err(Error::Unavailable {
+        return Err(ferroccl::Error::Unavailable {
             what: "bf16 compute".into(),
             why: "candle's CPU backend has no bf16 matmul; train in f16 or f32, and use \
                   bf16 for the gradients on the wire (--wire bf16) if you want"
                 .into(),
-        });
+        }
+        .into());
     }
     Straggler::check(cfg.straggler, world)?;
     let micro = cfg.global_batch / (world * cfg.accum);
@@ -395,7 +398,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;
     let steps_per_epoch = (sampler.per_rank() / (micro * cfg.accum)) as u64;
     if steps_per_epoch == 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "{} training images cannot make one global batch of {} on {world} ranks",
             train_set.len(),
             cfg.global_batch
@@ -454,7 +457,7 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
     };
     if let Some(v) = ddp.restore(loaded)? {
         state = serde_json::from_value(v)
-            .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+            .map_err(|e| Error::invalid(format!("checkpoint state from rank 0: {e}")))?;
         // The schedule continues as stored, but over this run's length.
         state.lr.total_steps = total_steps;
     }
@@ -516,13 +519,13 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
             ddp.begin_pass(a + 1 == cfg.accum);
             let fwd = model.forward(&mb.images, micro, cfg.precision)?;
             let loss = model.loss(&fwd, &mb.labels)?;
-            let lv = loss.to_scalar::<f32>().map_err(ce("loss"))? as f64;
+            let lv = loss.to_scalar::<f32>()? as f64;
             interval.loss += lv;
             step_loss += lv / cfg.accum as f64;
             interval.passes += 1;
             interval.correct += LeNet::correct(&fwd, &mb.labels)?;
             interval.images += micro;
-            let scaled = (loss * (scale as f64 / cfg.accum as f64)).map_err(ce("loss scaling"))?;
+            let scaled = (loss * (scale as f64 / cfg.accum as f64))?;
             if cfg.overlap {
                 model.backward(&fwd, &scaled, |j, g| ddp.grad_ready(j, g))?;
             } else {
@@ -542,14 +545,16 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
         let lr = state.lr.at(state.step);
         let report = if cfg.precision == Precision::F32 {
             ddp.step(lr).map_err(|e| match e {
-                Error::Diverged { why, .. } => Error::Diverged {
-                    step: state.step,
-                    why: format!(
-                        "{why} (loss of this step {step_loss:.4e}); lower --lr (peak {:.4}) \
+                Error::Train(TrainError::Diverged { why, .. }) => {
+                    Error::Train(TrainError::Diverged {
+                        step: state.step,
+                        why: format!(
+                            "{why} (loss of this step {step_loss:.4e}); lower --lr (peak {:.4}) \
                          or lengthen --warmup",
-                        state.lr.peak()
-                    ),
-                },
+                            state.lr.peak()
+                        ),
+                    })
+                }
                 e => e,
             })?
         } else {
@@ -612,10 +617,11 @@ pub fn train(comm: &Communicator, cfg: &TrainConfig) -> Result<Outcome> {
                 if let Some(b) = &bar {
                     b.finish_and_clear();
                 }
-                return Err(Error::Preempted {
+                return Err(TrainError::Preempted {
                     step: state.step,
                     checkpoint: saved,
-                });
+                }
+                .into());
             }
         }
     }
@@ -754,7 +760,7 @@ pub(crate) fn evaluate(comm: &Communicator, model: &LeNet, test: &Dataset) -> Re
 
 fn snapshot(ddp: &mut Ddp<'_, Sgd>, state: &State) -> Result<Checkpoint> {
     let state = serde_json::to_value(state)
-        .map_err(|e| Error::InvalidArgument(format!("checkpoint state: {e}")))?;
+        .map_err(|e| Error::invalid(format!("checkpoint state: {e}")))?;
     Ok(ddp.snapshot(state))
 }
 
@@ -765,15 +771,16 @@ fn load_on_rank0(
     cfg: &TrainConfig,
     dir: Option<&CheckpointDir>,
     fresh: &State,
-) -> Result<Option<(PathBuf, Checkpoint)>> {
+) -> TrainResult<Option<(PathBuf, Checkpoint)>> {
     let (path, ck) = match &cfg.resume {
         None => return Ok(None),
         Some(Resume::File(p)) => (p.clone(), checkpoint::load(p)?),
         Some(Resume::Latest) => {
             let Some(d) = dir else {
-                return Err(Error::InvalidArgument(
+                return Err(ferroccl::Error::InvalidArgument(
                     "--resume without a file needs a checkpoint directory".into(),
-                ));
+                )
+                .into());
             };
             match d.load_latest()? {
                 Some(x) => x,
@@ -781,7 +788,7 @@ fn load_on_rank0(
             }
         }
     };
-    let bad = |why: String| Error::checkpoint(&path, why);
+    let bad = |why: String| TrainError::checkpoint(&path, why);
     let s: State = serde_json::from_value(ck.state.clone())
         .map_err(|e| bad(format!("state is not a trainer state: {e}")))?;
     if s.world != fresh.world || s.global_batch != fresh.global_batch || s.width != fresh.width {

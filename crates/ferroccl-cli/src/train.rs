@@ -2,11 +2,11 @@
 //! (see the `ferroccl-candle` package), and `--scaling` reports across world sizes.
 
 use clap::Args;
-use ferroccl::ddp::{Decay, WireDtype};
+use ferroccl::ddp::{Decay, TrainError, WireDtype};
 use ferroccl::rendezvous::LaunchEnv;
 use ferroccl::{Communicator, Config};
 use ferroccl_candle::model::Precision;
-use ferroccl_candle::{DataSource, Resume, Summary, TrainConfig};
+use ferroccl_candle::{DataSource, Error, Result, Resume, Summary, TrainConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -196,7 +196,7 @@ pub fn main(a: TrainArgs) -> ExitCode {
             eprintln!("ferroccl train: {e}");
             match e {
                 // A launcher restarts on this one (`launch --max-restarts`).
-                ferroccl::Error::Preempted { .. } => {
+                Error::Train(TrainError::Preempted { .. }) => {
                     ExitCode::from(ferroccl::ddp::PREEMPTED_EXIT_CODE as u8)
                 }
                 _ => ExitCode::from(2),
@@ -205,7 +205,7 @@ pub fn main(a: TrainArgs) -> ExitCode {
     }
 }
 
-fn config(a: &TrainArgs) -> ferroccl::Result<TrainConfig> {
+fn config(a: &TrainArgs) -> Result<TrainConfig> {
     Ok(TrainConfig {
         data: match &a.data {
             Some(p) => DataSource::Path(p.clone()),
@@ -269,7 +269,7 @@ fn share_cores(env: &LaunchEnv) {
     std::env::set_var("RAYON_NUM_THREADS", env.compute_threads().to_string());
 }
 
-fn run(a: &TrainArgs) -> ferroccl::Result<()> {
+fn run(a: &TrainArgs) -> Result<()> {
     let mut tc = config(a)?;
     let launch = ferroccl::rendezvous::detect_env()?;
     let launched = launch.is_some();
@@ -333,8 +333,7 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         print_curve(&s.curve);
         if let Some(p) = &a.summary {
             let j = serde_json::to_string_pretty(s).expect("summary serialises");
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
         }
     }
     Ok(())
@@ -348,18 +347,17 @@ fn mlp(a: &TrainArgs) -> bool {
 
 /// The pipeline and tensor-parallel flags against a job of `world` ranks, before any
 /// rank starts (each rank would otherwise say it, once per rank).
-fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
+fn check_pipeline(a: &TrainArgs, world: usize) -> Result<()> {
     if !mlp(a) {
         if a.save_weights.is_some() {
-            return Err(ferroccl::Error::InvalidArgument(
+            return Err(Error::invalid(
                 "--save-weights writes the MLP's weights: add --mlp, --pipeline or \
-                 --tensor-parallel"
-                    .into(),
+                 --tensor-parallel",
             ));
         }
         return Ok(());
     }
-    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+    let bad = |why: String| Err(Error::invalid(why));
     if !world.is_multiple_of(a.pipeline) {
         return bad(format!(
             "--pipeline {}: {world} ranks do not make whole pipelines of {} stages",
@@ -391,8 +389,8 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
 
 /// --mode, --staleness and the straggler against a job of `world` ranks, before any
 /// rank starts.
-fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
-    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+fn check_modes(a: &TrainArgs, world: usize) -> Result<()> {
+    let bad = |why: String| Err(Error::invalid(why));
     if a.mode == "sync" && a.staleness.is_some() {
         return bad("--staleness applies to --mode ssp (sync is DDP: staleness 0)".into());
     }
@@ -458,7 +456,7 @@ fn print_curve(curve: &[(f64, f64)]) {
 }
 
 /// `--mode ssp`: LeNet over the parameter server.
-fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<()> {
     use ferroccl_candle::ps::ssp::Staleness;
     let s = match a
         .staleness
@@ -495,11 +493,9 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
         );
         print_curve(&s.curve);
         if let Some(p) = &a.summary {
-            let j = serde_json::to_string_pretty(s).map_err(|e| {
-                ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}"))
-            })?;
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            let j = serde_json::to_string_pretty(s)
+                .map_err(|e| Error::invalid(format!("the summary as JSON: {e}")))?;
+            std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
         }
     }
     Ok(())
@@ -507,7 +503,7 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
 
 /// `--pipeline P` / `--tensor-parallel T` / `--zero 1` / `--mlp`: the MLP on a
 /// P × T × D layout, and the step-time table.
-fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<()> {
     use ferroccl_candle::pipeline::{PipelineConfig, Schedule};
     // --zero is 0 or 1 (the flag's parser): ZeRO-1 is the only stage built.
     let pcfg = PipelineConfig {
@@ -545,9 +541,8 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferrocc
     print_stage_table(&s);
     if let Some(p) = &a.summary {
         let j = serde_json::to_string_pretty(&s)
-            .map_err(|e| ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}")))?;
-        std::fs::write(p, j)
-            .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            .map_err(|e| Error::invalid(format!("the summary as JSON: {e}")))?;
+        std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
     }
     if let Some(p) = &a.save_weights {
         let tensors = s
@@ -607,14 +602,8 @@ fn print_stage_table(s: &ferroccl_candle::pipeline::train::PipelineSummary) {
 
 /// Re-runs this command under our own launcher with `n` ranks, without the options
 /// in `drop` (and their values), with `extra` arguments appended.
-fn relaunch(
-    n: usize,
-    max_restarts: usize,
-    drop: &[&str],
-    extra: &[String],
-) -> ferroccl::Result<()> {
-    let exe = std::env::current_exe()
-        .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
+fn relaunch(n: usize, max_restarts: usize, drop: &[&str], extra: &[String]) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ferroccl binary", e))?;
     let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
     let mut skip = false;
     for arg in std::env::args_os().skip(1) {
@@ -640,18 +629,17 @@ fn relaunch(
         rank_needs: crate::args::RankNeeds::ferroccl(n, 256 << 20),
         ..Default::default()
     };
-    crate::launch::run(n, &cmd, &opts).map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))
+    crate::launch::run(n, &cmd, &opts).map_err(|e| Error::invalid(e.to_string()))
 }
 
-fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
+fn scaling(a: &TrainArgs, ns: &[usize]) -> Result<()> {
     if ns.is_empty() || ns.contains(&0) {
-        return Err(ferroccl::Error::InvalidArgument(
-            "--scaling takes world sizes of 1 or more, e.g. 1,2,4".into(),
+        return Err(Error::invalid(
+            "--scaling takes world sizes of 1 or more, e.g. 1,2,4",
         ));
     }
     let tmp = std::env::temp_dir().join(format!("ferroccl-scaling-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)
-        .map_err(|e| ferroccl::Error::io("creating a temporary directory", e))?;
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating a temporary directory", e))?;
     let mut rows: Vec<Summary> = Vec::new();
     for &n in ns {
         let file = tmp.join(format!("summary-{n}.json"));
@@ -680,10 +668,11 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
             &extra,
         )?;
         let text = std::fs::read_to_string(&file)
-            .map_err(|e| ferroccl::Error::io(format!("reading {}", file.display()), e))?;
-        rows.push(serde_json::from_str(&text).map_err(|e| {
-            ferroccl::Error::InvalidArgument(format!("summary of the {n}-rank run: {e}"))
-        })?);
+            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+        rows.push(
+            serde_json::from_str(&text)
+                .map_err(|e| Error::invalid(format!("summary of the {n}-rank run: {e}")))?,
+        );
     }
     let _ = std::fs::remove_dir_all(&tmp);
     let base = &rows[0];
@@ -725,7 +714,7 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
         "images/s (job)",
         &pts,
     )
-    .map_err(ferroccl::Error::InvalidArgument)?;
+    .map_err(Error::invalid)?;
     println!("plot: {}", a.plot.display());
     Ok(())
 }

@@ -43,7 +43,7 @@
 //! **Checked at the boundary.** Every tensor crosses as a header (its shape) and its
 //! f32 elements. A receiving stage compares the header with what it expects (its
 //! declared per-sample input shape, or the shape of the output it sent) and fails with
-//! [`Error::Mismatch`] naming both; a length that differs is the library's own
+//! `Mismatch` naming both; a length that differs is the library's own
 //! `Mismatch`. Any failure in a step aborts the stage's communicators, so the other
 //! stages fail within their timeout instead of waiting forever.
 //!
@@ -58,13 +58,13 @@ pub mod schedule;
 pub mod train;
 
 use crate::ddp::Optimizer;
-use crate::model::ce;
+use crate::error::{Error, Result};
 use crate::tensor_parallel::{Mesh, TensorGroup};
 use crate::zero::Zero;
 use candle_core::{DType, Module, Tensor, Var};
 use candle_nn::VarMap;
+use ferroccl::Communicator;
 use ferroccl::Pending;
-use ferroccl::{Communicator, Error, Result};
 pub use schedule::{Action, Schedule};
 use serde_json::json;
 use std::ops::Range;
@@ -131,7 +131,7 @@ impl Layout {
     /// Cuts `comm` into `mesh`'s groups: rank r = t + T × (s + P × d) is tensor rank t
     /// of stage s of replica d. Collective over `comm`; every rank first gathers the
     /// mesh every rank asked for, so that a mesh the ranks disagree on
-    /// ([`Error::Mismatch`]) or whose P × T × D is not the job's size
+    /// (`Mismatch`) or whose P × T × D is not the job's size
     /// ([`Error::InvalidArgument`]) fails on every rank alike, before any group is
     /// made.
     pub fn mesh(comm: &Communicator, mesh: Mesh) -> Result<Layout> {
@@ -151,10 +151,10 @@ impl Layout {
         let (p, t) = (mesh.pipeline, mesh.tensor);
         let color = |v: usize| {
             u32::try_from(v).map_err(|_| {
-                Error::InvalidArgument(format!("a layout of {w} ranks: group {v} is beyond u32"))
+                Error::invalid(format!("a layout of {w} ranks: group {v} is beyond u32"))
             })
         };
-        let missing = || Error::InvalidArgument("split left this rank out".into());
+        let missing = || Error::invalid("split left this rank out");
         let tensor = comm
             .split(Some(color(c.stage + p * c.replica)?), c.tensor as i64)?
             .ok_or_else(missing)?;
@@ -187,7 +187,7 @@ fn tag(kind: u32, mb: usize) -> u32 {
 
 fn header(dims: &[usize]) -> Result<Vec<i64>> {
     if dims.len() >= HEAD {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "a pipeline carries tensors of at most {} dimensions, not {dims:?}",
             HEAD - 1
         )));
@@ -338,7 +338,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     ) -> Result<StepReport> {
         let m = self.cfg.micro_batches;
         if batch == 0 || !batch.is_multiple_of(m) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "{m} micro-batches do not divide the batch of {batch}"
             )));
         }
@@ -346,16 +346,12 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             match input {
                 Some(x) if x.dims().first() == Some(&batch) => {}
                 Some(x) => {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid(format!(
                         "stage 0's input has shape {:?}, not a batch of {batch}",
                         x.dims()
                     )))
                 }
-                None => {
-                    return Err(Error::InvalidArgument(
-                        "stage 0 needs the batch as input".into(),
-                    ))
-                }
+                None => return Err(Error::invalid("stage 0 needs the batch as input")),
             }
         }
         let mut flight = InFlight::default();
@@ -415,8 +411,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                     let x = if s == 0 {
                         input
                             .ok_or_else(|| out_of_plan("stage 0 has no input batch"))?
-                            .narrow(0, k * mb, mb)
-                            .map_err(ce("taking a micro-batch"))?
+                            .narrow(0, k * mb, mb)?
                     } else {
                         let inc = fl
                             .next_fwd
@@ -435,13 +430,13 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                     let (inp, x) = if s == 0 {
                         (None, x)
                     } else {
-                        let v = Var::from_tensor(&x).map_err(ce("stage input"))?;
+                        let v = Var::from_tensor(&x)?;
                         let t = v.as_tensor().clone();
                         (Some(v), t)
                     };
-                    let out = self.module.forward(&x).map_err(ce("stage forward"))?;
+                    let out = self.module.forward(&x)?;
                     if out.dtype() != DType::F32 {
-                        return Err(Error::InvalidArgument(format!(
+                        return Err(Error::invalid(format!(
                             "stage {s} produced {:?} activations; pipelines carry f32",
                             out.dtype()
                         )));
@@ -469,10 +464,10 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                         .ok_or_else(|| out_of_plan("a backward before its forward"))?;
                     let grads = if last {
                         let c = Instant::now();
-                        let l = loss(&output, k * mb..(k + 1) * mb).map_err(ce("loss"))?;
-                        loss_sum += l.to_scalar::<f32>().map_err(ce("loss"))? as f64;
-                        let l = (l * (1.0 / m as f64)).map_err(ce("loss scaling"))?;
-                        let g = l.backward().map_err(ce("backward"))?;
+                        let l = loss(&output, k * mb..(k + 1) * mb)?;
+                        loss_sum += l.to_scalar::<f32>()? as f64;
+                        let l = (l * (1.0 / m as f64))?;
+                        let g = l.backward()?;
                         rep.busy += c.elapsed();
                         g
                     } else {
@@ -492,10 +487,8 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                         let g = self.take(inc, output.dims(), s + 1, k, "gradients")?;
                         rep.waiting += w.elapsed();
                         let c = Instant::now();
-                        let sur = (&output * &g)
-                            .and_then(|t| t.sum_all())
-                            .map_err(ce("stage backward"))?;
-                        let g = sur.backward().map_err(ce("stage backward"))?;
+                        let sur = (&output * &g).and_then(|t| t.sum_all())?;
+                        let g = sur.backward()?;
                         rep.busy += c.elapsed();
                         g
                     };
@@ -503,7 +496,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
                     self.params.accumulate(&grads)?;
                     if let Some(v) = inp {
                         let gi = grads.get(v.as_tensor()).ok_or_else(|| {
-                            Error::InvalidArgument(format!(
+                            Error::invalid(format!(
                                 "stage {s}'s output does not depend on its input"
                             ))
                         })?;
@@ -578,15 +571,16 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
         if got != want_i {
             // Let the elements' receive finish or fail before reporting.
             drop(inc.data);
-            return Err(Error::Mismatch {
+            return Err(ferroccl::Error::Mismatch {
                 rank: self.pipe.rank(),
                 peer,
                 ours: format!("stage {s} expects {what} of shape {want:?} f32 for micro-batch {k}"),
                 theirs: format!("stage {peer} sent shape {got:?}"),
-            });
+            }
+            .into());
         }
         let data = inc.data.wait()?;
-        Tensor::from_vec(data, want, &candle_core::Device::Cpu).map_err(ce("received tensor"))
+        Ok(Tensor::from_vec(data, want, &candle_core::Device::Cpu)?)
     }
 
     /// A checkpoint of this stage (weights, optimizer state, the layout) and `state`,
@@ -599,27 +593,25 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     }
 
     /// Restores this stage from a checkpoint (see [`Zero::restore`]); one written by
-    /// another stage or another stage count is [`Error::Checkpoint`]. Collective over
+    /// another stage or another stage count is [`TrainError::Checkpoint`](ferroccl::ddp::TrainError::Checkpoint). Collective over
     /// the data-parallel group and the pipeline: when any stage fails to load, every
     /// stage fails and none changes.
     pub fn restore(
         &mut self,
-        loaded: Result<Option<(PathBuf, ferroccl::ddp::Checkpoint)>>,
+        loaded: ferroccl::ddp::TrainResult<Option<(PathBuf, ferroccl::ddp::Checkpoint)>>,
     ) -> Result<Option<serde_json::Value>> {
         self.params.restore(loaded)
     }
 }
 
 fn flat(t: &Tensor) -> Result<Vec<f32>> {
-    t.flatten_all()
-        .and_then(|t| t.to_vec1::<f32>())
-        .map_err(ce("sending a tensor"))
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// A schedule that broke its own plan's rules (plans are validated, so this is a bug
 /// in this module): an error, not a panic in the middle of a step.
 fn out_of_plan(what: &str) -> Error {
-    Error::InvalidArgument(format!(
+    Error::invalid(format!(
         "pipeline executor: {what} (the schedule's plan broke its rules)"
     ))
 }

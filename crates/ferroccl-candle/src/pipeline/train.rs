@@ -15,13 +15,14 @@
 use super::mlp::{even_split, mlp_stage};
 use super::{Layout, Pipeline, PipelineConfig, StepReport};
 use crate::ddp::{DistributedSampler, Sgd};
-use crate::model::ce;
+use crate::error::{Error, Result};
 use crate::tensor_parallel::cost::{bytes_per_rank, mlp_stage_all_reduces};
 use crate::tensor_parallel::mlp::tp_mlp_stage;
 use crate::tensor_parallel::{gather_whole, Mesh, Shard};
 use crate::{load_data, TrainConfig};
 use candle_core::{Device, Module, Tensor};
-use ferroccl::{Communicator, Error, ReduceOp, Result};
+use ferroccl::ddp::TrainError;
+use ferroccl::{Communicator, ReduceOp};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -112,7 +113,7 @@ pub fn train_mesh(
             .global_batch
             .is_multiple_of(replicas * pcfg.micro_batches)
     {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "global batch {} must be a positive multiple of replicas × micro-batches \
              ({replicas} × {})",
             cfg.global_batch, pcfg.micro_batches
@@ -155,7 +156,7 @@ fn run<M: Module>(
     let sampler = DistributedSampler::new(train_set.len(), replicas, replica, cfg.seed)?;
     let per_epoch = (sampler.per_rank() / share) as u64;
     if per_epoch == 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "{} training images cannot make one global batch of {}",
             train_set.len(),
             cfg.global_batch
@@ -174,10 +175,9 @@ fn run<M: Module>(
         }
         let first = (step % per_epoch) as usize * share;
         let d = train_set.select(&order.1[first..first + share]);
-        let x =
-            Tensor::from_vec(d.images, (share, WIDTHS[0]), &Device::Cpu).map_err(ce("batch"))?;
+        let x = Tensor::from_vec(d.images, (share, WIDTHS[0]), &Device::Cpu)?;
         let y: Vec<u32> = d.labels.iter().map(|&l| l as u32).collect();
-        let y = Tensor::from_vec(y, share, &Device::Cpu).map_err(ce("labels"))?;
+        let y = Tensor::from_vec(y, share, &Device::Cpu)?;
         let loss = |out: &Tensor, rows: std::ops::Range<usize>| {
             candle_nn::loss::cross_entropy(out, &y.narrow(0, rows.start, rows.len())?)
         };
@@ -186,10 +186,11 @@ fn run<M: Module>(
         let ms = t.elapsed().as_secs_f64() * 1e3;
         last = r.loss;
         if !last.is_finite() {
-            return Err(Error::Diverged {
+            return Err(TrainError::Diverged {
                 step,
                 why: format!("loss {last}; lower --lr"),
-            });
+            }
+            .into());
         }
         reports.push((r, ms));
     }
@@ -310,7 +311,7 @@ fn whole_model(
             .map(|i| (WIDTHS[i] + 1) * WIDTHS[i + 1])
             .sum();
         if lens[s] != want as i64 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "stage {s} holds {} weights, not the {want} of layers {layers:?}",
                 lens[s]
             )));

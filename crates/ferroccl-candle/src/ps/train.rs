@@ -15,11 +15,12 @@ use super::ssp::Staleness;
 use super::{PsState, Worker};
 use crate::data::Dataset;
 use crate::ddp::{agree, broadcast_bytes, Sgd};
-use crate::model::{ce, LeNet, Precision};
+use crate::error::{Error, Result};
+use crate::model::{LeNet, Precision};
 use crate::{augment, evaluate, load_data, Curve, Resume, Straggler, TrainConfig};
 use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir, Tensor as CkptTensor};
 use ferroccl::ddp::{DistributedSampler, LrSchedule, Rng};
-use ferroccl::{Communicator, Error, ReduceOp, Result};
+use ferroccl::{Communicator, ReduceOp};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -118,7 +119,7 @@ impl Worker for LeNetWorker<'_> {
         let loss = self.model.loss(&fwd, &self.mb.labels)?;
         // As the DDP trainer scales its loss (by 1 in f32 without accumulation), so
         // that one worker reproduces it bit for bit.
-        let scaled = (loss * 1.0f64).map_err(ce("loss scaling"))?;
+        let scaled = (loss * 1.0f64)?;
         let lens = self.model.param_lens();
         let offsets: Vec<usize> = lens
             .iter()
@@ -144,14 +145,13 @@ impl Worker for LeNetWorker<'_> {
 pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) -> Result<PsTrained> {
     let (world, rank) = (comm.world_size(), comm.rank());
     if cfg.accum != 1 || cfg.precision != Precision::F32 {
-        return Err(Error::InvalidArgument(
+        return Err(Error::invalid(
             "the parameter server trains in f32 without gradient accumulation \
-             (--accum 1, --precision f32)"
-                .into(),
+             (--accum 1, --precision f32)",
         ));
     }
     if cfg.global_batch == 0 || !cfg.global_batch.is_multiple_of(world) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "global batch {} must be a positive multiple of the {world} workers",
             cfg.global_batch
         )));
@@ -162,7 +162,7 @@ pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) ->
     let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;
     let steps_per_epoch = (sampler.per_rank() / micro) as u64;
     if steps_per_epoch == 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "{} training images cannot make one global batch of {} on {world} ranks",
             train_set.len(),
             cfg.global_batch
@@ -287,8 +287,8 @@ fn to_checkpoint(st: &PsState, meta: &Meta) -> Result<Checkpoint> {
             });
         }
     }
-    let state = serde_json::to_value(meta)
-        .map_err(|e| Error::InvalidArgument(format!("checkpoint state: {e}")))?;
+    let state =
+        serde_json::to_value(meta).map_err(|e| Error::invalid(format!("checkpoint state: {e}")))?;
     Ok(Checkpoint { state, tensors })
 }
 
@@ -346,11 +346,13 @@ fn load_state(
     let r = if comm.rank() == 0 {
         let loaded: Result<Option<(PathBuf, Checkpoint)>> = match &cfg.resume {
             None => Ok(None),
-            Some(Resume::File(p)) => checkpoint::load(p).map(|c| Some((p.clone(), c))),
+            Some(Resume::File(p)) => checkpoint::load(p)
+                .map(|c| Some((p.clone(), c)))
+                .map_err(Error::from),
             Some(Resume::Latest) => match dir {
-                Some(d) => d.load_latest(),
-                None => Err(Error::InvalidArgument(
-                    "--resume without a file needs a checkpoint directory".into(),
+                Some(d) => d.load_latest().map_err(Error::from),
+                None => Err(Error::invalid(
+                    "--resume without a file needs a checkpoint directory",
                 )),
             },
         };
@@ -372,6 +374,6 @@ fn load_state(
         return Ok(None);
     }
     let s: PsState = serde_json::from_slice(&blob)
-        .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+        .map_err(|e| Error::invalid(format!("checkpoint state from rank 0: {e}")))?;
     Ok(Some(s))
 }

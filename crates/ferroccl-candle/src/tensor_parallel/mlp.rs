@@ -9,10 +9,10 @@ use super::cost::check_pairs;
 use super::layers::{Shard, TpMlp};
 use super::layout::shard_ranges;
 use super::TensorGroup;
+use crate::error::{Error, Result};
 use crate::pipeline::mlp::even_split;
 use crate::pipeline::mlp::mlp_stage;
 use candle_core::{Module, Tensor};
-use ferroccl::{Error, Result};
 use std::ops::Range;
 
 /// Layers `layers` of the MLP as tensor-parallel blocks; see the module docs.
@@ -50,7 +50,7 @@ pub fn tp_mlp_stage(
         let v = |j: usize| {
             vars.get(4 * k + j)
                 .map(|(_, v)| v.as_tensor())
-                .ok_or_else(|| Error::InvalidArgument(format!("layer {i}: no weights")))
+                .ok_or_else(|| Error::invalid(format!("layer {i}: no weights")))
         };
         let block = TpMlp::from_whole(
             group,
@@ -75,13 +75,13 @@ pub fn check_mlp(widths: &[usize], stages: usize, tensor: usize) -> Result<()> {
     }
     for layers in even_split(widths.len().saturating_sub(1), stages)? {
         check_pairs(widths, &layers).map_err(|e| {
-            Error::InvalidArgument(format!(
+            Error::invalid(format!(
                 "{stages} pipeline stage(s) with tensor parallelism: {e}"
             ))
         })?;
         for i in layers.step_by(2) {
             shard_ranges(widths[i + 1], 1, 0, tensor).map_err(|_| {
-                Error::InvalidArgument(format!(
+                Error::invalid(format!(
                     "the MLP's hidden size {} (layer {i}) does not cut into {tensor} equal \
                      tensor-parallel shards",
                     widths[i + 1]
