@@ -19,7 +19,7 @@
 //!
 //! A collective that fails inside candle (a tensor-parallel boundary's forward or
 //! backward runs in a candle custom op, whose error type is candle's) is kept here,
-//! typed, on the calling thread ([`keep`]); the conversion from candle's error takes it
+//! typed, on the calling thread (`keep`); the conversion from candle's error takes it
 //! back ([`failure`]), so the caller sees the collective's own [`Error::Comm`] —
 //! `PeerFailed`, `Mismatch` — and not candle's message.
 
@@ -51,7 +51,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<candle_core::Error> for Error {
-    /// candle's error, unless it is a collective's kept by [`keep`]: then that
+    /// candle's error, unless it is a collective's kept by `keep`: then that
     /// collective's own error.
     fn from(e: candle_core::Error) -> Self {
         failure(&e).unwrap_or(Error::Candle(e))
@@ -133,7 +133,7 @@ pub(crate) fn keep(e: Error) -> candle_core::Error {
     candle_core::Error::Msg(text)
 }
 
-/// The typed error behind `e`, when `e` is a collective's failure kept by [`keep`]
+/// The typed error behind `e`, when `e` is a collective's failure kept by `keep`
 /// on this thread (inside a forward or a backward); `None` otherwise. Taken once.
 pub fn failure(e: &candle_core::Error) -> Option<Error> {
     if e.to_string().contains(MARK) {

@@ -6,7 +6,7 @@ use ferroccl::ddp::{Decay, TrainError, WireDtype};
 use ferroccl::rendezvous::LaunchEnv;
 use ferroccl::{Communicator, Config};
 use ferroccl_candle::model::Precision;
-use ferroccl_candle::{DataSource, Error, Result, Resume, Summary, TrainConfig};
+use ferroccl_candle::{DataSource, Error, Result, Resume, Summary, TrainConfig, Trainer};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -283,17 +283,17 @@ fn run(a: &TrainArgs) -> Result<()> {
         let mut c = Config::from_env()?;
         c.tuning.timeout = a.timeout;
         check_pipeline(a, env.world_size)?;
-        check_modes(a, env.world_size)?;
+        check_modes(a, &tc, env.world_size)?;
         Communicator::init(c)?
     } else if a.ranks <= 1 {
         check_pipeline(a, 1)?;
-        check_modes(a, 1)?;
+        check_modes(a, &tc, 1)?;
         let mut base = Config::new(0, 1, "");
         base.tuning.timeout = a.timeout;
         Communicator::local_group(1, &base)?.remove(0)
     } else {
         check_pipeline(a, a.ranks)?;
-        check_modes(a, a.ranks)?;
+        check_modes(a, &tc, a.ranks)?;
         return relaunch(a.ranks, a.max_restarts, &[], &[]);
     };
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
@@ -372,11 +372,7 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> Result<()> {
             p.saturating_mul(t)
         ));
     }
-    ferroccl_candle::tensor_parallel::mlp::check_mlp(
-        &ferroccl_candle::pipeline::train::WIDTHS,
-        p,
-        t,
-    )?;
+    ferroccl_candle::trainer::mlp::check_mlp(&ferroccl_candle::trainer::mlp::WIDTHS, p, t)?;
     let replicas = world / (p * t);
     if !a.batch.is_multiple_of(replicas) || !(a.batch / replicas).is_multiple_of(a.micro_batches) {
         return bad(format!(
@@ -387,9 +383,9 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> Result<()> {
     Ok(())
 }
 
-/// --mode, --staleness and the straggler against a job of `world` ranks, before any
-/// rank starts.
-fn check_modes(a: &TrainArgs, world: usize) -> Result<()> {
+/// --mode, --staleness and the straggler against a job of `world` ranks, and the
+/// fields of `tc` the mode's trainer does not read, before any rank starts.
+fn check_modes(a: &TrainArgs, tc: &TrainConfig, world: usize) -> Result<()> {
     let bad = |why: String| Err(Error::invalid(why));
     if a.mode == "sync" && a.staleness.is_some() {
         return bad("--staleness applies to --mode ssp (sync is DDP: staleness 0)".into());
@@ -401,12 +397,8 @@ fn check_modes(a: &TrainArgs, world: usize) -> Result<()> {
                 .into(),
         );
     }
-    if a.mode == "ssp" && (a.checkpoint_every > 0 || a.metrics.is_some()) {
-        return bad(
-            "--mode ssp checkpoints at the end of the run only and writes no --metrics \
-             (its summary: --summary)"
-                .into(),
-        );
+    if a.mode == "ssp" {
+        tc.refuse_unread(Trainer::ParameterServer)?;
     }
     if let Some(r) = a.slow_rank.filter(|&r| r >= world) {
         return bad(format!(
@@ -472,7 +464,7 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<()> {
             comm.world_size()
         );
     }
-    let out = ferroccl_candle::ps::train::train_ps(comm, tc, s)?;
+    let out = ferroccl_candle::trainer::ps::train_ps(comm, tc, s)?;
     if comm.rank() == 0 {
         let s = &out.summary;
         println!(
@@ -511,7 +503,7 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<
         micro_batches: a.micro_batches,
         zero: a.zero == 1,
     };
-    let s = ferroccl_candle::pipeline::train::train_mesh(
+    let s = ferroccl_candle::trainer::pipeline::train_mesh(
         comm,
         tc,
         pcfg,
@@ -534,7 +526,7 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<
         pcfg.schedule.name(),
         s.micro_batches,
         if pcfg.zero { ", ZeRO-1" } else { "" },
-        ferroccl_candle::pipeline::train::WIDTHS,
+        ferroccl_candle::trainer::mlp::WIDTHS,
         s.steps,
         s.final_loss
     );
@@ -565,7 +557,7 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<
 /// Each rank's row: stage, replica, step and busy time, bubble, peak live
 /// micro-batches, optimizer bytes; with tensor parallelism its tensor rank and the
 /// payload bytes its tensor-parallel links sent per step, counted and by the formula.
-fn print_stage_table(s: &ferroccl_candle::pipeline::train::PipelineSummary) {
+fn print_stage_table(s: &ferroccl_candle::trainer::pipeline::PipelineSummary) {
     let tp = s.tensor > 1;
     let (head, rule) = if tp {
         (

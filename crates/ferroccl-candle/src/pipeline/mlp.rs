@@ -70,7 +70,7 @@ pub fn mlp_stage(
 }
 
 /// `layers` layers cut into `stages` contiguous runs as even as possible (the first
-/// ones a layer longer); more stages than layers is [`Error::InvalidArgument`].
+/// ones a layer longer); more stages than layers is `InvalidArgument`.
 pub fn even_split(layers: usize, stages: usize) -> Result<Vec<Range<usize>>> {
     if stages == 0 || stages > layers {
         return Err(Error::invalid(format!(

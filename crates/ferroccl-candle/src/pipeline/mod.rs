@@ -55,7 +55,6 @@
 
 pub mod mlp;
 pub mod schedule;
-pub mod train;
 
 use crate::ddp::Optimizer;
 use crate::error::{Error, Result};
@@ -122,7 +121,7 @@ pub struct Layout {
 impl Layout {
     /// Splits `comm` (W ranks) into W / `stages` pipelines: rank r is stage r mod P of
     /// replica r / P (the P × 1 × D [`Mesh`]). Collective; W not a multiple of P is
-    /// [`Error::InvalidArgument`] on every rank.
+    /// `InvalidArgument` on every rank.
     pub fn split(comm: &Communicator, stages: usize) -> Result<Layout> {
         let mesh = Mesh::for_world(comm.world_size(), stages, 1);
         Self::checked(comm, mesh)
@@ -132,7 +131,7 @@ impl Layout {
     /// of stage s of replica d. Collective over `comm`; every rank first gathers the
     /// mesh every rank asked for, so that a mesh the ranks disagree on
     /// (`Mismatch`) or whose P × T × D is not the job's size
-    /// ([`Error::InvalidArgument`]) fails on every rank alike, before any group is
+    /// (`InvalidArgument`) fails on every rank alike, before any group is
     /// made.
     pub fn mesh(comm: &Communicator, mesh: Mesh) -> Result<Layout> {
         Self::checked(comm, Ok(mesh))

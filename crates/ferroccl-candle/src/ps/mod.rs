@@ -31,7 +31,6 @@
 //! an echo: its own abort, or a neighbour's).
 
 pub mod ssp;
-pub mod train;
 
 use crate::ddp::Optimizer;
 use crate::error::{Error, Result};

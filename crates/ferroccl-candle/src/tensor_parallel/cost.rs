@@ -176,7 +176,7 @@ fn params(h: usize, f: usize, attention: bool, t: usize) -> (usize, usize) {
 }
 
 /// The plan for `i`; sizes that T does not divide, or zeros, are
-/// [`Error::InvalidArgument`] naming the value.
+/// `InvalidArgument` naming the value.
 pub fn plan(i: PlanInput) -> Result<Plan> {
     let bad = |what: String| Err(Error::invalid(what));
     let named = [

@@ -34,7 +34,7 @@ pub struct Coords {
 
 impl Mesh {
     /// The mesh of `pipeline` × `tensor` over a job of `world` ranks, the replicas
-    /// making up the rest; [`Error::InvalidArgument`] when P × T does not divide the
+    /// making up the rest; `InvalidArgument` when P × T does not divide the
     /// job.
     pub fn for_world(world: usize, pipeline: usize, tensor: usize) -> Result<Mesh> {
         let pt = pipeline.saturating_mul(tensor);
@@ -58,7 +58,7 @@ impl Mesh {
             .saturating_mul(self.data)
     }
 
-    /// [`Error::InvalidArgument`] unless every factor is at least 1 and P × T × D is
+    /// `InvalidArgument` unless every factor is at least 1 and P × T × D is
     /// the job's `world` ranks.
     pub fn check(&self, world: usize) -> Result<()> {
         let Mesh {
@@ -139,7 +139,7 @@ impl Mesh {
 /// dimension read as `blocks` equal blocks, each cut into `tp` contiguous parts, rank
 /// t holding part t of every block. One block is Megatron's plain cut; a fused Q, K, V
 /// projection is three (each rank holds its heads' rows of Q, of K and of V). A
-/// dimension that does not cut evenly is [`Error::InvalidArgument`].
+/// dimension that does not cut evenly is `InvalidArgument`.
 pub fn shard_ranges(n: usize, blocks: usize, t: usize, tp: usize) -> Result<Vec<Range<usize>>> {
     let parts = blocks.saturating_mul(tp);
     if parts == 0 || t >= tp || !n.is_multiple_of(parts) {
@@ -266,7 +266,7 @@ impl Declared {
 /// The verdict every rank of a tensor-parallel group of `tp` reaches on what all its
 /// ranks declared for one layer (`all[r]` is rank r's, `None` if unreadable), as rank
 /// `me`: `Mismatch` naming the first rank whose layer differs from `me`'s
-/// (shard shapes that disagree), else [`Error::InvalidArgument`] when the layer does
+/// (shard shapes that disagree), else `InvalidArgument` when the layer does
 /// not cut into `tp` equal shards (naming the size and T). The same facts give every
 /// rank the same verdict.
 pub fn agree_declared(me: usize, tp: usize, all: &[Option<Declared>]) -> Result<Declared> {

@@ -48,7 +48,6 @@
 pub mod cost;
 pub mod layers;
 pub mod layout;
-pub mod mlp;
 pub mod ops;
 
 pub use crate::error::failure;

@@ -7,7 +7,7 @@
 //!
 //! candle's `Module::forward` and `backward` speak candle's error type, so a failed
 //! collective inside them is kept, typed, on the calling thread and candle gets a
-//! message ([`crate::error::keep`]); the crate's error takes the typed error back when
+//! message (`crate::error::keep`); the crate's error takes the typed error back when
 //! it converts candle's ([`crate::error::failure`]), so `Pipeline` and the trainer
 //! report [`ferroccl::Error`]s as the collective raised them, `PeerFailed` and
 //! `Mismatch` included.

@@ -8,8 +8,8 @@ use ferroccl::ddp::Rng;
 use ferroccl::testing::{all_errors, test_config, Net};
 use ferroccl_candle::ddp::Sgd;
 use ferroccl_candle::ps::ssp::Staleness;
-use ferroccl_candle::ps::train::train_ps;
 use ferroccl_candle::ps::{self, Worker};
+use ferroccl_candle::trainer::ps::train_ps;
 use ferroccl_candle::{train, DataSource, Resume, TrainConfig};
 use ferroccl_candle::{Error, Result};
 use proptest::prelude::*;
@@ -39,7 +39,7 @@ fn ddp_on(n: usize, cfg: TrainConfig) -> Vec<Params> {
     .unwrap_or_else(|e| panic!("{n}-rank DDP failed: {e:?}"))
 }
 
-fn ps_on(n: usize, cfg: TrainConfig, s: Staleness) -> Vec<ps::train::PsTrained> {
+fn ps_on(n: usize, cfg: TrainConfig, s: Staleness) -> Vec<ferroccl_candle::trainer::ps::PsTrained> {
     run(n, Net::Local, &test_config(), DEADLINE, move |c| {
         train_ps(c, &cfg, s)
     })

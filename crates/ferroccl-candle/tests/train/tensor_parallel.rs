@@ -390,7 +390,7 @@ fn p_by_t_by_d_layouts_match_one_process_with_and_without_zero() {
 /// ends on, and count the formula's bytes when the ring is forced.
 #[test]
 fn the_trainer_with_tensor_parallel_ends_on_the_one_process_weights() {
-    use ferroccl_candle::pipeline::train::train_mesh;
+    use ferroccl_candle::trainer::pipeline::train_mesh;
     use ferroccl_candle::{DataSource, TrainConfig};
     let tc = TrainConfig {
         data: DataSource::Synthetic(200),

@@ -14,8 +14,8 @@ use ferroccl_candle::pipeline::{Layout, Pipeline, PipelineConfig};
 use ferroccl_candle::tensor_parallel::cost::{
     block_all_reduces, bytes_per_rank, mlp_stage_all_reduces, plan, PlanInput,
 };
-use ferroccl_candle::tensor_parallel::mlp::tp_mlp_stage;
 use ferroccl_candle::tensor_parallel::{Mesh, TensorGroup, TpMlp, TpSelfAttention};
+use ferroccl_candle::trainer::mlp::tp_mlp_stage;
 use ferroccl_candle::{Error, Result};
 
 fn mesh(pipeline: usize, tensor: usize, data: usize) -> Mesh {

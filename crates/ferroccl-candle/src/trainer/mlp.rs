@@ -1,19 +1,21 @@
-//! The trainer's MLP (`crate::pipeline::mlp`) with its layers in tensor-parallel
-//! pairs: layer 2i column-parallel, tanh on each rank's slice, layer 2i + 1
-//! row-parallel, then tanh unless it is the model's last layer — Megatron's MLP block
-//! four times over for `ferroccl train --tensor-parallel T`. The weights are cut from
-//! the whole model's ([`crate::pipeline::mlp::mlp_stage`], drawn from the same seed),
-//! so every layout holds the one-process model.
+//! The pipeline trainer's MLP ([`WIDTHS`], built by `crate::pipeline::mlp`), and the
+//! same with its layers in tensor-parallel pairs: layer 2i column-parallel, tanh on
+//! each rank's slice, layer 2i + 1 row-parallel, then tanh unless it is the model's
+//! last layer — Megatron's MLP block four times over for `ferroccl train
+//! --tensor-parallel T`. The weights are cut from the whole model's
+//! ([`crate::pipeline::mlp::mlp_stage`], drawn from the same seed), so every layout
+//! holds the one-process model.
 
-use super::cost::check_pairs;
-use super::layers::{Shard, TpMlp};
-use super::layout::shard_ranges;
-use super::TensorGroup;
 use crate::error::{Error, Result};
-use crate::pipeline::mlp::even_split;
-use crate::pipeline::mlp::mlp_stage;
+use crate::pipeline::mlp::{even_split, mlp_stage};
+use crate::tensor_parallel::cost::check_pairs;
+use crate::tensor_parallel::layout::shard_ranges;
+use crate::tensor_parallel::{Shard, TensorGroup, TpMlp};
 use candle_core::{Module, Tensor};
 use std::ops::Range;
+
+/// The MLP's widths: 784 → 512 × 7 → 10.
+pub const WIDTHS: [usize; 9] = [784, 512, 512, 512, 512, 512, 512, 512, 10];
 
 /// Layers `layers` of the MLP as tensor-parallel blocks; see the module docs.
 pub struct TpMlpStage {
