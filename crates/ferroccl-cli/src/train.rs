@@ -299,12 +299,13 @@ fn run(a: &TrainArgs) -> Result<()> {
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
     // finish the step, checkpoint, exit 75 so that a launcher restarts the job.
     tc.preemption = Some(ferroccl::ddp::Preemption::install()?);
-    if mlp(a) {
-        return pipeline_run(a, &comm, &tc);
-    }
-    if a.mode == "ssp" {
-        let out = ps_run(a, &comm, &tc);
-        return crate::trace::finish(&comm, a.trace.as_deref(), out);
+    match trainer(a) {
+        Trainer::Pipeline => return pipeline_run(a, &comm, &tc),
+        Trainer::ParameterServer => {
+            let out = ps_run(a, &comm, &tc);
+            return crate::trace::finish(&comm, a.trace.as_deref(), out);
+        }
+        Trainer::Ddp => {}
     }
     let out = ferroccl_candle::train(&comm, &tc);
     let out = crate::trace::finish(&comm, a.trace.as_deref(), out)?;
@@ -343,6 +344,15 @@ fn run(a: &TrainArgs) -> Result<()> {
 /// LeNet.
 fn mlp(a: &TrainArgs) -> bool {
     a.pipeline > 1 || a.zero > 0 || a.tensor_parallel > 1 || a.mlp
+}
+
+/// The trainer this run's flags choose.
+fn trainer(a: &TrainArgs) -> Trainer {
+    match (mlp(a), a.mode.as_str()) {
+        (true, _) => Trainer::Pipeline,
+        (false, "ssp") => Trainer::ParameterServer,
+        _ => Trainer::Ddp,
+    }
 }
 
 /// The pipeline and tensor-parallel flags against a job of `world` ranks, before any
@@ -397,9 +407,8 @@ fn check_modes(a: &TrainArgs, tc: &TrainConfig, world: usize) -> Result<()> {
                 .into(),
         );
     }
-    if a.mode == "ssp" {
-        tc.refuse_unread(Trainer::ParameterServer)?;
-    }
+    // What the chosen trainer does not read is refused, not ignored.
+    tc.refuse_unread(trainer(a))?;
     if let Some(r) = a.slow_rank.filter(|&r| r >= world) {
         return bad(format!(
             "--slow-rank {r}: the job has {world} rank(s), 0 to {}",
