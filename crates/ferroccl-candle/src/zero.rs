@@ -20,17 +20,18 @@
 //! loaded. A checkpoint written on N ranks resumes bit for bit on N ranks, and on any
 //! other N too (the state is re-cut; only the order in which later gradients are summed
 //! changes with N). A checkpoint of another layout (another pipeline stage, another
-//! stage count, other parameters) is an [`Error::Checkpoint`] and changes nothing.
+//! stage count, other parameters) is a [`TrainError::Checkpoint`](ferroccl::ddp::TrainError::Checkpoint) and changes nothing.
 
 use crate::ddp::{
     agree, broadcast_bytes, counter_tensors, read_counter, read_vars, stored, Optimizer,
 };
-use crate::model::ce;
+use crate::error::{Error, Result};
 use crate::tensor_parallel::TensorGroup;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use ferroccl::ddp::checkpoint::{Checkpoint, Tensor as CkptTensor};
-use ferroccl::{Communicator, Error, ReduceOp, Result};
+use ferroccl::ddp::TrainResult;
+use ferroccl::{Communicator, ReduceOp};
 use serde_json::json;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -191,9 +192,8 @@ impl<'c, O: Optimizer> Zero<'c, O> {
                 &self.master[p.range.clone()],
                 p.shape.as_slice(),
                 p.var.device(),
-            )
-            .map_err(ce("updating parameters"))?;
-            p.var.set(&t).map_err(ce("updating parameters"))?;
+            )?;
+            p.var.set(&t)?;
         }
         Ok(())
     }
@@ -206,8 +206,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
                 let g = g
                     .to_dtype(DType::F32)
                     .and_then(|g| g.flatten_all())
-                    .and_then(|g| g.to_vec1::<f32>())
-                    .map_err(ce("reading a gradient"))?;
+                    .and_then(|g| g.to_vec1::<f32>())?;
                 for (a, b) in self.grad[p.range.clone()].iter_mut().zip(&g) {
                     *a += b;
                 }
@@ -219,7 +218,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
     /// Backward from `loss`, its gradients added to the accumulated ones (scale each
     /// micro-batch's loss by its share of the batch).
     pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        let grads = loss.backward().map_err(ce("backward"))?;
+        let grads = loss.backward()?;
         self.accumulate(&grads)
     }
 
@@ -304,11 +303,11 @@ impl<'c, O: Optimizer> Zero<'c, O> {
     /// Rank 0's checkpoint into every rank of the data-parallel group, each keeping its
     /// shard of the optimizer state. Collective: rank 0 passes what it loaded
     /// (`Ok(None)`: nothing to resume), the others `Ok(None)`. A checkpoint of another
-    /// layout or model changes nothing and is an [`Error::Checkpoint`] (on the other
+    /// layout or model changes nothing and is a `TrainError::Checkpoint` (on the other
     /// ranks, an error naming rank 0's failure). Returns your JSON state on every rank.
     pub fn restore(
         &mut self,
-        loaded: Result<Option<(PathBuf, Checkpoint)>>,
+        loaded: TrainResult<Option<(PathBuf, Checkpoint)>>,
     ) -> Result<Option<serde_json::Value>> {
         let rank = self.comm.map_or(0, Communicator::rank);
         let kinds: Vec<&'static str> = self.opt.state().iter().map(|(k, _)| *k).collect();
@@ -318,7 +317,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
         let mut counters: Vec<i64> = vec![0; self.opt.counters().len()];
         let mut blob = Vec::new();
         let r = if rank == 0 {
-            loaded.and_then(|ck| match ck {
+            loaded.map_err(Error::from).and_then(|ck| match ck {
                 None => Ok(()),
                 Some((path, ck)) => {
                     let bad = |why: String| Error::checkpoint(&path, why);
@@ -367,10 +366,9 @@ impl<'c, O: Optimizer> Zero<'c, O> {
         }
         if ok[0] == 0 {
             r?;
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid(
                 "another pipeline stage or tensor-parallel rank failed to load its checkpoint \
-                 (its error says why); nothing was loaded"
-                    .into(),
+                 (its error says why); nothing was loaded",
             ));
         }
         r?;
@@ -381,7 +379,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
             return Ok(None);
         }
         let state = serde_json::from_slice(&blob)
-            .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+            .map_err(|e| Error::invalid(format!("checkpoint state from rank 0: {e}")))?;
         if let Some(c) = self.comm {
             c.broadcast(&mut master, 0)?;
             for w in &mut whole {

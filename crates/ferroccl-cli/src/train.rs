@@ -2,11 +2,11 @@
 //! (see the `ferroccl-candle` package), and `--scaling` reports across world sizes.
 
 use clap::Args;
-use ferroccl::ddp::{Decay, WireDtype};
+use ferroccl::ddp::{Decay, TrainError, WireDtype};
 use ferroccl::rendezvous::LaunchEnv;
 use ferroccl::{Communicator, Config};
 use ferroccl_candle::model::Precision;
-use ferroccl_candle::{DataSource, Resume, Summary, TrainConfig};
+use ferroccl_candle::{DataSource, Error, Result, Resume, Summary, TrainConfig, Trainer};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -196,7 +196,7 @@ pub fn main(a: TrainArgs) -> ExitCode {
             eprintln!("ferroccl train: {e}");
             match e {
                 // A launcher restarts on this one (`launch --max-restarts`).
-                ferroccl::Error::Preempted { .. } => {
+                Error::Train(TrainError::Preempted { .. }) => {
                     ExitCode::from(ferroccl::ddp::PREEMPTED_EXIT_CODE as u8)
                 }
                 _ => ExitCode::from(2),
@@ -205,7 +205,7 @@ pub fn main(a: TrainArgs) -> ExitCode {
     }
 }
 
-fn config(a: &TrainArgs) -> ferroccl::Result<TrainConfig> {
+fn config(a: &TrainArgs) -> Result<TrainConfig> {
     Ok(TrainConfig {
         data: match &a.data {
             Some(p) => DataSource::Path(p.clone()),
@@ -269,7 +269,7 @@ fn share_cores(env: &LaunchEnv) {
     std::env::set_var("RAYON_NUM_THREADS", env.compute_threads().to_string());
 }
 
-fn run(a: &TrainArgs) -> ferroccl::Result<()> {
+fn run(a: &TrainArgs) -> Result<()> {
     let mut tc = config(a)?;
     let launch = ferroccl::rendezvous::detect_env()?;
     let launched = launch.is_some();
@@ -283,28 +283,29 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         let mut c = Config::from_env()?;
         c.tuning.timeout = a.timeout;
         check_pipeline(a, env.world_size)?;
-        check_modes(a, env.world_size)?;
+        check_modes(a, &tc, env.world_size)?;
         Communicator::init(c)?
     } else if a.ranks <= 1 {
         check_pipeline(a, 1)?;
-        check_modes(a, 1)?;
+        check_modes(a, &tc, 1)?;
         let mut base = Config::new(0, 1, "");
         base.tuning.timeout = a.timeout;
         Communicator::local_group(1, &base)?.remove(0)
     } else {
         check_pipeline(a, a.ranks)?;
-        check_modes(a, a.ranks)?;
+        check_modes(a, &tc, a.ranks)?;
         return relaunch(a.ranks, a.max_restarts, &[], &[]);
     };
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
     // finish the step, checkpoint, exit 75 so that a launcher restarts the job.
     tc.preemption = Some(ferroccl::ddp::Preemption::install()?);
-    if mlp(a) {
-        return pipeline_run(a, &comm, &tc);
-    }
-    if a.mode == "ssp" {
-        let out = ps_run(a, &comm, &tc);
-        return crate::trace::finish(&comm, a.trace.as_deref(), out);
+    match trainer(a) {
+        Trainer::Pipeline => return pipeline_run(a, &comm, &tc),
+        Trainer::ParameterServer => {
+            let out = ps_run(a, &comm, &tc);
+            return crate::trace::finish(&comm, a.trace.as_deref(), out);
+        }
+        Trainer::Ddp => {}
     }
     let out = ferroccl_candle::train(&comm, &tc);
     let out = crate::trace::finish(&comm, a.trace.as_deref(), out)?;
@@ -333,8 +334,7 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         print_curve(&s.curve);
         if let Some(p) = &a.summary {
             let j = serde_json::to_string_pretty(s).expect("summary serialises");
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
         }
     }
     Ok(())
@@ -346,20 +346,28 @@ fn mlp(a: &TrainArgs) -> bool {
     a.pipeline > 1 || a.zero > 0 || a.tensor_parallel > 1 || a.mlp
 }
 
+/// The trainer this run's flags choose.
+fn trainer(a: &TrainArgs) -> Trainer {
+    match (mlp(a), a.mode.as_str()) {
+        (true, _) => Trainer::Pipeline,
+        (false, "ssp") => Trainer::ParameterServer,
+        _ => Trainer::Ddp,
+    }
+}
+
 /// The pipeline and tensor-parallel flags against a job of `world` ranks, before any
 /// rank starts (each rank would otherwise say it, once per rank).
-fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
+fn check_pipeline(a: &TrainArgs, world: usize) -> Result<()> {
     if !mlp(a) {
         if a.save_weights.is_some() {
-            return Err(ferroccl::Error::InvalidArgument(
+            return Err(Error::invalid(
                 "--save-weights writes the MLP's weights: add --mlp, --pipeline or \
-                 --tensor-parallel"
-                    .into(),
+                 --tensor-parallel",
             ));
         }
         return Ok(());
     }
-    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+    let bad = |why: String| Err(Error::invalid(why));
     if !world.is_multiple_of(a.pipeline) {
         return bad(format!(
             "--pipeline {}: {world} ranks do not make whole pipelines of {} stages",
@@ -374,11 +382,7 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
             p.saturating_mul(t)
         ));
     }
-    ferroccl_candle::tensor_parallel::mlp::check_mlp(
-        &ferroccl_candle::pipeline::train::WIDTHS,
-        p,
-        t,
-    )?;
+    ferroccl_candle::trainer::mlp::check_mlp(&ferroccl_candle::trainer::mlp::WIDTHS, p, t)?;
     let replicas = world / (p * t);
     if !a.batch.is_multiple_of(replicas) || !(a.batch / replicas).is_multiple_of(a.micro_batches) {
         return bad(format!(
@@ -389,10 +393,10 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
     Ok(())
 }
 
-/// --mode, --staleness and the straggler against a job of `world` ranks, before any
-/// rank starts.
-fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
-    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+/// --mode, --staleness and the straggler against a job of `world` ranks, and the
+/// fields of `tc` the mode's trainer does not read, before any rank starts.
+fn check_modes(a: &TrainArgs, tc: &TrainConfig, world: usize) -> Result<()> {
+    let bad = |why: String| Err(Error::invalid(why));
     if a.mode == "sync" && a.staleness.is_some() {
         return bad("--staleness applies to --mode ssp (sync is DDP: staleness 0)".into());
     }
@@ -403,13 +407,8 @@ fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
                 .into(),
         );
     }
-    if a.mode == "ssp" && (a.checkpoint_every > 0 || a.metrics.is_some()) {
-        return bad(
-            "--mode ssp checkpoints at the end of the run only and writes no --metrics \
-             (its summary: --summary)"
-                .into(),
-        );
-    }
+    // What the chosen trainer does not read is refused, not ignored.
+    tc.refuse_unread(trainer(a))?;
     if let Some(r) = a.slow_rank.filter(|&r| r >= world) {
         return bad(format!(
             "--slow-rank {r}: the job has {world} rank(s), 0 to {}",
@@ -458,7 +457,7 @@ fn print_curve(curve: &[(f64, f64)]) {
 }
 
 /// `--mode ssp`: LeNet over the parameter server.
-fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<()> {
     use ferroccl_candle::ps::ssp::Staleness;
     let s = match a
         .staleness
@@ -474,7 +473,7 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
             comm.world_size()
         );
     }
-    let out = ferroccl_candle::ps::train::train_ps(comm, tc, s)?;
+    let out = ferroccl_candle::trainer::ps::train_ps(comm, tc, s)?;
     if comm.rank() == 0 {
         let s = &out.summary;
         println!(
@@ -495,11 +494,9 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
         );
         print_curve(&s.curve);
         if let Some(p) = &a.summary {
-            let j = serde_json::to_string_pretty(s).map_err(|e| {
-                ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}"))
-            })?;
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            let j = serde_json::to_string_pretty(s)
+                .map_err(|e| Error::invalid(format!("the summary as JSON: {e}")))?;
+            std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
         }
     }
     Ok(())
@@ -507,7 +504,7 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
 
 /// `--pipeline P` / `--tensor-parallel T` / `--zero 1` / `--mlp`: the MLP on a
 /// P × T × D layout, and the step-time table.
-fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<()> {
     use ferroccl_candle::pipeline::{PipelineConfig, Schedule};
     // --zero is 0 or 1 (the flag's parser): ZeRO-1 is the only stage built.
     let pcfg = PipelineConfig {
@@ -515,7 +512,7 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferrocc
         micro_batches: a.micro_batches,
         zero: a.zero == 1,
     };
-    let s = ferroccl_candle::pipeline::train::train_mesh(
+    let s = ferroccl_candle::trainer::pipeline::train_mesh(
         comm,
         tc,
         pcfg,
@@ -538,16 +535,15 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferrocc
         pcfg.schedule.name(),
         s.micro_batches,
         if pcfg.zero { ", ZeRO-1" } else { "" },
-        ferroccl_candle::pipeline::train::WIDTHS,
+        ferroccl_candle::trainer::mlp::WIDTHS,
         s.steps,
         s.final_loss
     );
     print_stage_table(&s);
     if let Some(p) = &a.summary {
         let j = serde_json::to_string_pretty(&s)
-            .map_err(|e| ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}")))?;
-        std::fs::write(p, j)
-            .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            .map_err(|e| Error::invalid(format!("the summary as JSON: {e}")))?;
+        std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
     }
     if let Some(p) = &a.save_weights {
         let tensors = s
@@ -570,7 +566,7 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferrocc
 /// Each rank's row: stage, replica, step and busy time, bubble, peak live
 /// micro-batches, optimizer bytes; with tensor parallelism its tensor rank and the
 /// payload bytes its tensor-parallel links sent per step, counted and by the formula.
-fn print_stage_table(s: &ferroccl_candle::pipeline::train::PipelineSummary) {
+fn print_stage_table(s: &ferroccl_candle::trainer::pipeline::PipelineSummary) {
     let tp = s.tensor > 1;
     let (head, rule) = if tp {
         (
@@ -607,14 +603,8 @@ fn print_stage_table(s: &ferroccl_candle::pipeline::train::PipelineSummary) {
 
 /// Re-runs this command under our own launcher with `n` ranks, without the options
 /// in `drop` (and their values), with `extra` arguments appended.
-fn relaunch(
-    n: usize,
-    max_restarts: usize,
-    drop: &[&str],
-    extra: &[String],
-) -> ferroccl::Result<()> {
-    let exe = std::env::current_exe()
-        .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
+fn relaunch(n: usize, max_restarts: usize, drop: &[&str], extra: &[String]) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ferroccl binary", e))?;
     let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
     let mut skip = false;
     for arg in std::env::args_os().skip(1) {
@@ -640,18 +630,17 @@ fn relaunch(
         rank_needs: crate::args::RankNeeds::ferroccl(n, 256 << 20),
         ..Default::default()
     };
-    crate::launch::run(n, &cmd, &opts).map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))
+    crate::launch::run(n, &cmd, &opts).map_err(|e| Error::invalid(e.to_string()))
 }
 
-fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
+fn scaling(a: &TrainArgs, ns: &[usize]) -> Result<()> {
     if ns.is_empty() || ns.contains(&0) {
-        return Err(ferroccl::Error::InvalidArgument(
-            "--scaling takes world sizes of 1 or more, e.g. 1,2,4".into(),
+        return Err(Error::invalid(
+            "--scaling takes world sizes of 1 or more, e.g. 1,2,4",
         ));
     }
     let tmp = std::env::temp_dir().join(format!("ferroccl-scaling-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)
-        .map_err(|e| ferroccl::Error::io("creating a temporary directory", e))?;
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating a temporary directory", e))?;
     let mut rows: Vec<Summary> = Vec::new();
     for &n in ns {
         let file = tmp.join(format!("summary-{n}.json"));
@@ -680,10 +669,11 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
             &extra,
         )?;
         let text = std::fs::read_to_string(&file)
-            .map_err(|e| ferroccl::Error::io(format!("reading {}", file.display()), e))?;
-        rows.push(serde_json::from_str(&text).map_err(|e| {
-            ferroccl::Error::InvalidArgument(format!("summary of the {n}-rank run: {e}"))
-        })?);
+            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+        rows.push(
+            serde_json::from_str(&text)
+                .map_err(|e| Error::invalid(format!("summary of the {n}-rank run: {e}")))?,
+        );
     }
     let _ = std::fs::remove_dir_all(&tmp);
     let base = &rows[0];
@@ -725,7 +715,7 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
         "images/s (job)",
         &pts,
     )
-    .map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))?;
+    .map_err(|e| Error::invalid(e.to_string()))?;
     println!("plot: {}", a.plot.display());
     Ok(())
 }

@@ -1,9 +1,12 @@
-//! The one error type of the crate.
+//! The communication's error: the one error type of the collectives, the transports
+//! and the rendezvous.
 //!
-//! Every failure a caller can see is a variant here, carrying the facts needed to act
-//! on it (which rank, which operation and sequence number, which peer, what was
+//! Every failure a caller of them can see is a variant here, carrying the facts needed
+//! to act on it (which rank, which operation and sequence number, which peer, what was
 //! expected and what arrived). Nothing that a peer, a file or a user sends can panic
-//! the process: it becomes one of these.
+//! the process: it becomes one of these. A training run's own reasons to stop
+//! (divergence, preemption, a checkpoint it cannot use) are not here but in
+//! [`crate::ddp::TrainError`], which carries this error beside them.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -12,7 +15,7 @@ use std::time::Duration;
 /// Shorthand for `std::result::Result<T, ferroccl::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong in ferroccl.
+/// Everything that can go wrong in ferroccl's communication.
 ///
 /// It crosses the wire itself, fields and all, when a rank tells its peers why it gave
 /// up ([`Error::to_wire`]): serde, tagged by the variant's name (`{"kind":
@@ -191,32 +194,6 @@ pub enum Error {
         why: String,
     },
 
-    /// Training diverged: the averaged gradients (identical on every rank) hold an
-    /// inf or a NaN in full-precision training, where no loss scaler can recover.
-    #[error("training diverged at step {step}: {why}")]
-    Diverged {
-        /// The optimizer step.
-        step: u64,
-        /// What was found and what to try.
-        why: String,
-    },
-
-    /// The job was asked to stop (SIGTERM: a scheduler's preemption; see
-    /// [`crate::ddp::Preemption`]) and every rank stopped after the same step, with the
-    /// checkpoint of that step written. Restart it to go on
-    /// ([`crate::ddp::PREEMPTED_EXIT_CODE`] tells a launcher so).
-    #[error("preempted: stopped after step {step}{}", match checkpoint {
-        Some(p) => format!(", checkpoint {}", p.display()),
-        None => " (rank 0 writes the checkpoint, when there is a checkpoint directory)".into(),
-    })]
-    Preempted {
-        /// Steps completed.
-        step: u64,
-        /// The checkpoint written for it (on rank 0, with a checkpoint directory; `None`
-        /// elsewhere).
-        checkpoint: Option<std::path::PathBuf>,
-    },
-
     /// A CUDA driver or NVRTC call failed (feature `cuda`).
     #[error("CUDA call {call} failed: {detail}")]
     Cuda {
@@ -247,28 +224,9 @@ pub enum Error {
         /// Its message there.
         message: String,
     },
-
-    /// A checkpoint is corrupt, truncated, from another format version, or does not
-    /// fit the model it is loaded into. Nothing was changed: the model, and any other
-    /// checkpoint on disk, are as they were.
-    #[error("checkpoint {}: {why}", path.display())]
-    Checkpoint {
-        /// The file.
-        path: std::path::PathBuf,
-        /// What is wrong with it.
-        why: String,
-    },
 }
 
 impl Error {
-    /// A checkpoint file that cannot be used, and why.
-    pub fn checkpoint(path: &std::path::Path, why: impl Into<String>) -> Self {
-        Error::Checkpoint {
-            path: path.to_path_buf(),
-            why: why.into(),
-        }
-    }
-
     /// Wraps an I/O error with a sentence saying what we were doing.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
@@ -322,7 +280,6 @@ fn variant_name(e: &Error) -> &'static str {
         Error::AddrInUse { .. } => "AddrInUse",
         Error::StoreUnreachable { .. } => "StoreUnreachable",
         Error::OtherJob { .. } => "OtherJob",
-        Error::Preempted { .. } => "Preempted",
         Error::Cuda { .. } => "Cuda",
         Error::Io { .. } => "Io",
         Error::InvalidArgument(_) => "InvalidArgument",
@@ -337,9 +294,7 @@ fn variant_name(e: &Error) -> &'static str {
         Error::Mismatch { .. } => "Mismatch",
         Error::Timeout { .. } => "Timeout",
         Error::Aborted { .. } => "Aborted",
-        Error::Diverged { .. } => "Diverged",
         Error::Unavailable { .. } => "Unavailable",
-        Error::Checkpoint { .. } => "Checkpoint",
         Error::Remote { .. } => "Remote",
     }
 }
@@ -430,9 +385,6 @@ pub enum ErrorClass {
     Cuda,
     /// [`Error::Io`].
     Io,
-    /// Training stopped: [`Error::Diverged`], [`Error::Preempted`],
-    /// [`Error::Checkpoint`].
-    Training,
 }
 
 impl Error {
@@ -456,9 +408,6 @@ impl Error {
             Error::Poisoned(_) => ErrorClass::Poisoned,
             Error::Cuda { .. } => ErrorClass::Cuda,
             Error::Io { .. } => ErrorClass::Io,
-            Error::Diverged { .. } | Error::Preempted { .. } | Error::Checkpoint { .. } => {
-                ErrorClass::Training
-            }
         }
     }
 }
@@ -626,14 +575,6 @@ mod tests {
                 what: "CUDA".into(),
                 why: "no driver".into(),
             },
-            Error::Diverged {
-                step: 7,
-                why: "NaN".into(),
-            },
-            Error::Preempted {
-                step: 9,
-                checkpoint: Some("/tmp/c".into()),
-            },
             Error::Cuda {
                 call: "cuMemAlloc".into(),
                 detail: "out of memory".into(),
@@ -645,10 +586,6 @@ mod tests {
             Error::Remote {
                 kind: "Io".into(),
                 message: "disk gone".into(),
-            },
-            Error::Checkpoint {
-                path: "/tmp/c".into(),
-                why: "truncated".into(),
             },
             Error::PeerFailed {
                 rank: 0,
@@ -668,7 +605,7 @@ mod tests {
         }
         assert_eq!(
             seen.len(),
-            23,
+            20,
             "a variant is missing from the cases: {seen:?}"
         );
         // An I/O error keeps its kind.

@@ -20,7 +20,7 @@
 //! cannot; but its all-reduces stand between one layer and the next, where data
 //! parallelism's overlap the backward.
 
-use ferroccl::{Error, Result};
+use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -102,7 +102,7 @@ pub fn check_pairs(widths: &[usize], layers: &Range<usize>) -> Result<()> {
         || !layers.start.is_multiple_of(2)
         || !layers.len().is_multiple_of(2)
     {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "layers {layers:?} of an MLP of {} layers are not whole tensor-parallel blocks \
              (pairs of a column- and a row-parallel layer, starting at an even layer)",
             widths.len().saturating_sub(1)
@@ -176,9 +176,9 @@ fn params(h: usize, f: usize, attention: bool, t: usize) -> (usize, usize) {
 }
 
 /// The plan for `i`; sizes that T does not divide, or zeros, are
-/// [`Error::InvalidArgument`] naming the value.
+/// `InvalidArgument` naming the value.
 pub fn plan(i: PlanInput) -> Result<Plan> {
-    let bad = |what: String| Err(Error::InvalidArgument(what));
+    let bad = |what: String| Err(Error::invalid(what));
     let named = [
         ("--tensor-parallel", i.tensor),
         ("--batch", i.batch),

@@ -5,10 +5,9 @@
 use super::layout::{agree_declared, shard_ranges, Cut, Declared};
 use super::ops::{apply, Conjugate};
 use super::TensorGroup;
-use crate::model::ce;
+use crate::error::{Error, Result};
 use candle_core::{Module, Tensor, Var, D};
 use candle_nn::Linear;
-use ferroccl::{Error, Result};
 
 /// How a parameter is cut across the group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,13 +56,13 @@ fn whole_dims(weight: &Tensor, bias: Option<&Tensor>) -> Result<(usize, usize)> 
     let (out, inp) = match weight.dims() {
         [o, i] => (*o, *i),
         d => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "a linear layer's weight is (out, in), not {d:?}"
             )))
         }
     };
     if let Some(b) = bias.filter(|b| b.dims() != [out]) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "a bias of shape {:?} for a layer of {out} outputs",
             b.dims()
         )));
@@ -76,12 +75,9 @@ fn cut(t: &Tensor, dim: usize, ranges: &[std::ops::Range<usize>]) -> Result<Var>
     let parts = ranges
         .iter()
         .map(|r| t.detach().narrow(dim, r.start, r.len()))
-        .collect::<candle_core::Result<Vec<_>>>()
-        .map_err(ce("cutting a shard"))?;
-    let t = Tensor::cat(&parts, dim)
-        .and_then(|t| t.contiguous())
-        .map_err(ce("cutting a shard"))?;
-    Var::from_tensor(&t).map_err(ce("cutting a shard"))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let t = Tensor::cat(&parts, dim).and_then(|t| t.contiguous())?;
+    Ok(Var::from_tensor(&t)?)
 }
 
 /// A linear layer whose output dimension is cut across the group: rank t holds rows
@@ -112,7 +108,7 @@ impl ColumnParallelLinear {
     ) -> Result<Self> {
         let local = whole_dims(weight, bias).and_then(|(out, inp)| {
             if gather_output && blocks > 1 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid(format!(
                     "a column-parallel layer in {blocks} blocks cannot gather its output \
                      (the blocks' slices would interleave)"
                 )));
@@ -207,9 +203,7 @@ impl RowParallelLinear {
         let d = declare(group, local)?;
         let cols = shard_ranges(d.in_features, 1, group.rank(), group.size())?;
         let w = cut(weight, 1, &cols)?;
-        let b = bias
-            .map(|b| Var::from_tensor(&b.detach()).map_err(ce("copying a bias")))
-            .transpose()?;
+        let b = bias.map(|b| Var::from_tensor(&b.detach())).transpose()?;
         Ok(RowParallelLinear {
             group: group.clone(),
             linear: Linear::new(w.as_tensor().clone(), None),
@@ -378,7 +372,7 @@ pub fn assemble(whole: &[usize], split: Split, parts: &[&[f32]]) -> Result<Vec<f
     let tp = parts.len();
     let n: usize = whole.iter().product();
     let bad = || {
-        Error::InvalidArgument(format!(
+        Error::invalid(format!(
             "{tp} shard(s) of lengths {:?} do not make a parameter of shape {whole:?} cut by \
              {split:?}",
             parts.iter().map(|p| p.len()).collect::<Vec<_>>()
@@ -429,11 +423,7 @@ pub fn gather_whole(group: &TensorGroup, shards: &[Shard]) -> Result<Vec<(String
     let tp = group.size();
     let mut out = Vec::with_capacity(shards.len());
     for s in shards {
-        let mine = s
-            .var
-            .flatten_all()
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(ce("reading a shard"))?;
+        let mine = s.var.flatten_all().and_then(|t| t.to_vec1::<f32>())?;
         let whole = if s.split == Split::Whole {
             mine
         } else {

@@ -3,7 +3,7 @@
 //! every rank runs on what all ranks declared (so that every rank reaches the same
 //! verdict from the same gathered facts).
 
-use ferroccl::{Error, Result};
+use crate::error::{Error, Result};
 use std::ops::Range;
 
 /// A job cut into `pipeline` stages × `tensor` tensor-parallel ranks × `data`
@@ -34,12 +34,12 @@ pub struct Coords {
 
 impl Mesh {
     /// The mesh of `pipeline` × `tensor` over a job of `world` ranks, the replicas
-    /// making up the rest; [`Error::InvalidArgument`] when P × T does not divide the
+    /// making up the rest; `InvalidArgument` when P × T does not divide the
     /// job.
     pub fn for_world(world: usize, pipeline: usize, tensor: usize) -> Result<Mesh> {
         let pt = pipeline.saturating_mul(tensor);
         if pt == 0 || !world.is_multiple_of(pt) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "{pipeline} pipeline stage(s) × {tensor} tensor-parallel rank(s) do not divide \
                  the job's {world} ranks"
             )));
@@ -58,7 +58,7 @@ impl Mesh {
             .saturating_mul(self.data)
     }
 
-    /// [`Error::InvalidArgument`] unless every factor is at least 1 and P × T × D is
+    /// `InvalidArgument` unless every factor is at least 1 and P × T × D is
     /// the job's `world` ranks.
     pub fn check(&self, world: usize) -> Result<()> {
         let Mesh {
@@ -67,7 +67,7 @@ impl Mesh {
             data: d,
         } = *self;
         if p == 0 || t == 0 || d == 0 || self.size() != world {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "a layout of {p} pipeline stage(s) × {t} tensor-parallel rank(s) × {d} \
                  replica(s) is {} ranks, not the job's {world}",
                 self.size()
@@ -92,19 +92,20 @@ impl Mesh {
     }
 
     /// The verdict every rank reaches on the meshes all ranks asked for (`asked[r]` is
-    /// rank r's), as rank `me`: [`Error::Mismatch`] naming the first rank that asked
+    /// rank r's), as rank `me`: `Mismatch` naming the first rank that asked
     /// for another mesh than `me`, else [`Mesh::check`] against the job's size.
     pub fn agree(me: usize, asked: &[Mesh]) -> Result<Mesh> {
-        let mine = *asked.get(me).ok_or_else(|| {
-            Error::InvalidArgument(format!("rank {me} outside a job of {}", asked.len()))
-        })?;
+        let mine = *asked
+            .get(me)
+            .ok_or_else(|| Error::invalid(format!("rank {me} outside a job of {}", asked.len())))?;
         if let Some((peer, theirs)) = asked.iter().enumerate().find(|(_, m)| **m != mine) {
-            return Err(Error::Mismatch {
+            return Err(ferroccl::Error::Mismatch {
                 rank: me,
                 peer,
                 ours: format!("layout {}", mine.name()),
                 theirs: format!("layout {}", theirs.name()),
-            });
+            }
+            .into());
         }
         mine.check(asked.len())?;
         Ok(mine)
@@ -138,11 +139,11 @@ impl Mesh {
 /// dimension read as `blocks` equal blocks, each cut into `tp` contiguous parts, rank
 /// t holding part t of every block. One block is Megatron's plain cut; a fused Q, K, V
 /// projection is three (each rank holds its heads' rows of Q, of K and of V). A
-/// dimension that does not cut evenly is [`Error::InvalidArgument`].
+/// dimension that does not cut evenly is `InvalidArgument`.
 pub fn shard_ranges(n: usize, blocks: usize, t: usize, tp: usize) -> Result<Vec<Range<usize>>> {
     let parts = blocks.saturating_mul(tp);
     if parts == 0 || t >= tp || !n.is_multiple_of(parts) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "a dimension of {n} does not cut into {tp} equal tensor-parallel shards{}",
             if blocks > 1 {
                 format!(" in each of its {blocks} blocks")
@@ -264,16 +265,17 @@ impl Declared {
 
 /// The verdict every rank of a tensor-parallel group of `tp` reaches on what all its
 /// ranks declared for one layer (`all[r]` is rank r's, `None` if unreadable), as rank
-/// `me`: [`Error::Mismatch`] naming the first rank whose layer differs from `me`'s
-/// (shard shapes that disagree), else [`Error::InvalidArgument`] when the layer does
+/// `me`: `Mismatch` naming the first rank whose layer differs from `me`'s
+/// (shard shapes that disagree), else `InvalidArgument` when the layer does
 /// not cut into `tp` equal shards (naming the size and T). The same facts give every
 /// rank the same verdict.
 pub fn agree_declared(me: usize, tp: usize, all: &[Option<Declared>]) -> Result<Declared> {
-    let mine = all.get(me).copied().flatten().ok_or_else(|| {
-        Error::InvalidArgument(format!("tensor-parallel rank {me}: no layer declared"))
-    })?;
+    let mine =
+        all.get(me).copied().flatten().ok_or_else(|| {
+            Error::invalid(format!("tensor-parallel rank {me}: no layer declared"))
+        })?;
     if let Some((peer, theirs)) = all.iter().enumerate().find(|(_, d)| **d != Some(mine)) {
-        return Err(Error::Mismatch {
+        return Err(ferroccl::Error::Mismatch {
             rank: me,
             peer,
             ours: format!("tensor-parallel rank {me} holds a shard of {}", mine.name()),
@@ -281,13 +283,11 @@ pub fn agree_declared(me: usize, tp: usize, all: &[Option<Declared>]) -> Result<
                 Some(d) => format!("tensor-parallel rank {peer} of {}", d.name()),
                 None => format!("tensor-parallel rank {peer} declared no layer"),
             },
-        });
+        }
+        .into());
     }
     match mine.cut_error(tp) {
-        Some(why) => Err(Error::InvalidArgument(format!(
-            "{}: {why} (T = {tp})",
-            mine.name()
-        ))),
+        Some(why) => Err(Error::invalid(format!("{}: {why} (T = {tp})", mine.name()))),
         None => Ok(mine),
     }
 }
@@ -368,7 +368,7 @@ mod tests {
         assert_eq!(Mesh::agree(1, &[a, a, a, a]).unwrap(), a);
         for me in 0..4 {
             match Mesh::agree(me, &[a, a, b, a]) {
-                Err(Error::Mismatch { rank, peer, .. }) => {
+                Err(Error::Comm(ferroccl::Error::Mismatch { rank, peer, .. })) => {
                     assert_eq!(rank, me);
                     assert_eq!(peer, if me == 2 { 0 } else { 2 });
                 }
@@ -378,7 +378,7 @@ mod tests {
         // All agree on a mesh of another size: the size is named.
         assert!(matches!(
             Mesh::agree(0, &[a, a]),
-            Err(Error::InvalidArgument(w)) if w.contains("not the job's 2")
+            Err(Error::Comm(ferroccl::Error::InvalidArgument(w))) if w.contains("not the job's 2")
         ));
     }
 
@@ -419,7 +419,7 @@ mod tests {
         let all = [Some(col), Some(narrow), Some(col)];
         for me in 0..3 {
             match agree_declared(me, 3, &all) {
-                Err(Error::Mismatch { peer, theirs, .. }) => {
+                Err(Error::Comm(ferroccl::Error::Mismatch { peer, theirs, .. })) => {
                     assert_eq!(peer, if me == 1 { 0 } else { 1 });
                     assert!(
                         theirs.contains(if me == 1 { "512" } else { "256" }),

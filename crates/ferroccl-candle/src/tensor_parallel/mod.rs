@@ -48,15 +48,15 @@
 pub mod cost;
 pub mod layers;
 pub mod layout;
-pub mod mlp;
 pub mod ops;
 
+pub use crate::error::failure;
 pub use layers::{gather_whole, ColumnParallelLinear, RowParallelLinear, Shard, Split};
 pub use layers::{TpMlp, TpSelfAttention};
 pub use layout::{Coords, Mesh};
-pub use ops::{apply, failure, Conjugate};
+pub use ops::{apply, Conjugate};
 
-use ferroccl::{Communicator, Result, WireStats};
+use ferroccl::{Communicator, WireStats};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The ranks that split each layer (T of them), with a communicator of their own.
@@ -99,7 +99,7 @@ impl TensorGroup {
     }
 
     /// `f` on the group's communicator.
-    pub fn with<R>(&self, f: impl FnOnce(&Communicator) -> Result<R>) -> Result<R> {
+    pub fn with<R, E>(&self, f: impl FnOnce(&Communicator) -> Result<R, E>) -> Result<R, E> {
         f(&self.lock())
     }
 

@@ -7,14 +7,15 @@
 //!
 //! candle's `Module::forward` and `backward` speak candle's error type, so a failed
 //! collective inside them is kept, typed, on the calling thread and candle gets a
-//! message; [`failure`] takes the typed error back (the crate's own error mapping does,
-//! so `Pipeline` and the trainer report [`ferroccl::Error`]s as the collective raised
-//! them, `PeerFailed` and `Mismatch` included).
+//! message (`crate::error::keep`); the crate's error takes the typed error back when
+//! it converts candle's ([`crate::error::failure`]), so `Pipeline` and the trainer
+//! report [`ferroccl::Error`]s as the collective raised them, `PeerFailed` and
+//! `Mismatch` included.
 
 use super::TensorGroup;
+use crate::error::{keep, Error, Result};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, D};
-use ferroccl::{Error, ReduceOp, Result};
-use std::cell::RefCell;
+use ferroccl::ReduceOp;
 use std::sync::Mutex;
 
 /// A boundary between a tensor-parallel region (each rank holds a part) and a
@@ -59,31 +60,24 @@ impl Conjugate {
     /// The forward of this operator on `x` (a tensor outside any graph), typed errors.
     fn forward(self, group: &TensorGroup, x: &Tensor) -> Result<Tensor> {
         if x.dtype() != DType::F32 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "{}: tensor-parallel collectives carry f32, not {:?}",
                 self.name(),
                 x.dtype()
             )));
         }
-        let bad = |e: candle_core::Error| Error::InvalidArgument(format!("{}: {e}", self.name()));
         let dims = x.dims().to_vec();
         let (t, tp) = (group.rank(), group.size());
         let last = dims.last().copied().unwrap_or(1);
         match self {
             Conjugate::Copy => Ok(x.clone()),
             Conjugate::Reduce => {
-                let mut v = x
-                    .flatten_all()
-                    .and_then(|v| v.to_vec1::<f32>())
-                    .map_err(bad)?;
+                let mut v = x.flatten_all()?.to_vec1::<f32>()?;
                 group.with(|c| c.all_reduce(&mut v, ReduceOp::Sum))?;
-                Tensor::from_vec(v, dims, x.device()).map_err(bad)
+                Ok(Tensor::from_vec(v, dims, x.device())?)
             }
             Conjugate::Gather => {
-                let v = x
-                    .flatten_all()
-                    .and_then(|v| v.to_vec1::<f32>())
-                    .map_err(bad)?;
+                let v = x.flatten_all()?.to_vec1::<f32>()?;
                 let mut all = vec![0.0f32; v.len() * tp];
                 group.with(|c| c.all_gather(&v, &mut all))?;
                 // Rank-major [T, rows, last] to [rows, T × last].
@@ -92,24 +86,21 @@ impl Conjugate {
                 if let Some(l) = out.last_mut() {
                     *l *= tp;
                 }
-                Tensor::from_vec(all, (tp, rows, last), x.device())
-                    .and_then(|a| a.transpose(0, 1))
-                    .and_then(|a| a.contiguous())
-                    .and_then(|a| a.reshape(out))
-                    .map_err(bad)
+                Ok(Tensor::from_vec(all, (tp, rows, last), x.device())?
+                    .transpose(0, 1)?
+                    .contiguous()?
+                    .reshape(out)?)
             }
             Conjugate::Scatter => {
                 if dims.is_empty() || !last.is_multiple_of(tp) {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid(format!(
                         "{}: a last dimension of {last} does not cut into {tp} equal \
                          tensor-parallel shards",
                         self.name()
                     )));
                 }
                 let part = last / tp;
-                x.narrow(D::Minus1, t * part, part)
-                    .and_then(|s| s.contiguous())
-                    .map_err(bad)
+                Ok(x.narrow(D::Minus1, t * part, part)?.contiguous()?)
             }
         }
     }
@@ -164,31 +155,5 @@ impl CustomOp1 for Boundary {
         let g = grad.detach().to_dtype(DType::F32)?;
         let back = self.op.conjugate().forward(&self.group, &g).map_err(keep)?;
         Ok(Some(back))
-    }
-}
-
-thread_local! {
-    /// The last collective that failed inside candle on this thread.
-    static FAILED: RefCell<Option<Error>> = const { RefCell::new(None) };
-}
-
-/// What candle's error says when a tensor-parallel collective failed.
-const MARK: &str = "a tensor-parallel collective failed";
-
-/// Keeps `e` for [`failure`] and gives candle a message naming it.
-fn keep(e: Error) -> candle_core::Error {
-    let text = format!("{MARK}: {e}");
-    FAILED.with(|f| *f.borrow_mut() = Some(e));
-    candle_core::Error::Msg(text)
-}
-
-/// The typed error behind `e`, when `e` is a tensor-parallel collective's failure
-/// raised on this thread (inside a forward or a backward); `None` otherwise. Taken
-/// once.
-pub fn failure(e: &candle_core::Error) -> Option<Error> {
-    if e.to_string().contains(MARK) {
-        FAILED.with(|f| f.borrow_mut().take())
-    } else {
-        None
     }
 }

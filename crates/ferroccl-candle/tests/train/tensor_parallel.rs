@@ -5,16 +5,18 @@
 //! ends within 1e-5 of one process training the whole model in plain candle, and
 //! bitwise equal across two runs. Every run has a deadline.
 
+use crate::run;
 use candle_core::{Device, Module, Tensor, Var, D};
 use candle_nn::Linear;
-use ferroccl::testing::{run, test_config, Net};
-use ferroccl::{Communicator, Result};
+use ferroccl::testing::{test_config, Net};
+use ferroccl::Communicator;
 use ferroccl_candle::ddp::{Rng, Sgd};
 use ferroccl_candle::pipeline::{Layout, Pipeline, PipelineConfig, Schedule};
 use ferroccl_candle::tensor_parallel::{
     gather_whole, Mesh, Shard, Split, TensorGroup, TpMlp, TpSelfAttention,
 };
 use ferroccl_candle::zero::Zero;
+use ferroccl_candle::Result;
 use std::ops::Range;
 use std::time::Duration;
 
@@ -264,9 +266,7 @@ fn tensor_alone(c: &Communicator) -> Result<Weights> {
     let mut z = Zero::new(None, named(&shards), sgd(), false)?;
     for s in 0..STEPS {
         let (x, y) = batch(s, 0..BATCH);
-        let out = model
-            .forward(&x)
-            .map_err(ferroccl_candle::error::Error::from)?;
+        let out = model.forward(&x)?;
         let loss = candle_nn::loss::cross_entropy(&out, &y).expect("loss");
         z.backward(&loss)?;
         z.step(LR)?;
@@ -390,7 +390,7 @@ fn p_by_t_by_d_layouts_match_one_process_with_and_without_zero() {
 /// ends on, and count the formula's bytes when the ring is forced.
 #[test]
 fn the_trainer_with_tensor_parallel_ends_on_the_one_process_weights() {
-    use ferroccl_candle::pipeline::train::train_mesh;
+    use ferroccl_candle::trainer::pipeline::train_mesh;
     use ferroccl_candle::{DataSource, TrainConfig};
     let tc = TrainConfig {
         data: DataSource::Synthetic(200),

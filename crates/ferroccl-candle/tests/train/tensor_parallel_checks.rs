@@ -6,15 +6,17 @@
 //! every rank, never a hang; a checkpoint of another tensor shard loads on no rank.
 
 use crate::tensor_parallel::{batch, build, sgd, BATCH, DEADLINE, FFN, HEADS, HIDDEN, SEQ};
+use crate::{run, run_all};
 use candle_core::{Device, Module, Tensor, Var};
-use ferroccl::testing::{all_errors, run, run_all, test_config, Net};
-use ferroccl::{AllReduceAlgo, Error, Result};
+use ferroccl::testing::{all_errors, test_config, Net};
+use ferroccl::AllReduceAlgo;
 use ferroccl_candle::pipeline::{Layout, Pipeline, PipelineConfig};
 use ferroccl_candle::tensor_parallel::cost::{
     block_all_reduces, bytes_per_rank, mlp_stage_all_reduces, plan, PlanInput,
 };
-use ferroccl_candle::tensor_parallel::mlp::tp_mlp_stage;
 use ferroccl_candle::tensor_parallel::{Mesh, TensorGroup, TpMlp, TpSelfAttention};
+use ferroccl_candle::trainer::mlp::tp_mlp_stage;
+use ferroccl_candle::{Error, Result};
 
 fn mesh(pipeline: usize, tensor: usize, data: usize) -> Mesh {
     Mesh {
@@ -35,14 +37,12 @@ fn counted(group: &TensorGroup, f: impl FnOnce() -> Result<()>) -> Result<(u64, 
 /// Forward `x` through `m`, a loss (cross-entropy, or the sum of squares for a
 /// block), backward.
 fn step(m: &dyn Module, x: &Tensor, labels: Option<&Tensor>) -> Result<()> {
-    let out = m.forward(x).map_err(ferroccl_candle::error::Error::from)?;
+    let out = m.forward(x)?;
     let loss = match labels {
         Some(y) => candle_nn::loss::cross_entropy(&out, y),
         None => out.sqr().and_then(|o| o.sum_all()),
-    }
-    .map_err(ferroccl_candle::error::Error::from)?;
-    loss.backward()
-        .map_err(ferroccl_candle::error::Error::from)?;
+    }?;
+    loss.backward()?;
     Ok(())
 }
 
@@ -58,7 +58,7 @@ fn the_bytes_the_links_counted_are_the_per_block_formulas() {
             // which needs its gradient; then fed the data, which does not.
             let (model, _) = build(g, 0, 1)?;
             let (x, y) = batch(0, 0..BATCH);
-            let v = Var::from_tensor(&x).map_err(ferroccl_candle::error::Error::from)?;
+            let v = Var::from_tensor(&x)?;
             let fed = counted(g, || step(&model, v.as_tensor(), Some(&y)))?;
             let data = counted(g, || step(&model, &x, Some(&y)))?;
             // The trainer's MLP as stage 0 (2 blocks, the data in) and as a later
@@ -66,10 +66,8 @@ fn the_bytes_the_links_counted_are_the_per_block_formulas() {
             let w = [6, 8, 8, 8, 3];
             let (first, _) = tp_mlp_stage(&w, 0..4, 1, g)?;
             let (later, _) = tp_mlp_stage(&w, 2..4, 1, g)?;
-            let xs = Tensor::ones((8, 6), candle_core::DType::F32, &Device::Cpu)
-                .map_err(ferroccl_candle::error::Error::from)?;
-            let hv = Var::ones((8, 8), candle_core::DType::F32, &Device::Cpu)
-                .map_err(ferroccl_candle::error::Error::from)?;
+            let xs = Tensor::ones((8, 6), candle_core::DType::F32, &Device::Cpu)?;
+            let hv = Var::ones((8, 8), candle_core::DType::F32, &Device::Cpu)?;
             let s0 = counted(g, || step(&first, &xs, None))?;
             let s1 = counted(g, || step(&later, hv.as_tensor(), None))?;
             Ok([fed, data, s0, s1])
@@ -125,7 +123,7 @@ fn a_layout_that_is_not_the_job_is_refused_on_every_rank() {
     );
     for e in errs {
         assert!(
-            matches!(&e, Error::InvalidArgument(w) if w.contains("is 4 ranks, not the job's 3")),
+            matches!(&e, Error::Comm(ferroccl::Error::InvalidArgument(w)) if w.contains("is 4 ranks, not the job's 3")),
             "{e}"
         );
     }
@@ -143,7 +141,7 @@ fn a_layout_that_is_not_the_job_is_refused_on_every_rank() {
     );
     for (r, e) in errs.iter().enumerate() {
         match e {
-            Error::Mismatch { peer, theirs, .. } => {
+            Error::Comm(ferroccl::Error::Mismatch { peer, theirs, .. }) => {
                 assert_eq!(*peer, if r == 1 { 0 } else { 1 }, "rank {r}");
                 assert!(theirs.contains("layout"), "{theirs}");
             }
@@ -173,7 +171,7 @@ fn a_size_t_does_not_divide_is_refused_on_every_rank() {
     );
     for e in errs {
         assert!(
-            matches!(&e, Error::InvalidArgument(w) if w.contains("of 6 does not cut") && w.contains("T = 4")),
+            matches!(&e, Error::Comm(ferroccl::Error::InvalidArgument(w)) if w.contains("of 6 does not cut") && w.contains("T = 4")),
             "{e}"
         );
     }
@@ -190,7 +188,7 @@ fn a_size_t_does_not_divide_is_refused_on_every_rank() {
     );
     for e in errs {
         assert!(
-            matches!(&e, Error::InvalidArgument(w) if w.contains("head count of 2")),
+            matches!(&e, Error::Comm(ferroccl::Error::InvalidArgument(w)) if w.contains("head count of 2")),
             "{e}"
         );
     }
@@ -211,9 +209,9 @@ fn shards_that_disagree_between_ranks_are_a_mismatch_on_every_rank() {
     );
     for (r, e) in errs.iter().enumerate() {
         match e {
-            Error::Mismatch {
+            Error::Comm(ferroccl::Error::Mismatch {
                 peer, ours, theirs, ..
-            } => {
+            }) => {
                 assert_eq!(*peer, 1 - r);
                 let (mine, other) = if r == 0 { ("16", "32") } else { ("32", "16") };
                 assert!(
@@ -241,12 +239,12 @@ fn shards_that_disagree_between_ranks_are_a_mismatch_on_every_rank() {
         "a 3-D weight",
     );
     assert!(
-        matches!(&errs[0], Error::InvalidArgument(w) if w.contains("(out, in)")),
+        matches!(&errs[0], Error::Comm(ferroccl::Error::InvalidArgument(w)) if w.contains("(out, in)")),
         "{}",
         errs[0]
     );
     assert!(
-        matches!(&errs[1], Error::Mismatch { theirs, .. } if theirs.contains("declared no layer")),
+        matches!(&errs[1], Error::Comm(ferroccl::Error::Mismatch { theirs, .. }) if theirs.contains("declared no layer")),
         "{}",
         errs[1]
     );
@@ -273,7 +271,7 @@ fn a_tensor_rank_that_dies_mid_step_fails_every_rank_with_a_typed_error() {
                 // Tensor rank 1 of stage 1 dies: its links go with it.
                 l.tensor.abort();
                 l.pipe.abort_handle().abort();
-                return Err(Error::InvalidArgument("rank 3 died".into()));
+                return Err(Error::invalid("rank 3 died"));
             }
             let (x, _) = batch(step, 0..BATCH);
             let loss = move |out: &Tensor, r: std::ops::Range<usize>| {
@@ -288,7 +286,8 @@ fn a_tensor_rank_that_dies_mid_step_fails_every_rank_with_a_typed_error() {
     // candle's message), naming the dead rank; the other stage's ranks lose their
     // pipeline peers in turn, and nobody waits for the timeout.
     assert!(
-        !matches!(errs[2], Error::InvalidArgument(_)) && errs[2].to_string().contains("job rank 3"),
+        matches!(&errs[2], Error::Comm(e) if !matches!(e, ferroccl::Error::InvalidArgument(_)))
+            && errs[2].to_string().contains("job rank 3"),
         "rank 2: {}",
         errs[2]
     );
@@ -296,7 +295,9 @@ fn a_tensor_rank_that_dies_mid_step_fails_every_rank_with_a_typed_error() {
         assert!(
             matches!(
                 errs[r],
-                Error::PeerClosed { .. } | Error::Poisoned(_) | Error::PeerFailed { .. }
+                Error::Comm(ferroccl::Error::PeerClosed { .. })
+                    | Error::Comm(ferroccl::Error::Poisoned(_))
+                    | Error::Comm(ferroccl::Error::PeerFailed { .. })
             ),
             "rank {r}: {}",
             errs[r]
@@ -335,11 +336,15 @@ fn a_checkpoint_loads_on_every_tensor_rank_or_on_none() {
     })
     .expect("2 tensor ranks");
     match &out[1].0 {
-        Err(Error::Checkpoint { why, .. }) => assert!(why.contains("\"tensor\":0"), "{why}"),
+        Err(Error::Train(ferroccl::ddp::TrainError::Checkpoint { why, .. })) => {
+            assert!(why.contains("\"tensor\":0"), "{why}")
+        }
         other => panic!("tensor rank 1: {other:?}"),
     }
     match &out[0].0 {
-        Err(Error::InvalidArgument(w)) => assert!(w.contains("tensor-parallel rank"), "{w}"),
+        Err(Error::Comm(ferroccl::Error::InvalidArgument(w))) => {
+            assert!(w.contains("tensor-parallel rank"), "{w}")
+        }
         other => panic!("tensor rank 0: {other:?}"),
     }
     assert!(

@@ -218,6 +218,19 @@ fn bad_runs_are_refused_clearly() {
             vec!["train", "--scaling", "0,2"],
             "world sizes of 1 or more",
         ),
+        // What the parameter server does not read is refused, not ignored.
+        (
+            vec![
+                "train",
+                "--mode",
+                "ssp",
+                "--accum",
+                "2",
+                "--metrics",
+                "m.jsonl",
+            ],
+            "does not read --accum, --metrics",
+        ),
     ] {
         let o = ferroccl(&args, DEADLINE);
         assert!(!o.status.success(), "{args:?} succeeded");

@@ -10,23 +10,27 @@
 //! split evenly into 1, 2, 4 or 8 stages, seven of them of the same cost (the first is
 //! wider in, 784 × 512; the last narrower, 512 × 10, so the last stage is the lightest
 //! and idles most). With T > 1 a stage's layers pair up into Megatron MLP blocks
-//! ([`crate::tensor_parallel::mlp`]), so a stage holds whole pairs: P = 1, 2 or 4.
+//! ([`super::mlp`]), so a stage holds whole pairs: P = 1, 2 or 4.
+//!
+//! Of the [`TrainConfig`] it reads the data, global batch, base LR (linearly scaled,
+//! no warmup or decay here), momentum, weight decay, seed and max steps (default: the
+//! epochs).
 
-use super::mlp::{even_split, mlp_stage};
-use super::{Layout, Pipeline, PipelineConfig, StepReport};
-use crate::ddp::{DistributedSampler, Sgd};
-use crate::model::ce;
+use super::batches::{Batches, Share};
+use super::config::{load_data, TrainConfig, Trainer};
+use super::mlp::{tp_mlp_stage, WIDTHS};
+use crate::ddp::Sgd;
+use crate::error::{Error, Result};
+use crate::pipeline::mlp::{even_split, mlp_stage};
+use crate::pipeline::schedule::textbook_bubble;
+use crate::pipeline::{Layout, Pipeline, PipelineConfig, StepReport};
 use crate::tensor_parallel::cost::{bytes_per_rank, mlp_stage_all_reduces};
-use crate::tensor_parallel::mlp::tp_mlp_stage;
 use crate::tensor_parallel::{gather_whole, Mesh, Shard};
-use crate::{load_data, TrainConfig};
 use candle_core::{Device, Module, Tensor};
-use ferroccl::{Communicator, Error, ReduceOp, Result};
+use ferroccl::ddp::TrainError;
+use ferroccl::{Communicator, ReduceOp};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
-
-/// The MLP's widths.
-pub const WIDTHS: [usize; 9] = [784, 512, 512, 512, 512, 512, 512, 512, 10];
 
 /// One stage's measurements (medians over the steps after the first).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -103,6 +107,7 @@ pub fn train_mesh(
     stages: usize,
     tensor: usize,
 ) -> Result<PipelineSummary> {
+    cfg.refuse_unread(Trainer::Pipeline)?;
     // The same arguments on every rank: a mesh that is not the job fails on every
     // rank here, before any traffic.
     let layout = Layout::mesh(comm, Mesh::for_world(comm.world_size(), stages, tensor)?)?;
@@ -112,7 +117,7 @@ pub fn train_mesh(
             .global_batch
             .is_multiple_of(replicas * pcfg.micro_batches)
     {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "global batch {} must be a positive multiple of replicas × micro-batches \
              ({replicas} × {})",
             cfg.global_batch, pcfg.micro_batches
@@ -152,32 +157,25 @@ fn run<M: Module>(
     let m = pipe.micro_batches();
     let share = cfg.global_batch / replicas;
     let (train_set, _) = load_data(cfg)?;
-    let sampler = DistributedSampler::new(train_set.len(), replicas, replica, cfg.seed)?;
-    let per_epoch = (sampler.per_rank() / share) as u64;
-    if per_epoch == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{} training images cannot make one global batch of {}",
-            train_set.len(),
-            cfg.global_batch
-        )));
-    }
-    let steps = cfg.max_steps.unwrap_or(per_epoch * cfg.epochs.max(1));
+    let mine = Share {
+        world: replicas,
+        rank: replica,
+        micro: share,
+        accum: 1,
+    };
+    let mut batches = Batches::new(train_set, mine, cfg.seed, false)?;
+    let steps = cfg
+        .max_steps
+        .unwrap_or(batches.steps_per_epoch() * cfg.epochs.max(1));
     let lr = cfg.base_lr * cfg.global_batch as f64 / cfg.base_batch.max(1) as f64;
     let mut reports: Vec<(StepReport, f64)> = Vec::new();
-    let mut order = (u64::MAX, Vec::new());
     let mut last = f64::NAN;
     let sent_before = layout.tensor.wire_stats().payload_sent;
     for step in 0..steps {
-        let epoch = step / per_epoch;
-        if order.0 != epoch {
-            order = (epoch, sampler.indices(epoch));
-        }
-        let first = (step % per_epoch) as usize * share;
-        let d = train_set.select(&order.1[first..first + share]);
-        let x =
-            Tensor::from_vec(d.images, (share, WIDTHS[0]), &Device::Cpu).map_err(ce("batch"))?;
+        let d = batches.pass(step, 0);
+        let x = Tensor::from_slice(&d.images, (share, WIDTHS[0]), &Device::Cpu)?;
         let y: Vec<u32> = d.labels.iter().map(|&l| l as u32).collect();
-        let y = Tensor::from_vec(y, share, &Device::Cpu).map_err(ce("labels"))?;
+        let y = Tensor::from_vec(y, share, &Device::Cpu)?;
         let loss = |out: &Tensor, rows: std::ops::Range<usize>| {
             candle_nn::loss::cross_entropy(out, &y.narrow(0, rows.start, rows.len())?)
         };
@@ -186,10 +184,11 @@ fn run<M: Module>(
         let ms = t.elapsed().as_secs_f64() * 1e3;
         last = r.loss;
         if !last.is_finite() {
-            return Err(Error::Diverged {
+            return Err(TrainError::Diverged {
                 step,
                 why: format!("loss {last}; lower --lr"),
-            });
+            }
+            .into());
         }
         reports.push((r, ms));
     }
@@ -224,7 +223,7 @@ fn run<M: Module>(
         micro_batches: m,
         steps,
         final_loss: last,
-        textbook_bubble: super::schedule::textbook_bubble(stages, m),
+        textbook_bubble: textbook_bubble(stages, m),
         per_rank,
         weights: whole_model(&layout.pipe, &stage_whole)?,
     })
@@ -310,7 +309,7 @@ fn whole_model(
             .map(|i| (WIDTHS[i] + 1) * WIDTHS[i + 1])
             .sum();
         if lens[s] != want as i64 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "stage {s} holds {} weights, not the {want} of layers {layers:?}",
                 lens[s]
             )));

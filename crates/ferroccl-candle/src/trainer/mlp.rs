@@ -1,19 +1,21 @@
-//! The trainer's MLP (`crate::pipeline::mlp`) with its layers in tensor-parallel
-//! pairs: layer 2i column-parallel, tanh on each rank's slice, layer 2i + 1
-//! row-parallel, then tanh unless it is the model's last layer — Megatron's MLP block
-//! four times over for `ferroccl train --tensor-parallel T`. The weights are cut from
-//! the whole model's ([`crate::pipeline::mlp::mlp_stage`], drawn from the same seed),
-//! so every layout holds the one-process model.
+//! The pipeline trainer's MLP ([`WIDTHS`], built by `crate::pipeline::mlp`), and the
+//! same with its layers in tensor-parallel pairs: layer 2i column-parallel, tanh on
+//! each rank's slice, layer 2i + 1 row-parallel, then tanh unless it is the model's
+//! last layer — Megatron's MLP block four times over for `ferroccl train
+//! --tensor-parallel T`. The weights are cut from the whole model's
+//! ([`crate::pipeline::mlp::mlp_stage`], drawn from the same seed), so every layout
+//! holds the one-process model.
 
-use super::cost::check_pairs;
-use super::layers::{Shard, TpMlp};
-use super::layout::shard_ranges;
-use super::TensorGroup;
-use crate::pipeline::mlp::even_split;
-use crate::pipeline::mlp::mlp_stage;
+use crate::error::{Error, Result};
+use crate::pipeline::mlp::{even_split, mlp_stage};
+use crate::tensor_parallel::cost::check_pairs;
+use crate::tensor_parallel::layout::shard_ranges;
+use crate::tensor_parallel::{Shard, TensorGroup, TpMlp};
 use candle_core::{Module, Tensor};
-use ferroccl::{Error, Result};
 use std::ops::Range;
+
+/// The MLP's widths: 784 → 512 × 7 → 10.
+pub const WIDTHS: [usize; 9] = [784, 512, 512, 512, 512, 512, 512, 512, 10];
 
 /// Layers `layers` of the MLP as tensor-parallel blocks; see the module docs.
 pub struct TpMlpStage {
@@ -50,7 +52,7 @@ pub fn tp_mlp_stage(
         let v = |j: usize| {
             vars.get(4 * k + j)
                 .map(|(_, v)| v.as_tensor())
-                .ok_or_else(|| Error::InvalidArgument(format!("layer {i}: no weights")))
+                .ok_or_else(|| Error::invalid(format!("layer {i}: no weights")))
         };
         let block = TpMlp::from_whole(
             group,
@@ -75,13 +77,13 @@ pub fn check_mlp(widths: &[usize], stages: usize, tensor: usize) -> Result<()> {
     }
     for layers in even_split(widths.len().saturating_sub(1), stages)? {
         check_pairs(widths, &layers).map_err(|e| {
-            Error::InvalidArgument(format!(
+            Error::invalid(format!(
                 "{stages} pipeline stage(s) with tensor parallelism: {e}"
             ))
         })?;
         for i in layers.step_by(2) {
             shard_ranges(widths[i + 1], 1, 0, tensor).map_err(|_| {
-                Error::InvalidArgument(format!(
+                Error::invalid(format!(
                     "the MLP's hidden size {} (layer {i}) does not cut into {tensor} equal \
                      tensor-parallel shards",
                     widths[i + 1]
