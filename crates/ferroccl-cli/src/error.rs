@@ -20,6 +20,11 @@ pub enum CliError {
     /// The launcher could not start or finish the job.
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    /// Training failed: candle, a collective, or the run itself (diverged, preempted,
+    /// a checkpoint it cannot use).
+    #[cfg(feature = "candle")]
+    #[error(transparent)]
+    Train(#[from] ferroccl_candle::Error),
     /// A file or a value this command cannot use, and why.
     #[error("{0}")]
     Input(String),
@@ -39,10 +44,17 @@ impl From<&str> for CliError {
 
 impl CliError {
     /// The exit status: the launcher's own (a rank's signal, 126 or 127 for a command
-    /// that cannot run), else 2.
+    /// that cannot run), `ferroccl::ddp::PREEMPTED_EXIT_CODE` for a preempted run (a
+    /// launcher restarts on it, `launch --max-restarts`), else 2.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Launch(e) => e.exit_code(),
+            #[cfg(feature = "candle")]
+            CliError::Train(ferroccl_candle::Error::Train(
+                ferroccl::ddp::TrainError::Preempted { .. },
+            )) => ferroccl::ddp::PREEMPTED_EXIT_CODE as u8,
+            #[cfg(feature = "candle")]
+            CliError::Train(_) => 2,
             CliError::Comm(_) | CliError::Input(_) => 2,
         }
     }

@@ -88,7 +88,7 @@ fn main() -> ExitCode {
         Command::Simulate(a) => ("simulate", simulate::main(a)),
         Command::Trace(a) => ("trace", trace::main(a)),
         #[cfg(feature = "candle")]
-        Command::Train(a) => return train::main(a),
+        Command::Train(a) => ("train", train::main(a)),
         Command::GpuCheck(a) => return gpu_check::main(a),
     };
     match r {

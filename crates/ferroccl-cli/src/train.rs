@@ -2,13 +2,12 @@
 //! (see the `ferroccl-candle` package), and `--scaling` reports across world sizes.
 
 use clap::Args;
-use ferroccl::ddp::{Decay, TrainError, WireDtype};
+use ferroccl::ddp::{Decay, WireDtype};
 use ferroccl::rendezvous::LaunchEnv;
 use ferroccl::{Communicator, Config};
 use ferroccl_candle::model::Precision;
 use ferroccl_candle::{DataSource, Error, Result, Resume, Summary, TrainConfig, Trainer};
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
@@ -185,24 +184,12 @@ pub struct TrainArgs {
     trace: Option<PathBuf>,
 }
 
-pub fn main(a: TrainArgs) -> ExitCode {
-    let r = match &a.scaling {
-        Some(ns) => scaling(&a, ns),
-        None => run(&a),
-    };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferroccl train: {e}");
-            match e {
-                // A launcher restarts on this one (`launch --max-restarts`).
-                Error::Train(TrainError::Preempted { .. }) => {
-                    ExitCode::from(ferroccl::ddp::PREEMPTED_EXIT_CODE as u8)
-                }
-                _ => ExitCode::from(2),
-            }
-        }
+pub fn main(a: TrainArgs) -> crate::error::Result<bool> {
+    match &a.scaling {
+        Some(ns) => scaling(&a, ns)?,
+        None => run(&a)?,
     }
+    Ok(true)
 }
 
 fn config(a: &TrainArgs) -> Result<TrainConfig> {

@@ -20,6 +20,7 @@ use clap::Args;
 use ferroccl::{Error, Result};
 pub use model::*;
 pub use parse::*;
+#[cfg(feature = "candle")]
 pub use render::{fmt_bytes, fmt_g, fmt_rate, fmt_time};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
 //! Tests of the plan's arithmetic (model.rs), parsing (parse.rs) and report (render.rs).
 
+use super::render::*;
 use super::*;
 
 /// |got − want| ≤ 1e-12 × |want| (or 1e-15 absolute near zero).
