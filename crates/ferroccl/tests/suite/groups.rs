@@ -3,21 +3,12 @@
 //! buffers): every result equal to its definition on every rank, over threads, TCP and
 //! shared memory, and misuse as a typed error in the same call.
 
-use crate::common::{self, run, run_all, test_config, ManualTimeout, Net, SimMemParams};
+use crate::common::{self, ensure, run, run_all, test_config, ManualTimeout, Net, SimMemParams};
 use ferroccl::{Communicator, DataType, Element, Error, ReduceOp};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
 type R<T> = ferroccl::Result<T>;
-
-/// Fails the rank (not a panic: the harness names the rank and its message).
-fn ensure(ok: bool, what: impl FnOnce() -> String) -> R<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!("check failed: {}", what())))
-    }
-}
 
 /// Element `i` of what rank `from` sends rank `to`: exact in every element type.
 fn val(from: usize, to: usize, i: usize) -> f64 {
