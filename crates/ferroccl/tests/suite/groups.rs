@@ -145,6 +145,23 @@ fn direct_exchanges_over_every_transport_and_executor() {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// On symmetric shared memory (where the direct exchanges stream through the
+    /// rings, measured faster) and on the rings alone: every dtype, worlds 1 to 8,
+    /// counts 0, 1, uneven and per-peer; every byte where its definition puts it.
+    #[test]
+    fn direct_exchanges_over_shared_memory(n in 1usize..=8, dt in prop::sample::select(DataType::ALL.to_vec()),
+                                           rings in any::<bool>()) {
+        let net = if rings { Net::ShmRings } else { Net::Shm };
+        let r = run(n, net, &test_config(), Duration::from_secs(60), move |c| {
+            for_dtype!(dt, direct_cases(c))
+        });
+        prop_assert!(r.is_ok(), "{net:?} n={n} {dt}: {}", r.err().map(|e| e.to_string()).unwrap_or_default());
+    }
+}
+
 // ---- gather and scatter ----
 
 fn gather_scatter_case<T: Element>(c: &Communicator, count: usize, root: usize) -> R<()> {
