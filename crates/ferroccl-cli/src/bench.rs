@@ -1049,18 +1049,22 @@ fn bench_typed<T: Element>(
                     if t.measure_cost_model { " (measured on these links)" } else { "" }
                 ),
                 (ferroccl::AllReduceAlgo::Auto, None)
-                    if c.all_reduce_algorithm(1 << 30) == ferroccl::Algorithm::TwoShot =>
+                    if c.all_reduce_algorithm(1 << 20) == ferroccl::Algorithm::TwoShot =>
                 {
-                    // Symmetric memory: the largest power of two that still streams.
-                    let rd = (0..40)
-                        .map(|k| 1usize << k)
-                        .take_while(|&b| {
-                            c.all_reduce_algorithm(b) == ferroccl::Algorithm::RecursiveDoubling
-                        })
-                        .last()
-                        .unwrap_or(0);
+                    // Symmetric memory: the largest power of two of each algorithm.
+                    let last = |a: ferroccl::Algorithm| {
+                        (0..40)
+                            .map(|k| 1usize << k)
+                            .filter(|&b| c.all_reduce_algorithm(b) == a)
+                            .last()
+                            .unwrap_or(0)
+                    };
+                    let (rd, two) = (
+                        last(ferroccl::Algorithm::RecursiveDoubling),
+                        last(ferroccl::Algorithm::TwoShot),
+                    );
                     println!(
-                        "# algo: every rank on this host, symmetric memory: rd (recursive doubling over the rings) up to {rd} B, 2shot above (each rank reduces 1/n of all the ranks' memory, then copies the rest; wire 'mem': no payload crossed a link)"
+                        "# algo: every rank on this host, symmetric memory: rd (recursive doubling over the rings) up to {rd} B, 2shot up to {two} B (each rank reduces 1/n of all the ranks' memory, then copies the rest; wire 'mem': no payload crossed a link), ring through the rings above"
                     )
                 }
                 (ferroccl::AllReduceAlgo::Auto, None) => println!(

@@ -89,7 +89,7 @@ fn finish_notice(peer: &mut Peer, origin: usize, len: usize, first: &[u8]) -> Fr
 /// between frames (so the next bytes are a header): a notice saying why it gave up,
 /// or a frame of a call other than `fp` (a mismatch it saw first, or that this rank
 /// would have seen had its own write not failed first). Frames of `fp` itself are
-/// skipped, a bounded number of them.
+/// skipped, a bounded number of them ([`of_call`]: whatever pair count they carry).
 pub(crate) fn take_notice(peer: &mut Peer, fp: &Fingerprint) -> Option<FrameError> {
     read_notice(peer, Some(fp))
 }
@@ -123,7 +123,7 @@ fn read_notice(peer: &mut Peer, fp: Option<&Fingerprint>) -> Option<FrameError> 
             return Some(finish_notice(peer, origin, len, &[]));
         }
         let h = FrameHeader::decode(&header).ok()?;
-        if let Some(fp) = fp.filter(|fp| h.fp != **fp) {
+        if let Some(fp) = fp.filter(|fp| !of_call(&h.fp, fp)) {
             return Some(FrameError::Unexpected {
                 got: Ok(h),
                 expected: FrameHeader { fp: *fp, ..h },
@@ -141,6 +141,22 @@ fn read_notice(peer: &mut Peer, fp: Option<&Fingerprint>) -> Option<FrameError> 
         }
     }
     None
+}
+
+/// Whether a frame fingerprinted `h` belongs to the call `fp`: the same fingerprint,
+/// but for the count where frames carry their pair's ([`OpKind::counts_per_pair`]: a
+/// scatter root's call says what it sends each rank, the frames a rank sends it say
+/// 0). A dead peer's last frames, left on its link, are then not taken for a call of
+/// its own (it was reported as a mismatch naming two counts).
+pub(crate) fn of_call(h: &Fingerprint, fp: &Fingerprint) -> bool {
+    if fp.kind.counts_per_pair() {
+        Fingerprint {
+            count: fp.count,
+            ..*h
+        } == *fp
+    } else {
+        h == fp
+    }
 }
 
 /// Which collective a frame belongs to.
@@ -584,6 +600,39 @@ mod tests {
         r.fp.algo = Algorithm::RecursiveDoubling;
         r.fp.comm = 0x0123_4567_89ab_cdef;
         assert_eq!(FrameHeader::decode(&r.encode()), Ok(r));
+    }
+
+    #[test]
+    fn a_frame_of_the_call_is_one_whatever_its_pair_count() {
+        let call = header().fp;
+        let mut other = call;
+        other.count = 3;
+        // All-reduce frames carry the call's count: another count is another call.
+        assert!(of_call(&call, &call) && !of_call(&other, &call));
+        for kind in [OpKind::AllToAll, OpKind::Gather, OpKind::Scatter] {
+            let call = Fingerprint { kind, ..call };
+            let pair = Fingerprint { count: 0, ..call };
+            assert!(of_call(&pair, &call), "{kind:?}");
+            // Anything else that differs is another call.
+            for h in [
+                Fingerprint { seq: 18, ..pair },
+                Fingerprint {
+                    root: Some(1),
+                    ..pair
+                },
+                Fingerprint {
+                    dtype: DataType::F32,
+                    ..pair
+                },
+                Fingerprint {
+                    kind: OpKind::Broadcast,
+                    ..pair
+                },
+                Fingerprint { comm: 9, ..pair },
+            ] {
+                assert!(!of_call(&h, &call), "{kind:?} {h}");
+            }
+        }
     }
 
     #[test]

@@ -74,6 +74,77 @@ pub(crate) fn one_shot_max(_n: usize) -> usize {
     0
 }
 
+/// Up to how many bytes an all-reduce of `n` ranks on symmetric shared memory runs
+/// two-shot; above, the ring streams through the shared-memory rings. Measured on the
+/// 2-core development machine (`ferroccl bench all_reduce`, symmetric memory on
+/// against off, in-place medians, 3 interleaved repetitions on a quiet machine,
+/// min–max): n = 2: 4 MiB two-shot 151–188 µs against the rings' 189–201, 8 MiB
+/// 607–679 against 451–493, 16 MiB 2.38–2.71 ms against 1.35–1.71; n = 4: 4 MiB
+/// 0.74–1.12 ms against 1.16–1.56, 8 MiB 2.66–3.21 against 2.24–3.37, 16 MiB 5.2–7.0
+/// against 5.7–6.6 (and at 64 MiB the rings 1.2–1.8× faster in two other sittings). A
+/// ring's segments pass through a 4 MiB ring that stays in the caches; two-shot's
+/// workspaces of that size do not.
+pub(crate) fn sym_two_shot_max(_n: usize) -> usize {
+    4 << 20
+}
+
+/// Elements per block of a two-shot all-reduce on `n` ranks (elements of `es` bytes,
+/// `segment` the configured segment): `n` segments, so that each rank's part of a
+/// block is one segment. Two-shot runs its blocks one after the other, each copied
+/// in, reduced and copied out while it is still in the caches (`engine/shot.rs`).
+/// Measured against one block the size of the buffer (`bench --algo two-shot`, 512
+/// KiB segments, in-place medians of 3–4 interleaved repetitions, min/median/max):
+/// n = 2: 2 MiB 82/85/157 µs against 86/109/402, 4 MiB 140/143/337 against
+/// 146/175/788, 8 MiB 677/683/718 against 891/973/1370; n = 4: 4 MiB 728/793 against
+/// 906/1177/1348, 2 MiB level, 8 MiB level (2.7–3.0 ms against 2.4–3.5).
+pub(crate) fn two_shot_block(n: usize, es: usize, segment: usize) -> usize {
+    (n.max(1) * segment / es.max(1)).max(n.max(1))
+}
+
+/// A collective other than all-reduce on host memory, for [`Policy::pulls`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HostCall {
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Gather,
+    Scatter,
+}
+
+#[cfg(test)]
+impl HostCall {
+    pub(crate) const ALL: [HostCall; 7] = [
+        HostCall::ReduceScatter,
+        HostCall::AllGather,
+        HostCall::Broadcast,
+        HostCall::Reduce,
+        HostCall::AllToAll,
+        HostCall::Gather,
+        HostCall::Scatter,
+    ];
+}
+
+/// From how many bytes `call` on symmetric shared memory reads the peers' workspaces
+/// (the pull executor) instead of streaming through the shared-memory rings; `None`:
+/// at no size. Measured on the 2-core development machine (`ferroccl bench` with
+/// `FERROCCL_SHM_SYMMETRIC=on` against `off`, 1 KiB to 16 MiB by factors of 4, n = 2
+/// and 4, two sittings, quiet machine): every one of these ran slower on the pull
+/// executor at every size but for ties within the noise — 16 MiB at n = 2:
+/// broadcast 2.67–2.71 ms against 0.51–1.01, all-to-all 1.45–2.50 against 1.01–1.34,
+/// all-gather 1.58–1.59 against 0.78–0.85, gather 1.47–1.50 against 0.46; 1 KiB:
+/// 1.3–2.6 µs against 0.6–1.4. The pull executor copies a plan's whole input into the
+/// workspace before any peer may read it (the rings pipeline it), lands a receive in
+/// the workspace before copying it to the output (three copies of a byte against
+/// the rings' two), and exchanges fingerprints with its neighbours first. All-reduce
+/// is where reading the peers wins (two-shot: one pass over each peer's chunk
+/// instead of the ring's copy in, copy out and re-read), decided in
+/// [`Policy::all_reduce`].
+pub(crate) fn sym_pull_min(_call: HostCall, _n: usize) -> Option<usize> {
+    None
+}
+
 /// A network model for choosing by predicted time (`Tuning::cost_model`): a message
 /// costs `alpha + S / bandwidth` seconds, combining `S` bytes `S / reduce`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,6 +165,11 @@ pub(crate) struct Policy<'a> {
     pub host_pull: bool,
     /// The largest call (workspace bytes) the memory peers take; larger calls stream.
     pub pull_max: usize,
+    /// The memory peers are symmetric shared memory with shared-memory rings beside
+    /// them, where each collective takes what was measured fastest
+    /// ([`sym_pull_min`]); other memory peers (CUDA IPC's, and their simulation) take
+    /// every call of data they can.
+    pub sym: bool,
     /// Which ranks share a host, the same on every rank, if known.
     pub layout: Option<&'a HostLayout>,
     pub forced: AllReduceAlgo,
@@ -139,15 +215,25 @@ impl Policy<'_> {
         self.host_pull && bytes <= self.pull_max
     }
 
-    /// Whether an all-reduce of `bytes` by `algo` runs on the memory peers: the ring's
-    /// plan, one-shot and two-shot do where the memory peers take it; the others
-    /// stream over the links.
+    /// Whether `call` on host memory, of `bytes` bytes of workspace, reads the memory
+    /// peers: where [`Policy::pull`] allows it, on symmetric shared memory only from
+    /// [`sym_pull_min`] up (the rings below, or at every size where it never wins).
+    pub fn pulls(&self, call: HostCall, bytes: usize) -> bool {
+        self.pull(bytes)
+            && (!self.sym || sym_pull_min(call, self.world_size).is_some_and(|m| bytes >= m))
+    }
+
+    /// Whether an all-reduce of `bytes` by `algo` runs on the memory peers: one-shot
+    /// and two-shot do where the memory peers take it, and the ring's plan too except
+    /// on symmetric shared memory (read from the peers it lost to the rings at every
+    /// size: 16 MiB at n = 2 3.3 ms against 1.35); the others stream over the links.
     pub fn all_reduce_pulls(&self, algo: Algorithm, bytes: usize) -> bool {
         self.pull(bytes)
-            && matches!(
-                algo,
-                Algorithm::Ring | Algorithm::OneShot | Algorithm::TwoShot
-            )
+            && match algo {
+                Algorithm::OneShot | Algorithm::TwoShot => true,
+                Algorithm::Ring => !self.sym,
+                _ => false,
+            }
     }
 
     /// The algorithm an all-reduce of `bytes` bytes of host memory uses. Forced
@@ -172,8 +258,10 @@ impl Policy<'_> {
                         Algorithm::RecursiveDoubling
                     } else if bytes <= one_shot_max(n) {
                         Algorithm::OneShot
-                    } else {
+                    } else if !self.sym || bytes <= sym_two_shot_max(n) {
                         Algorithm::TwoShot
+                    } else {
+                        Algorithm::Ring
                     }
                 }
                 _ => {}
@@ -214,8 +302,13 @@ impl Policy<'_> {
     /// when [`AllReduceAlgo::Tree`] is forced and the buffers stream over links, the
     /// chain otherwise. Both keep the root agreement (`chain.rs`).
     pub fn rooted(&self) -> Algorithm {
+        let never_pulled = [HostCall::Broadcast, HostCall::Reduce]
+            .into_iter()
+            .all(|c| self.sym && sym_pull_min(c, self.world_size).is_none());
         match self.forced {
-            AllReduceAlgo::Tree if self.world_size > 1 && !self.host_pull => Algorithm::Tree,
+            AllReduceAlgo::Tree if self.world_size > 1 && (!self.host_pull || never_pulled) => {
+                Algorithm::Tree
+            }
             _ => Algorithm::Chain,
         }
     }
@@ -235,8 +328,8 @@ impl Policy<'_> {
     }
 
     /// The algorithm an all-to-all, gather or scatter uses: direct exchanges with every
-    /// peer (see `alltoall.rs` and `direct.rs`); a transport that reads peers' memory
-    /// reads them the same way.
+    /// peer (`direct.rs`), streamed or, where [`Policy::pulls`] says so, read from the
+    /// memory peers the same way.
     pub fn direct(&self) -> Algorithm {
         Algorithm::Direct
     }
@@ -344,6 +437,7 @@ mod tests {
             world_size: n,
             host_pull: false,
             pull_max: usize::MAX,
+            sym: false,
             layout,
             forced: AllReduceAlgo::Auto,
             small_message_bytes: 64 << 10,
@@ -487,6 +581,96 @@ mod tests {
             ..policy(1, None)
         };
         assert_eq!(alone.all_reduce(1024), Algorithm::Ring);
+    }
+
+    /// On symmetric shared memory each collective but all-reduce reads the peers only
+    /// from its measured switch point ([`sym_pull_min`]: none today, so the rings at
+    /// every size); other memory peers (CUDA IPC's) take every call up to their cap;
+    /// links never pull.
+    #[test]
+    fn symmetric_memory_pulls_only_where_it_was_measured_to_win() {
+        let sizes = [0usize, 1, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 1 << 30];
+        for n in 1..=8 {
+            for call in HostCall::ALL {
+                assert_eq!(sym_pull_min(call, n), None, "{call:?} n={n}");
+                for bytes in sizes {
+                    let sym = Policy {
+                        host_pull: true,
+                        sym: true,
+                        pull_max: 1 << 30,
+                        ..policy(n, None)
+                    };
+                    assert!(!sym.pulls(call, bytes), "{call:?} n={n} {bytes}");
+                    let ipc = Policy { sym: false, ..sym };
+                    assert!(ipc.pulls(call, bytes), "{call:?} n={n} {bytes}");
+                    let capped = Policy {
+                        pull_max: bytes.saturating_sub(1),
+                        ..ipc
+                    };
+                    assert_eq!(capped.pulls(call, bytes), bytes == 0, "{call:?} {bytes}");
+                    assert!(!policy(n, None).pulls(call, bytes));
+                }
+            }
+            // The rooted collectives stream on symmetric memory, so a forced tree runs.
+            let tree = Policy {
+                host_pull: true,
+                sym: true,
+                forced: AllReduceAlgo::Tree,
+                ..policy(n, None)
+            };
+            let want = if n > 1 {
+                Algorithm::Tree
+            } else {
+                Algorithm::Chain
+            };
+            assert_eq!(tree.rooted(), want, "n={n}");
+            assert_eq!(Policy { sym: false, ..tree }.rooted(), Algorithm::Chain);
+            // All-reduce reads symmetric memory (two-shot) between the rings' small
+            // sizes and their large ones; the ring's plan always streams there.
+            if n > 1 {
+                let auto = Policy {
+                    forced: AllReduceAlgo::Auto,
+                    pull_max: 1 << 30,
+                    ..tree
+                };
+                let (lo, hi) = (sym_push_max(n), sym_two_shot_max(n));
+                assert!(lo < hi);
+                assert_eq!(auto.all_reduce(lo), Algorithm::RecursiveDoubling);
+                for b in [lo + 1, 1 << 20, hi] {
+                    assert_eq!(auto.all_reduce(b), Algorithm::TwoShot, "n={n} {b}");
+                    assert!(auto.all_reduce_pulls(Algorithm::TwoShot, b));
+                }
+                for b in [hi + 1, 1 << 30] {
+                    assert_eq!(auto.all_reduce(b), Algorithm::Ring, "n={n} {b}");
+                    assert!(!auto.all_reduce_pulls(Algorithm::Ring, b), "n={n} {b}");
+                }
+                // Forced, the ring streams; the shots read the peers at any size.
+                let forced = |forced| Policy { forced, ..auto };
+                assert_eq!(
+                    forced(AllReduceAlgo::Ring).all_reduce(1 << 20),
+                    Algorithm::Ring
+                );
+                assert!(!auto.all_reduce_pulls(Algorithm::Ring, 1 << 20));
+                assert_eq!(
+                    forced(AllReduceAlgo::TwoShot).all_reduce(1 << 30),
+                    Algorithm::TwoShot
+                );
+                assert_eq!(
+                    forced(AllReduceAlgo::OneShot).all_reduce(16),
+                    Algorithm::OneShot
+                );
+                // Other memory peers keep two-shot at every size, and pull the ring.
+                let ipc = Policy { sym: false, ..auto };
+                assert_eq!(ipc.all_reduce(1 << 30), Algorithm::TwoShot);
+                assert!(ipc.all_reduce_pulls(Algorithm::Ring, 1 << 20));
+                // The blocks of two-shot: n segments, whole elements, at least n.
+                for es in [1, 2, 4, 8] {
+                    let b = two_shot_block(n, es, 512 << 10);
+                    assert_eq!(b * es, n * (512 << 10), "n={n} es={es}");
+                    assert_eq!(two_shot_block(n, es, 1), n, "n={n} es={es}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use super::scope::{job_over, JobFn};
 use super::Communicator;
-use crate::algo::select::chain_segment;
+use crate::algo::select::{chain_segment, two_shot_block, HostCall};
 use crate::algo::{all_reduce_plan, chain, doubling, hier, ring, schedule, tree, Algorithm, Plan};
 use crate::engine::{Data, Engine, PullCall, Shot};
 use crate::error::Result;
@@ -79,7 +79,9 @@ impl Communicator {
         let (count, es) = (buf.len(), size_of::<T>());
         let shot = match algo {
             Algorithm::OneShot => Some(Shot::One),
-            Algorithm::TwoShot => Some(Shot::Two),
+            Algorithm::TwoShot => Some(Shot::Two {
+                block: two_shot_block(n, es, seg),
+            }),
             _ => None,
         };
         Ok(job_over(buf, move |e, b| {
@@ -126,17 +128,25 @@ impl Communicator {
         chunks: Vec<Range<usize>>,
         op: Option<ReduceOp>,
     ) -> Result<JobFn> {
-        let (kind, what) = if op.is_some() {
-            (OpKind::ReduceScatter, "hierarchical reduce-scatter")
+        let (kind, what, call) = if op.is_some() {
+            (
+                OpKind::ReduceScatter,
+                "hierarchical reduce-scatter",
+                HostCall::ReduceScatter,
+            )
         } else {
-            (OpKind::AllGather, "hierarchical all-gather")
+            (
+                OpKind::AllGather,
+                "hierarchical all-gather",
+                HostCall::AllGather,
+            )
         };
         let (algo, layout) = self.hierarchical_choice(self.reduce_scatter_algorithm(), what)?;
         let fp = self.fingerprint(kind, T::DTYPE, op, buf.len(), None, algo);
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().pull(std::mem::size_of_val(buf)),
+            self.policy().pulls(call, std::mem::size_of_val(buf)),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {
@@ -176,7 +186,8 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().pull(std::mem::size_of_val(buf)),
+            self.policy()
+                .pulls(HostCall::Broadcast, std::mem::size_of_val(buf)),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {
@@ -212,7 +223,8 @@ impl Communicator {
         let (n, seg, pull, es) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().pull(std::mem::size_of_val(buf)),
+            self.policy()
+                .pulls(HostCall::Reduce, std::mem::size_of_val(buf)),
             size_of::<T>(),
         );
         Ok(job_over(buf, move |e, b| {

@@ -2,12 +2,15 @@
 //! `algo/direct.rs`). Each runs over `[input | output]`: sends read the input, receives
 //! land in the output, and a rank's own block is copied here. The equal-block forms
 //! lay the two out alike on every rank (gather: one block, then `n`; scatter: `n`,
-//! then one), so that a transport whose peers read each other's memory runs them too;
+//! then one), so that a transport whose peers read each other's memory runs them too
+//! where the selection says it wins (`algo::select`'s `Policy::pulls`: CUDA IPC's
+//! peers; on symmetric shared memory they stream through the rings, measured faster);
 //! the `v` forms, whose layout only their own rank knows, stream over the links.
 
 use super::scope::{job_over_split, JobFn};
 use super::{Communicator, Handle, Scope};
 use crate::algo::direct::{self, Block};
+use crate::algo::select::HostCall;
 use crate::algo::{self, Plan};
 use crate::engine::{Data, Engine, PullCall};
 use crate::error::Result;
@@ -502,12 +505,17 @@ impl Communicator {
     ) -> Call {
         let algo = self.policy().direct();
         let fp = self.fingerprint(kind, T::DTYPE, None, count as usize, root, algo);
+        let call = match kind {
+            OpKind::Gather => HostCall::Gather,
+            OpKind::Scatter => HostCall::Scatter,
+            _ => HostCall::AllToAll,
+        };
         Call {
             fp,
             plan_of,
             in_len,
             out_len,
-            pull: pullable && self.policy().pull(in_len + out_len),
+            pull: pullable && self.policy().pulls(call, in_len + out_len),
             dtype: T::DTYPE,
         }
     }

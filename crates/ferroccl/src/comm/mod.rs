@@ -87,6 +87,9 @@ pub struct Communicator {
     /// Whether host-memory collectives run on the transport's memory peers (a
     /// transport whose peers read each other's host memory) instead of its links.
     host_pull: bool,
+    /// Whether those memory peers are symmetric shared memory (rings beside them):
+    /// each collective then reads them only where that was measured to win.
+    host_sym: bool,
     /// The largest call the memory peers take ([`crate::transport::MemPeers::max_bytes`]).
     pull_max: usize,
     /// Which ranks share a host, when the transport says (`auto`, `shm`); the same on
@@ -374,6 +377,7 @@ impl Communicator {
     ) -> Result<Self> {
         let (rank, n) = (cfg.job.rank, cfg.job.world_size);
         let host_pull = links.mem.as_ref().is_some_and(|m| m.host_memory());
+        let host_sym = host_pull && links.mem.as_ref().is_some_and(|m| m.symmetric());
         let pull_max = links.mem.as_ref().map_or(usize::MAX, |m| m.max_bytes());
         let device_pull = links.mem.as_ref().is_some_and(|m| !m.host_memory());
         let layout = family.hosts.as_ref().map(|h| HostLayout::from_hosts(h));
@@ -441,6 +445,7 @@ impl Communicator {
             worker: RefCell::new(None),
             health,
             host_pull,
+            host_sym,
             pull_max,
             layout,
             device_pull,
@@ -554,6 +559,7 @@ impl Communicator {
             world_size: self.world_size,
             host_pull: self.host_pull,
             pull_max: self.pull_max,
+            sym: self.host_sym,
             layout: self.layout.as_ref(),
             forced: t.all_reduce_algo,
             small_message_bytes: t.small_message_bytes,

@@ -15,6 +15,11 @@
 //! link's buffer, once the peer has taken the rest), so a rank may send, take part in
 //! a collective and then receive; a batch's sends complete only once their receiver
 //! has them, so two ranks that disagree in a batch both fail in it.
+//!
+//! With itself a rank exchanges messages too, as MPI does: a send to itself is eager
+//! (it completes at once, its bytes kept until the matching receive takes them), so it
+//! never waits; a blocking receive from itself that no earlier send to itself can
+//! satisfy is refused at once ([`Error::InvalidArgument`]), never left to time out.
 
 use super::scope::{Completion, JobFn};
 use super::Communicator;
@@ -228,17 +233,42 @@ impl Communicator {
     /// with [`Error::Mismatch`] (and this rank, at the latest in its next call, with
     /// the receiver's notice). Returns once the transport holds the message (for a
     /// message larger than the link's buffer, once the peer has taken the rest). A
-    /// rank may send to itself (matched with its own `recv`).
+    /// send to this rank itself is eager, as MPI's self-send: it completes at once and
+    /// its bytes are kept (a copy) until this rank's receive from itself takes them.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
         let p = self.prepare(true, buf.as_ptr().cast_mut(), buf.len(), peer, tag)?;
         self.post_one(p).wait()
     }
 
     /// Receives into `buf` the next message from rank `peer`, which must carry `tag`
-    /// and exactly `buf.len()` elements of this type (see [`Self::send`]).
+    /// and exactly `buf.len()` elements of this type (see [`Self::send`]). A receive
+    /// from this rank itself with no send to itself posted before it for it to take
+    /// is refused at once with [`Error::InvalidArgument`]: while it blocks, nothing
+    /// could send that message (post it with [`Self::recv_start`], in a scope or in a
+    /// [`Self::p2p_batch`] to send it afterwards).
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
         let p = self.prepare(false, buf.as_mut_ptr(), buf.len(), peer, tag)?;
+        self.check_self_recvs("recv")?;
         self.post_one(p).wait()
+    }
+
+    /// Refuses a blocking `what` (a receive, or a batch) that leaves a receive from
+    /// this rank itself without a send to itself posted to match it: no send could be
+    /// posted while it blocks. Called after the receives are numbered.
+    fn check_self_recvs(&self, what: &str) -> Result<()> {
+        let r = self.rank;
+        let (sent, received) = {
+            let s = self.p2p.seq.borrow();
+            (s.0[r], s.1[r])
+        };
+        self.check(received <= sent, || {
+            format!(
+                "{what}: rank {r} would wait for ever on a message from itself: {received} \
+                 receive(s) from itself but only {sent} send(s) to itself posted before \
+                 this blocking call returns (sends to itself are eager: send first, or post \
+                 the receive with recv_start)"
+            )
+        })
     }
 
     /// Posts every send and receive `f` adds to the [`Batch`] at once, and returns when
@@ -249,7 +279,9 @@ impl Communicator {
     /// message and found it to be the one it expected (a receipt comes back): two
     /// ranks whose batches disagree on a message both fail in that call. So a batch
     /// must not send to a rank that receives the message only after this batch is
-    /// over (post the two directions together). Returns Ok, or the failure that
+    /// over (post the two directions together). A send to this rank itself is eager
+    /// (see [`Self::send`]), and a receive from itself needs its send posted before
+    /// the batch or in it, or the batch is refused at once. Returns Ok, or the failure that
     /// started it (a mismatch, a lost peer) rather than the poison it left on the
     /// batch's other operations.
     ///
@@ -286,6 +318,7 @@ impl Communicator {
         if let Some(e) = refused {
             return Err(e);
         }
+        self.check_self_recvs("p2p_batch")?;
         for op in &mut ops {
             op.confirm = true;
         }

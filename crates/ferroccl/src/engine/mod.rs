@@ -12,7 +12,8 @@
 //!   with a [`Combine`](crate::reduce::Combine), and sleeps only when nothing can move.
 //! - [`Engine::pull`] (`pull.rs`) runs the same plan over peers whose memory this rank
 //!   reads (CUDA IPC): each receive becomes a read of the sender's memory once the
-//!   sender has published that the bytes are ready.
+//!   sender has published that the bytes are ready; [`Engine::pull_shot`] (`shot.rs`)
+//!   the one-shot and two-shot all-reduces over such peers.
 //! - Both wait through one [`Pacer`] (`pacer.rs`): a deadline of
 //!   [`Tuning::timeout`] without progress, on [`Tuning::clock`], and the abort flag.
 //!
@@ -22,11 +23,13 @@
 mod p2p;
 mod pacer;
 mod pull;
+mod shot;
 mod stream;
 
 pub(crate) use p2p::{Done, OpBuffer, P2pOp, P2pSource};
 pub(crate) use pacer::Pacer;
-pub(crate) use pull::{PullCall, Shot};
+pub(crate) use pull::PullCall;
+pub(crate) use shot::Shot;
 pub(crate) use stream::Data;
 
 use crate::config::Tuning;

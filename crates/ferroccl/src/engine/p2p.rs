@@ -10,8 +10,10 @@
 //! ordered: every queue's first operation moves as far as its link allows in each
 //! round, so any order of posting completes — two ranks that both send 64 MiB to each
 //! other before receiving, or a ring of ranks each sending right and receiving left,
-//! never wait on each other. A send or receive with this rank itself is matched with
-//! its counterpart here and copied.
+//! never wait on each other. A send to this rank itself is eager, as MPI's self-send:
+//! it completes at once, its bytes kept (a copy) until the receive from itself that
+//! it matches in order takes them; one that finds its receive posted already is
+//! copied straight into it.
 //!
 //! A send completes when the transport holds its message (as today's blocking `send`:
 //! a rank may send, then take part in a collective, then receive). The receiver
@@ -171,6 +173,9 @@ struct Queues {
     /// The receipt being written, and the one being read.
     rcpt_out: Option<OutFrame>,
     rcpt_in: Option<InFrame>,
+    /// This rank's own queues only: messages sent to itself that no receive has
+    /// taken yet (eager: their sends have completed), in order.
+    kept: VecDeque<(Fingerprint, Vec<u8>)>,
 }
 
 impl Queues {
@@ -377,32 +382,9 @@ impl Engine {
     fn p2p_round(&mut self, q: &mut [Queues], receipts: bool) -> Round {
         let mut moved = false;
         let me = self.rank;
-        // With itself: a send and a receive, matched in order, copied.
-        while let (Some(_), Some(_)) = (q[me].sends.front(), q[me].recvs.front()) {
-            let (Some(s), Some(mut r)) = (q[me].sends.pop_front(), q[me].recvs.pop_front()) else {
-                break;
-            };
-            moved = true;
-            if s.op.fp != r.op.fp {
-                let e = Error::Mismatch {
-                    rank: me,
-                    peer: me,
-                    ours: r.op.fp.to_string(),
-                    theirs: s.op.fp.to_string(),
-                };
-                self.p2p_record(&s, Some(&e));
-                s.op.done.tell(Err(Error::Poisoned(e.to_string())));
-                q[me].recvs.push_front(r);
-                return Round::Failed(me, false, e);
-            }
-            let (src, dst) = (s.op.buf.read(), r.op.buf.write());
-            if src.len() == dst.len() {
-                crate::sys::mem::copy(dst, src);
-            }
-            self.p2p_record(&s, None);
-            self.p2p_record(&r, None);
-            s.op.done.tell(Ok(()));
-            r.op.done.tell(Ok(()));
+        match self.p2p_with_itself(&mut q[me]) {
+            Ok(m) => moved |= m,
+            Err(e) => return Round::Failed(me, false, e),
         }
         for (peer, qs) in q.iter_mut().enumerate() {
             if peer == me || qs.idle() {
@@ -459,6 +441,57 @@ impl Engine {
         } else {
             Round::Idle
         }
+    }
+
+    /// Messages to this rank itself (its own queues `qs`), eager: a receive takes the
+    /// oldest kept message, else the oldest send (copied straight across); a send that
+    /// no receive takes is kept (copied) and completes. A receive that meets a message
+    /// of another tag, type or length is left at the front and its mismatch returned
+    /// (the message's send has completed: only the receive fails). Whether anything
+    /// moved.
+    fn p2p_with_itself(&mut self, qs: &mut Queues) -> Result<bool> {
+        let me = self.rank;
+        let mut moved = false;
+        while let Some(mut r) = qs.recvs.pop_front() {
+            let from_kept = !qs.kept.is_empty();
+            let fp = match (qs.kept.front(), qs.sends.front()) {
+                (Some((fp, _)), _) => *fp,
+                (None, Some(s)) => s.op.fp,
+                (None, None) => {
+                    qs.recvs.push_front(r);
+                    break;
+                }
+            };
+            moved = true;
+            if fp != r.op.fp {
+                qs.recvs.push_front(r);
+                return Err(Error::Mismatch {
+                    rank: me,
+                    peer: me,
+                    ours: qs.recvs[0].op.fp.to_string(),
+                    theirs: fp.to_string(),
+                });
+            }
+            let dst = r.op.buf.write();
+            if from_kept {
+                if let Some((_, bytes)) = qs.kept.pop_front() {
+                    crate::sys::mem::copy(dst, &bytes);
+                }
+            } else if let Some(s) = qs.sends.pop_front() {
+                crate::sys::mem::copy(dst, s.op.buf.read());
+                self.p2p_record(&s, None);
+                s.op.done.tell(Ok(()));
+            }
+            self.p2p_record(&r, None);
+            r.op.done.tell(Ok(()));
+        }
+        while let Some(s) = qs.sends.pop_front() {
+            moved = true;
+            qs.kept.push_back((s.op.fp, s.op.buf.read().to_vec()));
+            self.p2p_record(&s, None);
+            s.op.done.tell(Ok(()));
+        }
+        Ok(moved)
     }
 
     /// The receipts with `peer` cannot move (`e`): the peer failed or is gone. Only a
@@ -640,6 +673,7 @@ impl Engine {
         }
         for qs in q.iter_mut() {
             qs.owed.clear();
+            qs.kept.clear();
             let (_, _) = (qs.rcpt_out.take(), qs.rcpt_in.take());
             let waiting = qs.awaiting.drain(..).filter_map(|w| w.op);
             let all: Vec<Active> = qs

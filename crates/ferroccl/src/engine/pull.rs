@@ -122,27 +122,13 @@ fn uncovered(whole: Range<usize>, mut parts: Vec<Range<usize>>) -> Vec<Range<usi
 /// ([`MemPeers::gone`]).
 const GONE_EVERY: u32 = 64;
 
-/// The all-reduces that are not plans over links: every rank reads every peer's
-/// workspace (see [`crate::algo::Algorithm::OneShot`] and `TwoShot`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Shot {
-    One,
-    Two,
-}
-
-/// The byte range of chunk `q` of `n` of a buffer of `count` elements of `es` bytes:
-/// element-aligned, sizes differing by at most one element.
-pub(crate) fn shot_chunk(q: usize, n: usize, count: usize, es: usize) -> Range<usize> {
-    (q * count / n) * es..((q + 1) * count / n) * es
-}
-
 /// State the pull executor keeps between calls.
 #[derive(Default)]
 pub(crate) struct PullState {
     /// Counter units used by the calls so far (equal on every rank).
     pub base: u64,
     /// Peers that read this rank's workspace in the previous call.
-    consumers: Vec<usize>,
+    pub consumers: Vec<usize>,
 }
 
 impl Engine {
@@ -352,38 +338,9 @@ impl Engine {
         Ok(())
     }
 
-    /// One-shot or two-shot all-reduce of the call's input into its output (equal
-    /// lengths) over memory peers that read every rank's workspace:
-    ///
-    /// 1. every reader of this workspace in the previous call done with it;
-    /// 2. the input into this rank's workspace, published (`base + 1`), then the
-    ///    fingerprint with every peer (a disagreement is a mismatch on both sides,
-    ///    before any peer's memory is read);
-    /// 3. one-shot: once every peer has published, the output is `x0 op x1 op … op
-    ///    x(n-1)` from the workspaces, left to right (bit for bit the same on every
-    ///    rank), then `base + 2`, done reading;
-    ///    two-shot: chunk `r` of the output, which this rank alone computes, from its
-    ///    own input (in place) and then the others' in rank order, copied into this
-    ///    rank's workspace too and published (`base + 2`); then every other chunk `q`
-    ///    from rank `q`'s workspace once it has published it, then `base + 3`, done
-    ///    reading.
-    pub(crate) fn pull_shot(
-        &mut self,
-        fp: &Fingerprint,
-        shot: Shot,
-        call: &PullCall,
-    ) -> Result<()> {
-        let (rank, n) = (self.rank, self.world_size);
-        self.on_memory(
-            fp,
-            |e, mem| e.shot_inner(mem, fp, shot, call),
-            || (0..n).filter(|&q| q != rank).collect(),
-        )
-    }
-
     /// Runs `run` on the memory peers (taken out of the engine meanwhile) as operation
     /// `fp`; a timeout is located among `peers`.
-    fn on_memory(
+    pub(super) fn on_memory(
         &mut self,
         fp: &Fingerprint,
         run: impl FnOnce(&mut Self, &mut dyn MemPeers) -> Result<()>,
@@ -398,111 +355,13 @@ impl Engine {
         self.locate_on_timeout(r, fp, peers)
     }
 
-    fn shot_inner(
-        &mut self,
-        mem: &mut dyn MemPeers,
-        fp: &Fingerprint,
-        shot: Shot,
-        call: &PullCall,
-    ) -> Result<()> {
-        let (rank, n) = (self.rank, self.world_size);
-        let len = call.mem.input_len;
-        if call.mem.output_len != len || call.input_at != 0 || call.bytes < len {
-            return Err(Error::InvalidArgument(format!(
-                "internal: {fp} on memory peers needs input and output of one length"
-            )));
-        }
-        let peers: Vec<usize> = (0..n).filter(|&q| q != rank).collect();
-        self.beacon.set(fp.seq, fp.kind.code());
-        let base = self.pull.base;
-        let span = match shot {
-            Shot::One => 2,
-            Shot::Two => 3,
-        };
-        let mut pacer = Pacer::new(&self.cfg, self.health.clone(), self.spin);
-        let prev = self.previous_readers_done(mem, &mut pacer, fp, base)?;
-        mem.begin(&call.mem, len, &peers)?;
-        for &q in &prev {
-            mem.order_after(q)?;
-        }
-        let es = call.mem.dtype.size();
-        let count = len / es;
-        let mine = match shot {
-            Shot::One => 0..len,
-            Shot::Two => shot_chunk(rank, n, count, es),
-        };
-        // Into the workspace what the peers read: all of it (one-shot), or every
-        // chunk but this rank's own (two-shot).
-        let shared = match shot {
-            Shot::One => [0..len, 0..0],
-            Shot::Two => [0..mine.start, mine.end..len],
-        };
-        for r in shared.into_iter().filter(|r| !r.is_empty()) {
-            mem.copy(Region::Mine(r.start), Region::Input(r.start), r.len())?;
-        }
-        mem.publish(base + 1)?;
-        // Only now the fingerprints, so that the exchange — a round trip with every
-        // peer — is also the wait for their buffers (each published before it sent
-        // its frame). Nothing above read a peer: a rank whose call differs reads no
-        // memory of this one, as every rank that reads this workspace exchanges
-        // fingerprints with this rank first.
-        self.exchange_fingerprints(fp, &peers)?;
-        for &q in &peers {
-            self.wait_progress(mem, &mut pacer, fp, q, base + 1, || {
-                format!("rank {q} to publish its buffer")
-            })?;
-            mem.order_after(q)?;
-            pacer.moved();
-        }
-        // Rank `q`'s bytes at offset `off`. This rank's own: one-shot's from its
-        // workspace (the output, which may be the input, is written before they are
-        // read on every rank but 0), two-shot's from its input (read first, in place).
-        let at = |q: usize, off: usize| match (q == rank, shot) {
-            (false, _) => Region::Peer(q, off),
-            (true, Shot::One) => Region::Mine(off),
-            (true, Shot::Two) => Region::Input(off),
-        };
-        let (off, k) = (mine.start, mine.len());
-        let out = Region::Output(off);
-        // The order of the operands: rank order for one-shot (every rank computes every
-        // byte, so all must combine alike); two-shot's chunk `r` is computed by rank `r`
-        // alone, from its own input first (in place, no copy), then the others in rank
-        // order, and goes to this rank's workspace too, for the others to copy.
-        let order: Vec<usize> = match shot {
-            Shot::One => (0..n).collect(),
-            Shot::Two => std::iter::once(rank).chain(peers.iter().copied()).collect(),
-        };
-        let keep = (shot == Shot::Two).then_some(Region::Mine(off));
-        if n == 1 {
-            mem.copy(out, at(rank, off), k)?;
-        }
-        for (i, &q) in order.iter().enumerate().skip(1) {
-            let a = if i == 1 { at(order[0], off) } else { out };
-            let last = i == n - 1;
-            mem.combine(out, keep.filter(|_| last), a, at(q, off), k, last)?;
-        }
-        mem.publish(base + 2)?;
-        if shot == Shot::Two {
-            for &q in &peers {
-                let c = shot_chunk(q, n, count, es);
-                self.wait_progress(mem, &mut pacer, fp, q, base + 2, || {
-                    format!("rank {q} to reduce its chunk")
-                })?;
-                mem.order_after(q)?;
-                mem.copy(Region::Output(c.start), Region::Peer(q, c.start), c.len())?;
-                pacer.moved();
-            }
-            mem.publish(base + 3)?;
-        }
-        mem.end()?;
-        self.pull.base = base + span;
-        self.pull.consumers = peers;
-        Ok(())
-    }
-
     /// An empty frame each way with every peer of the call: their headers carry the
     /// fingerprints, so a rank that called something else fails with a mismatch here.
-    fn exchange_fingerprints(&mut self, fp: &Fingerprint, peers: &[usize]) -> Result<()> {
+    pub(super) fn exchange_fingerprints(
+        &mut self,
+        fp: &Fingerprint,
+        peers: &[usize],
+    ) -> Result<()> {
         let plan = Plan {
             outs: peers.iter().map(|&q| Out::check(q, u32::MAX)).collect(),
             ins: peers.iter().map(|&q| In::check(q, u32::MAX)).collect(),
@@ -540,7 +399,7 @@ impl Engine {
 
     /// Waits until every rank that read this rank's workspace in the previous call
     /// has finished that call (published `base`), and returns them.
-    fn previous_readers_done(
+    pub(super) fn previous_readers_done(
         &mut self,
         mem: &mut dyn MemPeers,
         pacer: &mut Pacer,
@@ -557,7 +416,7 @@ impl Engine {
     }
 
     /// Waits until `peer`'s published progress reaches `at_least`.
-    fn wait_progress(
+    pub(super) fn wait_progress(
         &mut self,
         mem: &mut dyn MemPeers,
         pacer: &mut Pacer,

@@ -570,6 +570,14 @@ pub trait MemPeers: Send {
         usize::MAX
     }
 
+    /// Whether these are symmetric shared memory with shared-memory rings beside them
+    /// (`shm/sym.rs`): the selection (`algo::select`) then reads them only for the
+    /// collectives and sizes measured to win there. `false`: peers that take every
+    /// call of data they can (CUDA IPC's, and their simulation).
+    fn symmetric(&self) -> bool {
+        false
+    }
+
     /// Whether `peer` is known to be gone (its process has exited): a wait on its
     /// progress then fails at once instead of at the timeout. `false` where the
     /// transport cannot tell.

@@ -3,21 +3,12 @@
 //! buffers): every result equal to its definition on every rank, over threads, TCP and
 //! shared memory, and misuse as a typed error in the same call.
 
-use crate::common::{self, run, run_all, test_config, ManualTimeout, Net, SimMemParams};
+use crate::common::{self, ensure, run, run_all, test_config, ManualTimeout, Net, SimMemParams};
 use ferroccl::{Communicator, DataType, Element, Error, ReduceOp};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
 type R<T> = ferroccl::Result<T>;
-
-/// Fails the rank (not a panic: the harness names the rank and its message).
-fn ensure(ok: bool, what: impl FnOnce() -> String) -> R<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!("check failed: {}", what())))
-    }
-}
 
 /// Element `i` of what rank `from` sends rank `to`: exact in every element type.
 fn val(from: usize, to: usize, i: usize) -> f64 {
@@ -151,6 +142,23 @@ fn direct_exchanges_over_every_transport_and_executor() {
                 .unwrap_or_else(|e| panic!("{net:?} n={n} {dt}: {e}"));
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// On symmetric shared memory (where the direct exchanges stream through the
+    /// rings, measured faster) and on the rings alone: every dtype, worlds 1 to 8,
+    /// counts 0, 1, uneven and per-peer; every byte where its definition puts it.
+    #[test]
+    fn direct_exchanges_over_shared_memory(n in 1usize..=8, dt in prop::sample::select(DataType::ALL.to_vec()),
+                                           rings in any::<bool>()) {
+        let net = if rings { Net::ShmRings } else { Net::Shm };
+        let r = run(n, net, &test_config(), Duration::from_secs(60), move |c| {
+            for_dtype!(dt, direct_cases(c))
+        });
+        prop_assert!(r.is_ok(), "{net:?} n={n} {dt}: {}", r.err().map(|e| e.to_string()).unwrap_or_default());
     }
 }
 

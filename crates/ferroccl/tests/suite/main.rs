@@ -23,5 +23,6 @@ mod memsim;
 mod rdma_proto;
 mod rdma_sim;
 mod rendezvous;
+mod selfsend;
 mod shm;
 mod trace;

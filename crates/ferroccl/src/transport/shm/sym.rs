@@ -294,6 +294,10 @@ impl MemPeers for HostPeers {
         true
     }
 
+    fn symmetric(&self) -> bool {
+        true
+    }
+
     fn begin(&mut self, mem: &CallMem, bytes: usize, _peers: &[usize]) -> Result<()> {
         if mem.space != 0 {
             return Err(Error::InvalidArgument(format!(

@@ -91,3 +91,16 @@ macro_rules! for_dtype {
         }
     };
 }
+
+/// Fails the rank with a typed error (not a panic: the harness names the rank and
+/// its message) unless `ok`.
+pub fn ensure(ok: bool, what: impl FnOnce() -> String) -> ferroccl::Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ferroccl::Error::InvalidArgument(format!(
+            "check failed: {}",
+            what()
+        )))
+    }
+}
