@@ -14,7 +14,7 @@
 //! last holder drops them; a stream wait captures the event's state when it is queued,
 //! so dropping an event after queueing a wait on it is safe (CUDA's rule).
 
-use super::{drv, probe, Device};
+use super::{drv, Device};
 use crate::error::{Error, Result};
 use crate::order::{DeviceOp, StreamId, Streams};
 use crate::sync::lock;
@@ -57,9 +57,12 @@ impl Current {
     /// Remembers the calling thread's current context, to put it back when dropped
     /// whatever is made current meanwhile (opening a device binds its context).
     pub fn keep() -> Result<Self> {
-        probe()?;
+        if !super::driver_present() {
+            return Err(super::no_driver());
+        }
+        cudarc::driver::result::init().map_err(drv("cuInit"))?;
         let mut prev = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the driver was initialised by `probe`.
+        // SAFETY: a valid out-pointer; the driver is loaded and initialised.
         unsafe { sys::cuCtxGetCurrent(&mut prev) }
             .result()
             .map_err(drv("cuCtxGetCurrent"))?;
