@@ -91,6 +91,7 @@ def test_cuda_tensors_without_a_gpu_raise_typed_errors_on_every_rank():
         assert "cuda:1" in got["other_gpu"][1] and "cuda:0" in got["other_gpu"][1], (r, got)
         assert got["meta"][0] == "UnsupportedError" and "meta" in got["meta"][1], (r, got)
         assert got["cpu_after"] == [2.0, 2.0, 2.0], (r, got)
+        assert got["hosts"] == 1, (r, got)
 
 
 # ---- the ordering, with torch's CUDA calls and the device op replaced ------------------
@@ -269,6 +270,11 @@ def test_the_gpu_checks_steps_rehearsed_on_cpu_tensors():
     assert ranks.run(2, "streams", 1, 2, module="gpu", env=CPU, timeout=120) == [0, 0]
     for r in ranks.run(2, "mismatch", module="gpu", env=CPU, timeout=120):
         assert r["type"] == "MismatchError" and "mismatched collective" in r["msg"], r
+    for r in ranks.run(2, "hooks_and_groups", 3, module="gpu", env=CPU, timeout=180):
+        for hook in ("none", "fp16"):
+            ours, gloos = r[f"{hook}/ferroccl"], r[f"{hook}/gloo"]
+            assert ours["digest"] == gloos["digest"], (hook, ours, gloos)
+        assert r["group_sum"] == 3.0 and r["group_bcast"] == 1.0, r
     res = ranks.run(3, "killed", 15, module="gpu", env=CPU, allow_fail={2}, timeout=120)
     assert res[2] is None
     for r in res[:2]:

@@ -576,6 +576,7 @@ def cuda_without_a_gpu(rank, n, how, tmp):
     t = torch.ones(3)
     dist.all_reduce(t)
     out["cpu_after"] = t.tolist()
+    out["hosts"] = ours.comm.hosts  # 1: CUDA tensors would go over CUDA IPC
     dist.destroy_process_group()
     return out
 

@@ -21,7 +21,10 @@ pub enum PointerKind {
 /// What `addr` is, and the GPU it belongs to (`cuPointerGetAttributes`: needs no
 /// current context, and answers for unknown addresses instead of failing).
 pub fn pointer_kind(addr: sys::CUdeviceptr) -> Result<(PointerKind, usize)> {
-    super::probe()?;
+    if !super::driver_present() {
+        return Err(super::no_driver());
+    }
+    result::init().map_err(drv("cuInit"))?;
     let mut memtype: u32 = 0;
     let mut ordinal: i32 = -1;
     let mut attrs = [

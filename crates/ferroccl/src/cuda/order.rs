@@ -177,11 +177,12 @@ impl Streams for CudaStreams {
 /// calling thread's current context is left as it was.
 pub fn streams(ordinal: usize) -> Result<(Arc<CudaStreams>, StreamId)> {
     static ALL: OnceLock<Mutex<HashMap<usize, Arc<CudaStreams>>>> = OnceLock::new();
-    let _keep = Current::keep()?;
     let mut all = lock(ALL.get_or_init(Default::default));
     let s = match all.get(&ordinal) {
         Some(s) => s.clone(),
         None => {
+            // Opening the device binds its context on this thread: put it back.
+            let _keep = Current::keep()?;
             let s = Arc::new(CudaStreams {
                 dev: Device::shared(ordinal)?,
             });
