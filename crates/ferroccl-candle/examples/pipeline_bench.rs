@@ -184,7 +184,7 @@ fn run(json: Option<&str>) -> Result<()> {
             zero: false,
         };
         let reps = pipeline_steps(4, cfg, 32, &[16; 4], 1, |s| {
-            mlp_stage(&[16, 16], 0..1, s as u64)
+            Ok(mlp_stage(&[16, 16], 0..1, s as u64)?)
         })?;
         let peaks: Vec<String> = reps.iter().map(|r| r[0].peak_live.to_string()).collect();
         println!("| {} | {} |", schedule.name(), peaks.join(" | "));
@@ -250,7 +250,7 @@ fn run(json: Option<&str>) -> Result<()> {
             };
             let ins = [widths[split[0].start], widths[split[1].start]];
             let reps = pipeline_steps(2, cfg, 256, &ins, 5, |s| {
-                mlp_stage(&widths, split[s].clone(), 0)
+                Ok(mlp_stage(&widths, split[s].clone(), 0)?)
             })?;
             let t: Vec<f64> = (0..reps[0].len())
                 .map(|i| {

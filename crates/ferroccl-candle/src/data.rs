@@ -2,8 +2,8 @@
 //! per row, optionally gzipped), the standard MNIST IDX files, and a synthetic set
 //! that needs no download.
 
+use crate::error::{Error, Result};
 use ferroccl::ddp::Rng;
-use ferroccl::{Error, Result};
 use std::io::Read;
 use std::path::Path;
 
@@ -78,7 +78,7 @@ impl Dataset {
                         return Ok(p);
                     }
                 }
-                Err(Error::InvalidArgument(format!(
+                Err(Error::invalid(format!(
                     "{} has no {stem} (or {stem}.gz): expected the MNIST IDX files",
                     path.display()
                 )))
@@ -86,12 +86,11 @@ impl Dataset {
             let images = read_maybe_gz(&find("train-images-idx3-ubyte")?)?;
             let labels = read_maybe_gz(&find("train-labels-idx1-ubyte")?)?;
             return parse_idx(&images, &labels).map_err(|e| {
-                Error::InvalidArgument(format!("MNIST IDX files in {}: {e}", path.display()))
+                Error::invalid(format!("MNIST IDX files in {}: {e}", path.display()))
             });
         }
         let text = read_maybe_gz(path)?;
-        parse_csv(&text)
-            .map_err(|e| Error::InvalidArgument(format!("dataset {}: {e}", path.display())))
+        parse_csv(&text).map_err(|e| Error::invalid(format!("dataset {}: {e}", path.display())))
     }
 
     /// A synthetic digit-like dataset of `n` images: each class is a fixed random
@@ -157,8 +156,10 @@ fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
     }
 }
 
-/// Parses CSV rows of 784 pixel values (0..=255) followed by a label (0..=9).
-pub fn parse_csv(text: &[u8]) -> std::result::Result<Dataset, String> {
+/// Parses CSV rows of 784 pixel values (0..=255) followed by a label (0..=9); what is
+/// wrong as a sentence, which [`Dataset::load`] turns into the crate's error naming the
+/// file.
+pub(crate) fn parse_csv(text: &[u8]) -> std::result::Result<Dataset, String> {
     let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text".to_string())?;
     let mut d = Dataset::default();
     for (ln, line) in text.lines().enumerate() {
@@ -204,7 +205,7 @@ pub fn parse_csv(text: &[u8]) -> std::result::Result<Dataset, String> {
 }
 
 /// Parses the MNIST IDX image (magic 2051) and label (magic 2049) files.
-pub fn parse_idx(images: &[u8], labels: &[u8]) -> std::result::Result<Dataset, String> {
+pub(crate) fn parse_idx(images: &[u8], labels: &[u8]) -> std::result::Result<Dataset, String> {
     let be = |b: &[u8], at: usize| -> std::result::Result<usize, String> {
         b.get(at..at + 4)
             .map(|s| u32::from_be_bytes(s.try_into().expect("4 bytes")) as usize)

@@ -54,14 +54,14 @@
 //! model that computes in f16 casts them in its forward pass, as the trainer's does).
 //! The sampler, LR schedule and loss scaler are `ferroccl::ddp`'s, re-exported here.
 
-use crate::model::ce;
+use crate::error::{Error, Result};
 use candle_core::{DType, Tensor, Var};
 use candle_nn::VarMap;
 use ferroccl::ddp::buckets::BucketPlan;
 use ferroccl::ddp::checkpoint::{Checkpoint, Tensor as CkptTensor};
 use ferroccl::ddp::scaler::{all_finite, ScaleAction};
-use ferroccl::ddp::GradReducer;
-use ferroccl::{Communicator, Error, Result};
+use ferroccl::ddp::{GradReducer, TrainError, TrainResult};
+use ferroccl::Communicator;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -239,7 +239,7 @@ pub(crate) fn sorted_vars(varmap: &VarMap) -> Result<Vec<(String, Var)>> {
     let mut vars: Vec<(String, Var)> = varmap
         .data()
         .lock()
-        .map_err(|_| Error::InvalidArgument("the VarMap's lock is poisoned".into()))?
+        .map_err(|_| Error::invalid("the VarMap's lock is poisoned"))?
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
@@ -252,22 +252,19 @@ pub(crate) fn read_vars(vars: Vec<(String, Var)>) -> Result<Vec<(String, Var, Ve
     let mut out: Vec<(String, Var, Vec<f32>)> = Vec::with_capacity(vars.len());
     for (name, var) in vars {
         if var.dtype() != DType::F32 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "variable {name} is {:?}: the optimizer keeps f32 variables (cast to half \
                  precision in the forward pass)",
                 var.dtype()
             )));
         }
         if out.iter().any(|p| p.0 == name) {
-            return Err(Error::InvalidArgument(format!(
-                "variable name {name} given twice"
-            )));
+            return Err(Error::invalid(format!("variable name {name} given twice")));
         }
         let v = var
             .as_tensor()
             .flatten_all()
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(ce("reading a variable"))?;
+            .and_then(|t| t.to_vec1::<f32>())?;
         out.push((name, var, v));
     }
     Ok(out)
@@ -451,9 +448,8 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     fn write_vars(&self, which: impl IntoIterator<Item = usize>) -> Result<()> {
         for j in which {
             let p = &self.params[j];
-            let t = Tensor::from_slice(&p.master, p.shape.as_slice(), p.var.device())
-                .map_err(ce("updating parameters"))?;
-            p.var.set(&t).map_err(ce("updating parameters"))?;
+            let t = Tensor::from_slice(&p.master, p.shape.as_slice(), p.var.device())?;
+            p.var.set(&t)?;
         }
         Ok(())
     }
@@ -469,18 +465,18 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     /// Parameter `param`'s gradient of this pass (registration order); its bucket's
     /// all-reduce starts when it is the bucket's last.
     pub fn grad_ready(&mut self, param: usize, grad: &[f32]) -> Result<()> {
-        self.reducer.grad_ready(param, grad)
+        Ok(self.reducer.grad_ready(param, grad)?)
     }
 
     /// Ends the pass begun by [`Ddp::begin_pass`]; the buckets stay in flight until
     /// [`Ddp::step`]. Errors if a parameter's gradient is missing.
     pub fn end_pass(&mut self) -> Result<()> {
         self.in_pass = false;
-        self.reducer.end_pass()
+        Ok(self.reducer.end_pass()?)
     }
 
     fn pass(&mut self, loss: &Tensor, sync: bool) -> Result<()> {
-        let grads = loss.backward().map_err(ce("backward"))?;
+        let grads = loss.backward()?;
         self.begin_pass(sync);
         for j in (0..self.params.len()).rev() {
             let p = &self.params[j];
@@ -488,8 +484,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
                 Some(g) => g
                     .to_dtype(DType::F32)
                     .and_then(|g| g.flatten_all())
-                    .and_then(|g| g.to_vec1::<f32>())
-                    .map_err(ce("reading a gradient"))?,
+                    .and_then(|g| g.to_vec1::<f32>())?,
                 // A parameter the loss does not depend on has a zero gradient.
                 None => vec![0.0; p.master.len()],
             };
@@ -521,13 +516,14 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
             .iter()
             .map(|&j| self.params[j].name.as_str())
             .collect();
-        Err(Error::Diverged {
+        Err(TrainError::Diverged {
             step: self.steps,
             why: format!(
                 "the averaged gradients of {} hold inf or NaN",
                 names.join(", ")
             ),
-        })
+        }
+        .into())
     }
 
     fn apply_bucket(&mut self, b: usize, lr: f32, grad_scale: f32) -> Result<()> {
@@ -554,15 +550,14 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
 
     fn ready_to_step(&self) -> Result<()> {
         if self.in_pass {
-            return Err(Error::InvalidArgument(
-                "step during a backward pass: call end_pass first".into(),
+            return Err(Error::invalid(
+                "step during a backward pass: call end_pass first",
             ));
         }
         if self.local_only {
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid(
                 "step after backward_no_sync: the gradients are this rank's alone until a \
-                 synchronising backward sends them"
-                    .into(),
+                 synchronising backward sends them",
             ));
         }
         Ok(())
@@ -570,7 +565,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
 
     /// The optimizer step at learning rate `lr` with the averaged gradients: each
     /// bucket's parameters are updated as soon as that bucket's all-reduce is done.
-    /// Gradients holding inf or NaN are [`Error::Diverged`] on every rank alike (the
+    /// Gradients holding inf or NaN are [`TrainError::Diverged`] on every rank alike (the
     /// buckets before the one that held them have been stepped; training is over).
     pub fn step(&mut self, lr: f64) -> Result<StepReport> {
         self.ready_to_step()?;
@@ -578,7 +573,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
         let mut waited = Duration::ZERO;
         for b in 0..self.reducer.plan().buckets.len() {
             let w = Instant::now();
-            let r = self.reducer.wait_bucket(b);
+            let r = self.reducer.wait_bucket(b).map_err(Error::from);
             waited += w.elapsed();
             if let Err(e) = r.and_then(|_| self.check_finite(b)) {
                 self.drain();
@@ -602,7 +597,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
             waited += w.elapsed();
             if let Err(e) = r {
                 self.drain();
-                return Err(e);
+                return Err(e.into());
             }
         }
         let finite = (0..nb).all(|b| all_finite(self.reducer.bucket(b)));
@@ -652,16 +647,16 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
     /// (what `CheckpointDir::load_latest` returns: `Ok(None)` is nothing to resume;
     /// `Err` is a failed load), the other ranks pass `Ok(None)` (what they pass is not
     /// read). A checkpoint whose tensors do not fit the model changes nothing and is an
-    /// [`Error::Checkpoint`]; on the other ranks rank 0's failure is an error too.
+    /// [`TrainError::Checkpoint`]; on the other ranks rank 0's failure is an error too.
     /// Returns the checkpoint's JSON state on every rank (`None`: starting fresh);
     /// afterwards weights and optimizer state are rank 0's everywhere.
     pub fn restore(
         &mut self,
-        loaded: Result<Option<(PathBuf, Checkpoint)>>,
+        loaded: TrainResult<Option<(PathBuf, Checkpoint)>>,
     ) -> Result<Option<serde_json::Value>> {
         let mut blob = Vec::new();
         let r = if self.comm.rank() == 0 {
-            loaded.and_then(|ck| match ck {
+            loaded.map_err(Error::from).and_then(|ck| match ck {
                 Some((path, ck)) => {
                     self.load(&ck, &path)?;
                     blob = serde_json::to_vec(&ck.state).map_err(|e| {
@@ -680,7 +675,7 @@ impl<'c, O: Optimizer> Ddp<'c, O> {
             return Ok(None);
         }
         let state = serde_json::from_slice(&blob)
-            .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+            .map_err(|e| Error::invalid(format!("checkpoint state from rank 0: {e}")))?;
         for p in &mut self.params {
             self.comm.broadcast(&mut p.master, 0)?;
         }
@@ -738,7 +733,7 @@ pub(crate) fn agree(comm: &Communicator, r: Result<()>, what: &str) -> Result<()
     comm.broadcast(&mut ok, 0)?;
     match (r, ok[0]) {
         (Err(e), _) => Err(e),
-        (Ok(()), 0) => Err(Error::InvalidArgument(format!(
+        (Ok(()), 0) => Err(Error::invalid(format!(
             "rank 0 failed {what} (its error says why)"
         ))),
         _ => Ok(()),
@@ -750,7 +745,7 @@ pub(crate) fn broadcast_bytes(comm: &Communicator, bytes: &mut Vec<u8>) -> Resul
     let mut len = [bytes.len() as i64];
     comm.broadcast(&mut len, 0)?;
     bytes.resize(len[0] as usize, 0);
-    comm.broadcast(bytes, 0)
+    Ok(comm.broadcast(bytes, 0)?)
 }
 
 #[cfg(test)]

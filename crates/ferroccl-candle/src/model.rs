@@ -18,20 +18,10 @@
 //! gradient with respect to `out` is exactly `g`). After each segment its gradients
 //! can go on the wire while the earlier segments are still being differentiated.
 
+use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
 use ferroccl::ddp::Rng;
-use ferroccl::{Error, Result};
 use std::ops::Range;
-
-/// Maps a candle error to ours, naming what we were doing.
-pub(crate) fn ce(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
-    // candle appends a backtrace to some errors' text: keep the message.
-    move |e| {
-        let text = e.to_string();
-        let first = text.lines().next().unwrap_or_default();
-        Error::InvalidArgument(format!("{what}: {first}"))
-    }
-}
 
 /// Arithmetic precision of forward and backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -43,7 +33,7 @@ pub enum Precision {
     F16,
     /// Forward/backward in bf16 (loss scaling is not needed for its range, but is
     /// applied the same way); f32 master weights. candle's CPU backend has no bf16
-    /// matmul, so on the CPU this is refused ([`Error::Unavailable`]); bf16 gradients on
+    /// matmul, so on the CPU this is refused (`ferroccl::Error::Unavailable`); bf16 gradients on
     /// the wire (`WireDtype::Bf16`) work everywhere.
     Bf16,
 }
@@ -55,7 +45,7 @@ impl Precision {
             "f32" | "fp32" => Ok(Precision::F32),
             "f16" | "fp16" => Ok(Precision::F16),
             "bf16" => Ok(Precision::Bf16),
-            _ => Err(Error::InvalidArgument(format!(
+            _ => Err(Error::invalid(format!(
                 "unknown precision {s:?}: expected f32, f16 or bf16"
             ))),
         }
@@ -125,11 +115,11 @@ impl LeNet {
             let master: Vec<f32> = (0..n)
                 .map(|_| (2.0 * rng.next_f32() - 1.0) * bound)
                 .collect();
-            let t = Tensor::from_slice(&master, shape.as_slice(), &device).map_err(ce("init"))?;
+            let t = Tensor::from_slice(&master, shape.as_slice(), &device)?;
             params.push(Param {
                 name: name.into(),
                 shape,
-                var: Var::from_tensor(&t).map_err(ce("init"))?,
+                var: Var::from_tensor(&t)?,
             });
         }
         Ok(LeNet {
@@ -151,12 +141,7 @@ impl LeNet {
     pub fn flat(&self) -> Result<Vec<f32>> {
         let mut out = Vec::new();
         for p in &self.params {
-            let v = p
-                .var
-                .as_tensor()
-                .flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(ce("reading parameters"))?;
+            let v = p.var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
             out.extend_from_slice(&v);
         }
         Ok(out)
@@ -167,7 +152,7 @@ impl LeNet {
     pub fn set_flat(&self, flat: &[f32]) -> Result<()> {
         let total: usize = self.param_lens().iter().sum();
         if flat.len() != total {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "{} values for a network of {total} parameters",
                 flat.len()
             )));
@@ -175,9 +160,8 @@ impl LeNet {
         let mut at = 0;
         for p in &self.params {
             let n: usize = p.shape.iter().product();
-            let t = Tensor::from_slice(&flat[at..at + n], p.shape.as_slice(), &self.device)
-                .map_err(ce("setting parameters"))?;
-            p.var.set(&t).map_err(ce("setting parameters"))?;
+            let t = Tensor::from_slice(&flat[at..at + n], p.shape.as_slice(), &self.device)?;
+            p.var.set(&t)?;
             at += n;
         }
         Ok(())
@@ -247,7 +231,7 @@ impl LeNet {
                 logits,
             })
         };
-        f().map_err(ce("forward pass"))
+        Ok(f()?)
     }
 
     /// Backward from `loss` (a scalar computed from `fwd.logits`), segment by segment
@@ -260,32 +244,21 @@ impl LeNet {
         mut ready: impl FnMut(usize, &[f32]) -> Result<()>,
     ) -> Result<()> {
         let k = self.segments.len();
-        let mut grads = loss.backward().map_err(ce("backward"))?;
+        let mut grads = loss.backward()?;
         for i in (0..k).rev() {
             if i < k - 1 {
                 // Gradient at this segment's output = at the next segment's input leaf.
                 let g = grads
                     .get(fwd.inputs[i].as_tensor())
-                    .ok_or_else(|| {
-                        Error::InvalidArgument("backward: no gradient at a segment boundary".into())
-                    })?
-                    .to_dtype(DType::F32)
-                    .map_err(ce("backward"))?;
-                let out = fwd.outputs[i]
-                    .to_dtype(DType::F32)
-                    .map_err(ce("backward"))?;
-                let surrogate = (out * g)
-                    .and_then(|t| t.sum_all())
-                    .map_err(ce("backward"))?;
-                grads = surrogate.backward().map_err(ce("backward"))?;
+                    .ok_or_else(|| Error::invalid("backward: no gradient at a segment boundary"))?
+                    .to_dtype(DType::F32)?;
+                let out = fwd.outputs[i].to_dtype(DType::F32)?;
+                grads = (out * g)?.sum_all()?.backward()?;
             }
             for j in self.segments[i].clone().rev() {
                 let p = &self.params[j];
                 let g = match grads.get(p.var.as_tensor()) {
-                    Some(g) => g
-                        .flatten_all()
-                        .and_then(|g| g.to_vec1::<f32>())
-                        .map_err(ce("reading a gradient"))?,
+                    Some(g) => g.flatten_all()?.to_vec1::<f32>()?,
                     // A parameter the loss does not depend on has a zero gradient.
                     None => vec![0.0; p.shape.iter().product()],
                 };
@@ -298,17 +271,13 @@ impl LeNet {
     /// Cross-entropy of `fwd`'s logits against `labels`, mean over the batch.
     pub fn loss(&self, fwd: &Forward, labels: &[u8]) -> Result<Tensor> {
         let t: Vec<u32> = labels.iter().map(|&l| l as u32).collect();
-        let t = Tensor::from_vec(t, labels.len(), &self.device).map_err(ce("labels"))?;
-        candle_nn::loss::cross_entropy(&fwd.logits, &t).map_err(ce("loss"))
+        let t = Tensor::from_vec(t, labels.len(), &self.device)?;
+        Ok(candle_nn::loss::cross_entropy(&fwd.logits, &t)?)
     }
 
     /// How many of `fwd`'s predictions match `labels`.
     pub fn correct(fwd: &Forward, labels: &[u8]) -> Result<usize> {
-        let pred: Vec<u32> = fwd
-            .logits
-            .argmax(D::Minus1)
-            .and_then(|t| t.to_vec1::<u32>())
-            .map_err(ce("argmax"))?;
+        let pred: Vec<u32> = fwd.logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
         Ok(pred
             .iter()
             .zip(labels)

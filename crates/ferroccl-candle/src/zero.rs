@@ -20,16 +20,18 @@
 //! loaded. A checkpoint written on N ranks resumes bit for bit on N ranks, and on any
 //! other N too (the state is re-cut; only the order in which later gradients are summed
 //! changes with N). A checkpoint of another layout (another pipeline stage, another
-//! stage count, other parameters) is an [`Error::Checkpoint`] and changes nothing.
+//! stage count, other parameters) is a [`TrainError::Checkpoint`](ferroccl::ddp::TrainError::Checkpoint) and changes nothing.
 
 use crate::ddp::{
     agree, broadcast_bytes, counter_tensors, read_counter, read_vars, stored, Optimizer,
 };
-use crate::model::ce;
+use crate::error::{Error, Result};
+use crate::tensor_parallel::TensorGroup;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use ferroccl::ddp::checkpoint::{Checkpoint, Tensor as CkptTensor};
-use ferroccl::{Communicator, Error, ReduceOp, Result};
+use ferroccl::ddp::TrainResult;
+use ferroccl::{Communicator, ReduceOp};
 use serde_json::json;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -63,6 +65,8 @@ pub struct Zero<'c, O> {
     layout: serde_json::Value,
     /// Ranks that must all load their checkpoints for any to (a pipeline's stages).
     together: Option<&'c Communicator>,
+    /// And the tensor-parallel ranks splitting these parameters with this one.
+    tensor: Option<TensorGroup>,
     steps: u64,
 }
 
@@ -109,6 +113,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
             opt,
             layout: json!({"stage": 0, "stages": 1}),
             together: None,
+            tensor: None,
             steps: 0,
         };
         if let Some(c) = comm {
@@ -124,6 +129,12 @@ impl<'c, O: Optimizer> Zero<'c, O> {
     pub(crate) fn set_layout(&mut self, layout: serde_json::Value, pipe: &'c Communicator) {
         self.layout = layout;
         self.together = Some(pipe);
+    }
+
+    /// The tensor-parallel group these parameters are shards over: a checkpoint
+    /// loads on all its ranks or on none.
+    pub(crate) fn set_tensor(&mut self, tensor: TensorGroup) {
+        self.tensor = Some(tensor);
     }
 
     /// Elements of all parameters (without padding).
@@ -181,9 +192,8 @@ impl<'c, O: Optimizer> Zero<'c, O> {
                 &self.master[p.range.clone()],
                 p.shape.as_slice(),
                 p.var.device(),
-            )
-            .map_err(ce("updating parameters"))?;
-            p.var.set(&t).map_err(ce("updating parameters"))?;
+            )?;
+            p.var.set(&t)?;
         }
         Ok(())
     }
@@ -196,8 +206,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
                 let g = g
                     .to_dtype(DType::F32)
                     .and_then(|g| g.flatten_all())
-                    .and_then(|g| g.to_vec1::<f32>())
-                    .map_err(ce("reading a gradient"))?;
+                    .and_then(|g| g.to_vec1::<f32>())?;
                 for (a, b) in self.grad[p.range.clone()].iter_mut().zip(&g) {
                     *a += b;
                 }
@@ -209,7 +218,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
     /// Backward from `loss`, its gradients added to the accumulated ones (scale each
     /// micro-batch's loss by its share of the batch).
     pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        let grads = loss.backward().map_err(ce("backward"))?;
+        let grads = loss.backward()?;
         self.accumulate(&grads)
     }
 
@@ -294,11 +303,11 @@ impl<'c, O: Optimizer> Zero<'c, O> {
     /// Rank 0's checkpoint into every rank of the data-parallel group, each keeping its
     /// shard of the optimizer state. Collective: rank 0 passes what it loaded
     /// (`Ok(None)`: nothing to resume), the others `Ok(None)`. A checkpoint of another
-    /// layout or model changes nothing and is an [`Error::Checkpoint`] (on the other
+    /// layout or model changes nothing and is a `TrainError::Checkpoint` (on the other
     /// ranks, an error naming rank 0's failure). Returns your JSON state on every rank.
     pub fn restore(
         &mut self,
-        loaded: Result<Option<(PathBuf, Checkpoint)>>,
+        loaded: TrainResult<Option<(PathBuf, Checkpoint)>>,
     ) -> Result<Option<serde_json::Value>> {
         let rank = self.comm.map_or(0, Communicator::rank);
         let kinds: Vec<&'static str> = self.opt.state().iter().map(|(k, _)| *k).collect();
@@ -308,7 +317,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
         let mut counters: Vec<i64> = vec![0; self.opt.counters().len()];
         let mut blob = Vec::new();
         let r = if rank == 0 {
-            loaded.and_then(|ck| match ck {
+            loaded.map_err(Error::from).and_then(|ck| match ck {
                 None => Ok(()),
                 Some((path, ck)) => {
                     let bad = |why: String| Error::checkpoint(&path, why);
@@ -345,18 +354,22 @@ impl<'c, O: Optimizer> Zero<'c, O> {
             Some(c) => agree(c, r, "to load the checkpoint"),
             None => r,
         };
-        // Every stage of a pipeline loads, or none does: no half-restored model.
+        // Every tensor rank and every stage of a pipeline loads, or none does: no
+        // half-restored model (the tensor group first, so that the pipeline's vote
+        // carries it to the other stages).
+        let mut ok = [i32::from(r.is_ok())];
+        if let Some(t) = &self.tensor {
+            t.with(|c| c.all_reduce(&mut ok, ReduceOp::Min))?;
+        }
         if let Some(p) = self.together {
-            let mut ok = [i32::from(r.is_ok())];
             p.all_reduce(&mut ok, ReduceOp::Min)?;
-            if ok[0] == 0 {
-                r?;
-                return Err(Error::InvalidArgument(
-                    "another pipeline stage failed to load its checkpoint (its error says \
-                     why); nothing was loaded"
-                        .into(),
-                ));
-            }
+        }
+        if ok[0] == 0 {
+            r?;
+            return Err(Error::invalid(
+                "another pipeline stage or tensor-parallel rank failed to load its checkpoint \
+                 (its error says why); nothing was loaded",
+            ));
         }
         r?;
         if let Some(c) = self.comm {
@@ -366,7 +379,7 @@ impl<'c, O: Optimizer> Zero<'c, O> {
             return Ok(None);
         }
         let state = serde_json::from_slice(&blob)
-            .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+            .map_err(|e| Error::invalid(format!("checkpoint state from rank 0: {e}")))?;
         if let Some(c) = self.comm {
             c.broadcast(&mut master, 0)?;
             for w in &mut whole {

@@ -170,7 +170,7 @@ fn parse_law(s: &str) -> Result<LawArg, String> {
     if matches!(s.trim().to_ascii_lowercase().as_str(), "mem" | "memory") {
         return Ok(LawArg::Mem);
     }
-    crate::planner::parse_rate("--law", s)
+    crate::plan::parse_rate("--law", s)
         .map(LawArg::Rate)
         .map_err(|e| e.to_string())
 }

@@ -21,11 +21,11 @@ macro_rules! with_dtype {
 
 mod args;
 mod bench;
+mod error;
 mod gpu_check;
 mod launch;
 mod law;
 mod plan;
-mod planner;
 mod plot;
 mod simulate;
 mod trace;
@@ -33,6 +33,7 @@ mod trace;
 mod train;
 
 use clap::{Parser, Subcommand};
+use std::io::Write as _;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -79,16 +80,28 @@ enum Command {
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    match cli.command {
-        Command::Bench(a) => bench::main(a),
-        Command::Launch(a) => launch::main(a),
-        Command::Plan(a) => plan::main(a),
-        Command::Plot(a) => plot::main(a),
-        Command::Simulate(a) => simulate::main(a),
-        Command::Trace(a) => trace::main(a),
+    let (name, r) = match cli.command {
+        Command::Bench(a) => return bench::main(a),
+        Command::Launch(a) => ("launch", launch::main(a)),
+        Command::Plan(a) => ("plan", plan::main(a)),
+        Command::Plot(a) => ("plot", plot::main(a)),
+        Command::Simulate(a) => ("simulate", simulate::main(a)),
+        Command::Trace(a) => ("trace", trace::main(a)),
         #[cfg(feature = "candle")]
-        Command::Train(a) => train::main(a),
-        Command::GpuCheck(a) => gpu_check::main(a),
+        Command::Train(a) => return train::main(a),
+        Command::GpuCheck(a) => return gpu_check::main(a),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        // It ran, and found wrong results.
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            // Not in the middle of a rank's line the launcher forwards.
+            let _guard = launch::lock_output();
+            // Whatever stderr is (closed, a full pipe), the exit status still says it.
+            let _ = writeln!(std::io::stderr().lock(), "ferroccl {name}: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
 

@@ -17,11 +17,11 @@
 //! SVG is written with plotters' own text layout (no font files, no system libraries).
 //! The size axis has a tick at every power of two (or every few, for wide ranges).
 
+use crate::error::{CliError, Result};
 use clap::Args;
 use plotters::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// Arguments of `ferroccl plot`.
 #[derive(Args, Debug, Clone)]
@@ -52,22 +52,14 @@ pub struct LawSeries {
     pub pred: Vec<(f64, f64)>,
 }
 
-pub fn main(a: PlotArgs) -> ExitCode {
-    match run(&a) {
-        Ok(written) => {
-            for (p, n) in written {
-                println!("wrote {} ({n} series)", p.display());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("ferroccl plot: {e}");
-            ExitCode::from(2)
-        }
+pub fn main(a: PlotArgs) -> Result<bool> {
+    for (p, n) in run(&a)? {
+        println!("wrote {} ({n} series)", p.display());
     }
+    Ok(true)
 }
 
-fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>, String> {
+fn run(a: &PlotArgs) -> Result<Vec<(PathBuf, usize)>> {
     let mut busbw = Vec::new();
     let mut law = Vec::new();
     let mut bubble = Vec::new();
@@ -220,7 +212,7 @@ fn draw_lines(
     (x_desc, y_desc): (&str, &str),
     series: &[Series],
     legend: SeriesLabelPosition,
-) -> Result<(), String> {
+) -> Result<()> {
     let err = draw_err(path);
     let all = || series.iter().flat_map(|s| s.points.iter());
     let xmax = all().fold(1.0f64, |m, p| m.max(p.0)) + 0.5;
@@ -271,7 +263,7 @@ fn num(v: &Value, key: &str) -> Option<f64> {
 }
 
 /// The busbw series and law series of one JSON file (`name`: the file's stem).
-pub fn parse_file(text: &str, name: &str) -> Result<(Vec<Series>, Vec<LawSeries>), String> {
+pub fn parse_file(text: &str, name: &str) -> Result<(Vec<Series>, Vec<LawSeries>)> {
     let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let rows = v
         .get("rows")
@@ -280,9 +272,9 @@ pub fn parse_file(text: &str, name: &str) -> Result<(Vec<Series>, Vec<LawSeries>
     match v.get("tool").and_then(Value::as_str) {
         Some("ferroccl bench") => Ok(parse_bench(&v, rows, name)),
         Some("compare-peers") => Ok((parse_peers(rows), Vec::new())),
-        other => Err(format!(
+        other => Err(CliError::Input(format!(
             "`tool` is {other:?}: expected \"ferroccl bench\" or \"compare-peers\""
-        )),
+        ))),
     }
 }
 
@@ -413,7 +405,7 @@ pub(crate) fn draw_err<E: std::error::Error + Send + Sync>(
     move |e| format!("drawing {}: {e}", path.display())
 }
 
-fn draw_busbw(path: &Path, title: &str, series: &[Series]) -> Result<(), String> {
+fn draw_busbw(path: &Path, title: &str, series: &[Series]) -> Result<()> {
     let err = draw_err(path);
     let (x0, x1) = x_range(series.iter().flat_map(|s| &s.points));
     let ymax = series
@@ -449,7 +441,7 @@ fn lines_with_dots<'a, DB, X, Y, F>(
     series: &[Series],
     legend: SeriesLabelPosition,
     err: &F,
-) -> Result<(), String>
+) -> Result<()>
 where
     DB: DrawingBackend + 'a,
     X: Ranged<ValueType = f64>,
@@ -477,7 +469,7 @@ where
     Ok(())
 }
 
-fn draw_law(path: &Path, title: &str, series: &[LawSeries]) -> Result<(), String> {
+fn draw_law(path: &Path, title: &str, series: &[LawSeries]) -> Result<()> {
     let err = draw_err(path);
     let all = || series.iter().flat_map(|s| s.meas.iter().chain(&s.pred));
     let (x0, x1) = x_range(all());
@@ -552,7 +544,7 @@ pub fn draw_xy(
     x_desc: &str,
     y_desc: &str,
     pts: &[(f64, f64)],
-) -> Result<(), String> {
+) -> Result<()> {
     let err = draw_err(path);
     let xmax = pts.iter().fold(1.0f64, |m, p| m.max(p.0)) + 0.5;
     let ymax = pts.iter().fold(0.0f64, |m, p| m.max(p.1));

@@ -11,7 +11,6 @@ use crate::args::size as parse_size;
 use clap::Args;
 use ferroccl::sim::{choose_all_reduce, choose_by_model, Network};
 use ferroccl::{Algorithm, Error, Result};
-use std::process::ExitCode;
 
 /// Arguments of `ferroccl simulate`.
 #[derive(Args, Debug)]
@@ -65,19 +64,14 @@ pub struct SimulateArgs {
 }
 
 /// Entry point.
-pub fn main(a: SimulateArgs) -> ExitCode {
-    match run(&a) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferroccl simulate: {e}");
-            ExitCode::from(2)
-        }
-    }
+pub fn main(a: SimulateArgs) -> crate::error::Result<bool> {
+    run(&a)?;
+    Ok(true)
 }
 
 fn network(a: &SimulateArgs) -> Result<Network> {
     let rate = |flag: &str, text: &str| {
-        crate::planner::parse_rate(flag, text).map_err(|e| Error::InvalidArgument(e.to_string()))
+        crate::plan::parse_rate(flag, text).map_err(|e| Error::InvalidArgument(e.to_string()))
     };
     let us = |flag: &str, v: f64| {
         if v.is_finite() && v >= 0.0 {

@@ -2,11 +2,11 @@
 //! (see the `ferroccl-candle` package), and `--scaling` reports across world sizes.
 
 use clap::Args;
-use ferroccl::ddp::{Decay, WireDtype};
+use ferroccl::ddp::{Decay, TrainError, WireDtype};
 use ferroccl::rendezvous::LaunchEnv;
 use ferroccl::{Communicator, Config};
 use ferroccl_candle::model::Precision;
-use ferroccl_candle::{DataSource, Resume, Summary, TrainConfig};
+use ferroccl_candle::{DataSource, Error, Result, Resume, Summary, TrainConfig, Trainer};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -108,6 +108,21 @@ pub struct TrainArgs {
     /// replicas, and prints each rank's step-time table.
     #[arg(long, default_value = "1", value_parser = crate::args::ranks)]
     pipeline: usize,
+    /// Tensor-parallel ranks T: each stage's layers split over T ranks (Megatron MLP
+    /// blocks: column- then row-parallel), the ranks a P × T × D layout with
+    /// ranks/(P × T) data-parallel replicas. Trains the MLP (see --pipeline); T must
+    /// divide its hidden size 512 and each stage must hold whole pairs of layers
+    /// (P = 1, 2 or 4).
+    #[arg(long, default_value = "1", value_parser = crate::args::ranks)]
+    tensor_parallel: usize,
+    /// Train the MLP of --pipeline and --tensor-parallel even with neither (one
+    /// stage, no tensor parallelism, ranks as data-parallel replicas): their baseline.
+    #[arg(long)]
+    mlp: bool,
+    /// With the MLP: rank 0 writes the whole model's final weights (every stage's and
+    /// tensor shard's, put back together), flat, as a ferroccl checkpoint file.
+    #[arg(long, value_name = "FILE")]
+    save_weights: Option<PathBuf>,
     /// Micro-batches per step with --pipeline (must divide the batch per replica),
     /// 1 to 1,000,000.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
@@ -181,7 +196,7 @@ pub fn main(a: TrainArgs) -> ExitCode {
             eprintln!("ferroccl train: {e}");
             match e {
                 // A launcher restarts on this one (`launch --max-restarts`).
-                ferroccl::Error::Preempted { .. } => {
+                Error::Train(TrainError::Preempted { .. }) => {
                     ExitCode::from(ferroccl::ddp::PREEMPTED_EXIT_CODE as u8)
                 }
                 _ => ExitCode::from(2),
@@ -190,7 +205,7 @@ pub fn main(a: TrainArgs) -> ExitCode {
     }
 }
 
-fn config(a: &TrainArgs) -> ferroccl::Result<TrainConfig> {
+fn config(a: &TrainArgs) -> Result<TrainConfig> {
     Ok(TrainConfig {
         data: match &a.data {
             Some(p) => DataSource::Path(p.clone()),
@@ -254,7 +269,7 @@ fn share_cores(env: &LaunchEnv) {
     std::env::set_var("RAYON_NUM_THREADS", env.compute_threads().to_string());
 }
 
-fn run(a: &TrainArgs) -> ferroccl::Result<()> {
+fn run(a: &TrainArgs) -> Result<()> {
     let mut tc = config(a)?;
     let launch = ferroccl::rendezvous::detect_env()?;
     let launched = launch.is_some();
@@ -267,27 +282,30 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         share_cores(env);
         let mut c = Config::from_env()?;
         c.tuning.timeout = a.timeout;
-        check_modes(a, env.world_size)?;
+        check_pipeline(a, env.world_size)?;
+        check_modes(a, &tc, env.world_size)?;
         Communicator::init(c)?
     } else if a.ranks <= 1 {
-        check_modes(a, 1)?;
+        check_pipeline(a, 1)?;
+        check_modes(a, &tc, 1)?;
         let mut base = Config::new(0, 1, "");
         base.tuning.timeout = a.timeout;
         Communicator::local_group(1, &base)?.remove(0)
     } else {
         check_pipeline(a, a.ranks)?;
-        check_modes(a, a.ranks)?;
+        check_modes(a, &tc, a.ranks)?;
         return relaunch(a.ranks, a.max_restarts, &[], &[]);
     };
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):
     // finish the step, checkpoint, exit 75 so that a launcher restarts the job.
     tc.preemption = Some(ferroccl::ddp::Preemption::install()?);
-    if a.pipeline > 1 || a.zero > 0 {
-        return pipeline_run(a, &comm, &tc);
-    }
-    if a.mode == "ssp" {
-        let out = ps_run(a, &comm, &tc);
-        return crate::trace::finish(&comm, a.trace.as_deref(), out);
+    match trainer(a) {
+        Trainer::Pipeline => return pipeline_run(a, &comm, &tc),
+        Trainer::ParameterServer => {
+            let out = ps_run(a, &comm, &tc);
+            return crate::trace::finish(&comm, a.trace.as_deref(), out);
+        }
+        Trainer::Ddp => {}
     }
     let out = ferroccl_candle::train(&comm, &tc);
     let out = crate::trace::finish(&comm, a.trace.as_deref(), out)?;
@@ -316,27 +334,56 @@ fn run(a: &TrainArgs) -> ferroccl::Result<()> {
         print_curve(&s.curve);
         if let Some(p) = &a.summary {
             let j = serde_json::to_string_pretty(s).expect("summary serialises");
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
         }
     }
     Ok(())
 }
 
-/// The pipeline flags against a job of `world` ranks, before any rank starts (each
-/// rank would otherwise say it, once per rank).
-fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
-    if a.pipeline <= 1 && a.zero == 0 {
+/// Whether this run trains the MLP (pipeline, tensor parallelism, ZeRO) rather than
+/// LeNet.
+fn mlp(a: &TrainArgs) -> bool {
+    a.pipeline > 1 || a.zero > 0 || a.tensor_parallel > 1 || a.mlp
+}
+
+/// The trainer this run's flags choose.
+fn trainer(a: &TrainArgs) -> Trainer {
+    match (mlp(a), a.mode.as_str()) {
+        (true, _) => Trainer::Pipeline,
+        (false, "ssp") => Trainer::ParameterServer,
+        _ => Trainer::Ddp,
+    }
+}
+
+/// The pipeline and tensor-parallel flags against a job of `world` ranks, before any
+/// rank starts (each rank would otherwise say it, once per rank).
+fn check_pipeline(a: &TrainArgs, world: usize) -> Result<()> {
+    if !mlp(a) {
+        if a.save_weights.is_some() {
+            return Err(Error::invalid(
+                "--save-weights writes the MLP's weights: add --mlp, --pipeline or \
+                 --tensor-parallel",
+            ));
+        }
         return Ok(());
     }
-    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+    let bad = |why: String| Err(Error::invalid(why));
     if !world.is_multiple_of(a.pipeline) {
         return bad(format!(
             "--pipeline {}: {world} ranks do not make whole pipelines of {} stages",
             a.pipeline, a.pipeline
         ));
     }
-    let replicas = world / a.pipeline;
+    let (p, t) = (a.pipeline, a.tensor_parallel);
+    if !world.is_multiple_of(p.saturating_mul(t)) {
+        return bad(format!(
+            "--pipeline {p} --tensor-parallel {t}: {world} ranks are not a P × T × D \
+             layout ({p} × {t} = {} does not divide {world})",
+            p.saturating_mul(t)
+        ));
+    }
+    ferroccl_candle::trainer::mlp::check_mlp(&ferroccl_candle::trainer::mlp::WIDTHS, p, t)?;
+    let replicas = world / (p * t);
     if !a.batch.is_multiple_of(replicas) || !(a.batch / replicas).is_multiple_of(a.micro_batches) {
         return bad(format!(
             "--micro-batches {}: the batch {} over {replicas} replica(s) does not cut into {} equal micro-batches",
@@ -346,25 +393,22 @@ fn check_pipeline(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
     Ok(())
 }
 
-/// --mode, --staleness and the straggler against a job of `world` ranks, before any
-/// rank starts.
-fn check_modes(a: &TrainArgs, world: usize) -> ferroccl::Result<()> {
-    let bad = |why: String| Err(ferroccl::Error::InvalidArgument(why));
+/// --mode, --staleness and the straggler against a job of `world` ranks, and the
+/// fields of `tc` the mode's trainer does not read, before any rank starts.
+fn check_modes(a: &TrainArgs, tc: &TrainConfig, world: usize) -> Result<()> {
+    let bad = |why: String| Err(Error::invalid(why));
     if a.mode == "sync" && a.staleness.is_some() {
         return bad("--staleness applies to --mode ssp (sync is DDP: staleness 0)".into());
     }
-    if a.mode == "ssp" && (a.pipeline > 1 || a.zero > 0) {
+    if a.mode == "ssp" && mlp(a) {
         return bad(
-            "--mode ssp trains LeNet on a parameter server: no --pipeline or --zero".into(),
-        );
-    }
-    if a.mode == "ssp" && (a.checkpoint_every > 0 || a.metrics.is_some()) {
-        return bad(
-            "--mode ssp checkpoints at the end of the run only and writes no --metrics \
-             (its summary: --summary)"
+            "--mode ssp trains LeNet on a parameter server: no --pipeline, --tensor-parallel, \
+             --zero or --mlp"
                 .into(),
         );
     }
+    // What the chosen trainer does not read is refused, not ignored.
+    tc.refuse_unread(trainer(a))?;
     if let Some(r) = a.slow_rank.filter(|&r| r >= world) {
         return bad(format!(
             "--slow-rank {r}: the job has {world} rank(s), 0 to {}",
@@ -413,7 +457,7 @@ fn print_curve(curve: &[(f64, f64)]) {
 }
 
 /// `--mode ssp`: LeNet over the parameter server.
-fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<()> {
     use ferroccl_candle::ps::ssp::Staleness;
     let s = match a
         .staleness
@@ -429,7 +473,7 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
             comm.world_size()
         );
     }
-    let out = ferroccl_candle::ps::train::train_ps(comm, tc, s)?;
+    let out = ferroccl_candle::trainer::ps::train_ps(comm, tc, s)?;
     if comm.rank() == 0 {
         let s = &out.summary;
         println!(
@@ -450,18 +494,17 @@ fn ps_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Res
         );
         print_curve(&s.curve);
         if let Some(p) = &a.summary {
-            let j = serde_json::to_string_pretty(s).map_err(|e| {
-                ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}"))
-            })?;
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
+            let j = serde_json::to_string_pretty(s)
+                .map_err(|e| Error::invalid(format!("the summary as JSON: {e}")))?;
+            std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
         }
     }
     Ok(())
 }
 
-/// `--pipeline P` / `--zero 1`: the MLP as a pipeline, and the step-time table.
-fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferroccl::Result<()> {
+/// `--pipeline P` / `--tensor-parallel T` / `--zero 1` / `--mlp`: the MLP on a
+/// P × T × D layout, and the step-time table.
+fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<()> {
     use ferroccl_candle::pipeline::{PipelineConfig, Schedule};
     // --zero is 0 or 1 (the flag's parser): ZeRO-1 is the only stage built.
     let pcfg = PipelineConfig {
@@ -469,55 +512,99 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> ferrocc
         micro_batches: a.micro_batches,
         zero: a.zero == 1,
     };
-    let s = ferroccl_candle::pipeline::train::train_pipeline(comm, tc, pcfg, a.pipeline.max(1))?;
-    if comm.rank() == 0 {
-        println!(
-            "pipeline: {} stages × {} replicas, {} with {} micro-batches{}, MLP {:?}: {} steps, loss {:.4}",
-            s.stages,
-            s.replicas,
-            pcfg.schedule.name(),
-            s.micro_batches,
-            if pcfg.zero { ", ZeRO-1" } else { "" },
-            ferroccl_candle::pipeline::train::WIDTHS,
-            s.steps,
-            s.final_loss
-        );
-        println!("| rank | stage | replica | step ms | busy ms | bubble | textbook | peak live | optimizer bytes |");
-        println!("|---|---|---|---|---|---|---|---|---|");
-        for (r, x) in s.per_rank.iter().enumerate() {
-            println!(
-                "| {r} | {} | {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {} | {} |",
-                x.stage,
-                x.replica,
-                x.step_ms,
-                x.busy_ms,
-                100.0 * x.bubble,
-                100.0 * s.textbook_bubble,
-                x.peak_live,
-                x.optimizer_bytes
-            );
-        }
-        if let Some(p) = &a.summary {
-            let j = serde_json::to_string_pretty(&s).map_err(|e| {
-                ferroccl::Error::InvalidArgument(format!("the summary as JSON: {e}"))
-            })?;
-            std::fs::write(p, j)
-                .map_err(|e| ferroccl::Error::io(format!("writing {}", p.display()), e))?;
-        }
+    let s = ferroccl_candle::trainer::pipeline::train_mesh(
+        comm,
+        tc,
+        pcfg,
+        a.pipeline.max(1),
+        a.tensor_parallel.max(1),
+    )?;
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    let layout = if s.tensor > 1 {
+        format!(
+            "{} stages × {} tensor-parallel × {} replicas (P × T × D)",
+            s.stages, s.tensor, s.replicas
+        )
+    } else {
+        format!("{} stages × {} replicas", s.stages, s.replicas)
+    };
+    println!(
+        "pipeline: {layout}, {} with {} micro-batches{}, MLP {:?}: {} steps, loss {:.4}",
+        pcfg.schedule.name(),
+        s.micro_batches,
+        if pcfg.zero { ", ZeRO-1" } else { "" },
+        ferroccl_candle::trainer::mlp::WIDTHS,
+        s.steps,
+        s.final_loss
+    );
+    print_stage_table(&s);
+    if let Some(p) = &a.summary {
+        let j = serde_json::to_string_pretty(&s)
+            .map_err(|e| Error::invalid(format!("the summary as JSON: {e}")))?;
+        std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
+    }
+    if let Some(p) = &a.save_weights {
+        let tensors = s
+            .weights
+            .iter()
+            .map(|(name, v)| ferroccl::ddp::checkpoint::Tensor {
+                name: name.clone(),
+                shape: vec![v.len()],
+                data: v.clone(),
+            })
+            .collect();
+        let state = serde_json::json!({
+            "steps": s.steps, "stages": s.stages, "tensor": s.tensor, "replicas": s.replicas,
+        });
+        ferroccl::ddp::checkpoint::save(p, &ferroccl::ddp::Checkpoint { state, tensors })?;
     }
     Ok(())
 }
 
+/// Each rank's row: stage, replica, step and busy time, bubble, peak live
+/// micro-batches, optimizer bytes; with tensor parallelism its tensor rank and the
+/// payload bytes its tensor-parallel links sent per step, counted and by the formula.
+fn print_stage_table(s: &ferroccl_candle::trainer::pipeline::PipelineSummary) {
+    let tp = s.tensor > 1;
+    let (head, rule) = if tp {
+        (
+            " tensor | tensor bytes/step (counted) | (formula) |",
+            "---|---|---|",
+        )
+    } else {
+        ("", "")
+    };
+    println!("| rank | stage | replica | step ms | busy ms | bubble | textbook | peak live | optimizer bytes |{head}");
+    println!("|---|---|---|---|---|---|---|---|---|{rule}");
+    for (r, x) in s.per_rank.iter().enumerate() {
+        let extra = if tp {
+            format!(
+                " {} | {:.0} | {:.0} |",
+                x.tensor, x.tensor_bytes_per_step, x.tensor_law_bytes_per_step
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "| {r} | {} | {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {} | {} |{extra}",
+            x.stage,
+            x.replica,
+            x.step_ms,
+            x.busy_ms,
+            100.0 * x.bubble,
+            100.0 * s.textbook_bubble,
+            x.peak_live,
+            x.optimizer_bytes
+        );
+    }
+}
+
 /// Re-runs this command under our own launcher with `n` ranks, without the options
 /// in `drop` (and their values), with `extra` arguments appended.
-fn relaunch(
-    n: usize,
-    max_restarts: usize,
-    drop: &[&str],
-    extra: &[String],
-) -> ferroccl::Result<()> {
-    let exe = std::env::current_exe()
-        .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
+fn relaunch(n: usize, max_restarts: usize, drop: &[&str], extra: &[String]) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ferroccl binary", e))?;
     let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
     let mut skip = false;
     for arg in std::env::args_os().skip(1) {
@@ -543,18 +630,17 @@ fn relaunch(
         rank_needs: crate::args::RankNeeds::ferroccl(n, 256 << 20),
         ..Default::default()
     };
-    crate::launch::run(n, &cmd, &opts).map_err(|e| ferroccl::Error::InvalidArgument(e.to_string()))
+    crate::launch::run(n, &cmd, &opts).map_err(|e| Error::invalid(e.to_string()))
 }
 
-fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
+fn scaling(a: &TrainArgs, ns: &[usize]) -> Result<()> {
     if ns.is_empty() || ns.contains(&0) {
-        return Err(ferroccl::Error::InvalidArgument(
-            "--scaling takes world sizes of 1 or more, e.g. 1,2,4".into(),
+        return Err(Error::invalid(
+            "--scaling takes world sizes of 1 or more, e.g. 1,2,4",
         ));
     }
     let tmp = std::env::temp_dir().join(format!("ferroccl-scaling-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)
-        .map_err(|e| ferroccl::Error::io("creating a temporary directory", e))?;
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating a temporary directory", e))?;
     let mut rows: Vec<Summary> = Vec::new();
     for &n in ns {
         let file = tmp.join(format!("summary-{n}.json"));
@@ -583,10 +669,11 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
             &extra,
         )?;
         let text = std::fs::read_to_string(&file)
-            .map_err(|e| ferroccl::Error::io(format!("reading {}", file.display()), e))?;
-        rows.push(serde_json::from_str(&text).map_err(|e| {
-            ferroccl::Error::InvalidArgument(format!("summary of the {n}-rank run: {e}"))
-        })?);
+            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+        rows.push(
+            serde_json::from_str(&text)
+                .map_err(|e| Error::invalid(format!("summary of the {n}-rank run: {e}")))?,
+        );
     }
     let _ = std::fs::remove_dir_all(&tmp);
     let base = &rows[0];
@@ -628,7 +715,7 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> ferroccl::Result<()> {
         "images/s (job)",
         &pts,
     )
-    .map_err(ferroccl::Error::InvalidArgument)?;
+    .map_err(|e| Error::invalid(e.to_string()))?;
     println!("plot: {}", a.plot.display());
     Ok(())
 }

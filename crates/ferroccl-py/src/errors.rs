@@ -47,7 +47,6 @@ exceptions! {
     PoisonedError => "The communicator failed earlier and can no longer be used.",
     CudaError => "A CUDA driver or NVRTC call failed.",
     IoError => "An I/O error outside a running collective (binding a port, connecting, a file).",
-    TrainingError => "Training stopped: it diverged, was preempted, or met a checkpoint it cannot use.",
 }
 
 /// The exception of a class.
@@ -66,7 +65,6 @@ fn class_of(c: ErrorClass, msg: String) -> PyErr {
         ErrorClass::Poisoned => PoisonedError::new_err(msg),
         ErrorClass::Cuda => CudaError::new_err(msg),
         ErrorClass::Io => IoError::new_err(msg),
-        ErrorClass::Training => TrainingError::new_err(msg),
     }
 }
 

@@ -100,6 +100,7 @@ impl Worker {
         };
         let w = worker.clone();
         let t1 = spawn(name.clone(), move || w.serve()).map_err(cannot)?;
+        lock(&worker.threads).push(t1);
         let reporter = worker.reporter.clone();
         let t2 = spawn(format!("{name}-p2p"), move || {
             while let Ok((wait, done)) = prx.recv() {
@@ -107,9 +108,17 @@ impl Worker {
                 reporter.submit(Box::new(move || done.finish(r)));
             }
             reporter.release();
-        })
-        .map_err(cannot)?;
-        lock(&worker.threads).extend([t1, t2]);
+        });
+        let t2 = match t2 {
+            Ok(t) => t,
+            Err(e) => {
+                // The worker thread ends; the point-to-point thread never was.
+                worker.close();
+                worker.reporter.release();
+                return Err(cannot(e));
+            }
+        };
+        lock(&worker.threads).push(t2);
         let mut all = lock(&WORKERS);
         all.retain(|(w, _)| !w.finished());
         all.push((worker.clone(), abort));
@@ -220,7 +229,9 @@ impl Worker {
 
 /// Ends every worker before the interpreter finalises (`atexit`): a thread that
 /// called into Python during finalisation would be torn down mid-call. Each gets
-/// `grace` to finish what it was given, then is aborted (its operations fail at once).
+/// `grace` to finish what it was given, then is aborted (its operations fail at once);
+/// a callback that still has not returned `grace` after that (user code blocked on
+/// something else) is left to the interpreter rather than hang the exit.
 #[pyfunction]
 #[pyo3(signature = (grace=2.0))]
 pub(crate) fn shutdown(py: Python<'_>, grace: f64) {
@@ -233,13 +244,18 @@ pub(crate) fn shutdown(py: Python<'_>, grace: f64) {
         let start = Instant::now();
         for (w, abort) in &all {
             while !w.finished() {
+                if start.elapsed() > 2 * grace {
+                    break;
+                }
                 if start.elapsed() > grace {
                     abort.abort();
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
-            w.join();
-            w.reporter.join();
+            if w.finished() {
+                w.join();
+                w.reporter.join();
+            }
         }
     });
 }

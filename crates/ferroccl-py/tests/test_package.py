@@ -130,3 +130,36 @@ def test_split_and_group_make_children():
         return True
 
     assert on_threads(4, rank) == [True] * 4
+
+
+def test_a_callback_may_issue_collectives_and_wait_for_them():
+    """What DDP's PowerSGD hook does: a completion callback that all-reduces again and
+    blocks on it. Callbacks run off the communicator's executor, so the queue goes on
+    (the worker used to run them under the communicator's lock, and hung here)."""
+
+    def rank(c):
+        n = c.native
+        got = {}
+        done = threading.Event()
+        a = np.full(4, c.rank + 1, dtype=np.float32)
+        b = np.full(4, 10.0 * (c.rank + 1), dtype=np.float32)
+        d = np.full(4, 100.0 * (c.rank + 1), dtype=np.float32)
+
+        def second(_err):  # a callback of a callback, on its own thread
+            got["d"] = d.copy()
+            done.set()
+
+        def first(err):
+            got["err"] = err
+            n.all_reduce(ferroccl.buffer(b), "sum", None)  # blocking, from a callback
+            got["b"] = b.copy()
+            # non-blocking, then waited for, from a callback
+            n.all_reduce(ferroccl.buffer(d), "sum", second).wait()
+
+        n.all_reduce(ferroccl.buffer(a), "sum", first)
+        assert done.wait(20), "a callback's collectives never ran"
+        assert got["err"] is None and (a == 3).all()
+        assert (got["b"] == 30).all() and (got["d"] == 300).all()
+        return True
+
+    assert on_threads(2, rank) == [True, True]

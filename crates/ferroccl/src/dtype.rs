@@ -6,7 +6,7 @@
 use std::fmt;
 
 /// A reduction operator, as in NCCL (`ncclSum`, ...) and MPI (`MPI_SUM`, ...).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum ReduceOp {
     /// Elementwise sum.
@@ -64,7 +64,7 @@ impl fmt::Display for ReduceOp {
 }
 
 /// The element type of a buffer, carried on the wire so ranks can check they agree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum DataType {
     /// IEEE binary32.

@@ -382,11 +382,8 @@ pub fn with_deadline<T: Send + 'static>(
 }
 
 /// Every rank's error from a [`run_all`], failing the test if a rank succeeded or did
-/// not finish in time (for tests where every rank must fail).
-pub fn all_errors<R: std::fmt::Debug>(
-    out: Vec<Option<crate::Result<R>>>,
-    what: &str,
-) -> Vec<crate::Error> {
+/// not finish in time (for tests where every rank must fail; whatever the error type).
+pub fn all_errors<R: std::fmt::Debug, E>(out: Vec<Option<Result<R, E>>>, what: &str) -> Vec<E> {
     out.into_iter()
         .enumerate()
         .map(|(r, o)| match o {

@@ -3,11 +3,10 @@
 //! the weights the whole model holds. The pipeline's example, benchmark and
 //! `ferroccl train --pipeline` use it.
 
-use crate::model::ce;
+use crate::error::{Error, Result};
 use candle_core::{Device, Module, Tensor, Var};
 use candle_nn::Linear;
 use ferroccl::ddp::Rng;
-use ferroccl::{Error, Result};
 use std::ops::Range;
 
 /// Layers `first..` of an MLP: linear, then tanh unless it is the model's last layer.
@@ -38,7 +37,7 @@ pub fn mlp_stage(
     seed: u64,
 ) -> Result<(MlpStage, Vec<(String, Var)>)> {
     if layers.is_empty() || layers.end >= widths.len() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "layers {layers:?} of an MLP of {} layers",
             widths.len().saturating_sub(1)
         )));
@@ -54,15 +53,12 @@ pub fn mlp_stage(
                 .map(|_| (2.0 * rng.next_f32() - 1.0) * bound)
                 .collect()
         };
-        let w = Var::from_tensor(
-            &Tensor::from_vec(draw(fan_out * fan_in), (fan_out, fan_in), &Device::Cpu)
-                .map_err(ce("init"))?,
-        )
-        .map_err(ce("init"))?;
-        let b = Var::from_tensor(
-            &Tensor::from_vec(draw(fan_out), fan_out, &Device::Cpu).map_err(ce("init"))?,
-        )
-        .map_err(ce("init"))?;
+        let w = Var::from_tensor(&Tensor::from_vec(
+            draw(fan_out * fan_in),
+            (fan_out, fan_in),
+            &Device::Cpu,
+        )?)?;
+        let b = Var::from_tensor(&Tensor::from_vec(draw(fan_out), fan_out, &Device::Cpu)?)?;
         out.push((
             Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone())),
             i + 2 < widths.len(),
@@ -74,10 +70,10 @@ pub fn mlp_stage(
 }
 
 /// `layers` layers cut into `stages` contiguous runs as even as possible (the first
-/// ones a layer longer); more stages than layers is [`Error::InvalidArgument`].
+/// ones a layer longer); more stages than layers is `InvalidArgument`.
 pub fn even_split(layers: usize, stages: usize) -> Result<Vec<Range<usize>>> {
     if stages == 0 || stages > layers {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "{layers} layers cannot make {stages} pipeline stages"
         )));
     }

@@ -43,25 +43,27 @@
 //! **Checked at the boundary.** Every tensor crosses as a header (its shape) and its
 //! f32 elements. A receiving stage compares the header with what it expects (its
 //! declared per-sample input shape, or the shape of the output it sent) and fails with
-//! [`Error::Mismatch`] naming both; a length that differs is the library's own
+//! `Mismatch` naming both; a length that differs is the library's own
 //! `Mismatch`. Any failure in a step aborts the stage's communicators, so the other
 //! stages fail within their timeout instead of waiting forever.
 //!
 //! **2-D layouts**: [`Layout::split`] cuts a job of W ranks into W/P pipelines of P
 //! stages; rank r is stage r mod P of replica r / P, and the ranks holding the same
-//! stage form its data-parallel group.
+//! stage form its data-parallel group. **3-D**: [`Layout::mesh`] adds T
+//! tensor-parallel ranks per stage (P × T × D, see [`crate::tensor_parallel`]), whose
+//! layers a stage declares with [`Pipeline::with_tensor_group`].
 
 pub mod mlp;
 pub mod schedule;
-pub mod train;
 
 use crate::ddp::Optimizer;
-use crate::model::ce;
+use crate::error::{Error, Result};
+use crate::tensor_parallel::{Mesh, TensorGroup};
 use crate::zero::Zero;
 use candle_core::{DType, Module, Tensor, Var};
 use candle_nn::VarMap;
+use ferroccl::Communicator;
 use ferroccl::Pending;
-use ferroccl::{Communicator, Error, Result};
 pub use schedule::{Action, Schedule};
 use serde_json::json;
 use std::ops::Range;
@@ -105,35 +107,67 @@ pub struct StepReport {
     pub peak_live: usize,
 }
 
-/// The pipeline and data-parallel groups of one rank in a P × D layout.
+/// The pipeline, tensor-parallel and data-parallel groups of one rank in a
+/// P × T × D layout ([`Mesh`]; T = 1 is the P × D layout).
 pub struct Layout {
     /// This rank's pipeline (P ranks, in stage order).
     pub pipe: Communicator,
-    /// The ranks holding the same stage (D ranks, in replica order).
+    /// The ranks holding the same stage and tensor shard (D ranks, in replica order).
     pub data: Communicator,
+    /// The ranks splitting this stage's layers (T ranks; this rank alone when T = 1).
+    pub tensor: TensorGroup,
 }
 
 impl Layout {
     /// Splits `comm` (W ranks) into W / `stages` pipelines: rank r is stage r mod P of
-    /// replica r / P. Collective; W not a multiple of P is [`Error::InvalidArgument`]
-    /// on every rank.
+    /// replica r / P (the P × 1 × D [`Mesh`]). Collective; W not a multiple of P is
+    /// `InvalidArgument` on every rank.
     pub fn split(comm: &Communicator, stages: usize) -> Result<Layout> {
+        let mesh = Mesh::for_world(comm.world_size(), stages, 1);
+        Self::checked(comm, mesh)
+    }
+
+    /// Cuts `comm` into `mesh`'s groups: rank r = t + T × (s + P × d) is tensor rank t
+    /// of stage s of replica d. Collective over `comm`; every rank first gathers the
+    /// mesh every rank asked for, so that a mesh the ranks disagree on
+    /// (`Mismatch`) or whose P × T × D is not the job's size
+    /// (`InvalidArgument`) fails on every rank alike, before any group is
+    /// made.
+    pub fn mesh(comm: &Communicator, mesh: Mesh) -> Result<Layout> {
+        Self::checked(comm, Ok(mesh))
+    }
+
+    fn checked(comm: &Communicator, mesh: Result<Mesh>) -> Result<Layout> {
         let w = comm.world_size();
-        if stages == 0 || !w.is_multiple_of(stages) {
-            return Err(Error::InvalidArgument(format!(
-                "{stages} pipeline stages do not divide the job's {w} ranks"
-            )));
-        }
-        let r = comm.rank();
-        let (stage, replica) = (r % stages, r / stages);
-        let missing = || Error::InvalidArgument("split left this rank out".into());
+        // A rank that could not even name its mesh still gathers (as zeros).
+        let mine = mesh.as_ref().map_or([0; 3], Mesh::words);
+        let mut all = vec![0i64; 3 * w];
+        comm.all_gather(&mine, &mut all)?;
+        mesh?;
+        let asked: Vec<Mesh> = all.chunks_exact(3).map(Mesh::from_words).collect();
+        let mesh = Mesh::agree(comm.rank(), &asked)?;
+        let c = mesh.coords(comm.rank());
+        let (p, t) = (mesh.pipeline, mesh.tensor);
+        let color = |v: usize| {
+            u32::try_from(v).map_err(|_| {
+                Error::invalid(format!("a layout of {w} ranks: group {v} is beyond u32"))
+            })
+        };
+        let missing = || Error::invalid("split left this rank out");
+        let tensor = comm
+            .split(Some(color(c.stage + p * c.replica)?), c.tensor as i64)?
+            .ok_or_else(missing)?;
         let pipe = comm
-            .split(Some(replica as u32), stage as i64)?
+            .split(Some(color(c.tensor + t * c.replica)?), c.stage as i64)?
             .ok_or_else(missing)?;
         let data = comm
-            .split(Some(stage as u32), replica as i64)?
+            .split(Some(color(c.tensor + t * c.stage)?), c.replica as i64)?
             .ok_or_else(missing)?;
-        Ok(Layout { pipe, data })
+        Ok(Layout {
+            pipe,
+            data,
+            tensor: TensorGroup::new(tensor),
+        })
     }
 }
 
@@ -152,7 +186,7 @@ fn tag(kind: u32, mb: usize) -> u32 {
 
 fn header(dims: &[usize]) -> Result<Vec<i64>> {
     if dims.len() >= HEAD {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "a pipeline carries tensors of at most {} dimensions, not {dims:?}",
             HEAD - 1
         )));
@@ -192,6 +226,26 @@ struct Live {
     output: Tensor,
 }
 
+/// One step's way through this stage's plan.
+struct Progress {
+    /// Samples per micro-batch.
+    mb: usize,
+    /// What each micro-batch's forward keeps until its backward.
+    live: Vec<Option<Live>>,
+    /// Micro-batches held, and the most held at once.
+    n_live: usize,
+    peak: usize,
+    rep: StepReport,
+    /// The last stage's micro-batch losses, summed.
+    loss_sum: f64,
+    /// The micro-batches in the order their forwards, and their backwards, run.
+    fwd_order: Vec<usize>,
+    bwd_order: Vec<usize>,
+    /// Forwards whose activations were taken; backwards whose gradients were.
+    fi: usize,
+    bi: usize,
+}
+
 /// One stage of a pipeline; see the module docs.
 pub struct Pipeline<'c, M, O> {
     pipe: &'c Communicator,
@@ -200,6 +254,7 @@ pub struct Pipeline<'c, M, O> {
     in_shape: Vec<usize>,
     cfg: PipelineConfig,
     plan: Vec<Action>,
+    tensor: Option<TensorGroup>,
 }
 
 impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
@@ -243,7 +298,23 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             in_shape: in_shape.to_vec(),
             cfg,
             plan,
+            tensor: None,
         })
+    }
+
+    /// Declares that this stage's layers are split over `tensor` (tensor-parallel
+    /// layers built on it, their variables this rank's shards): the tensor rank joins
+    /// the checkpoint layout, a failed step aborts the group too (so that the stage's
+    /// other tensor ranks fail rather than wait), and a checkpoint loads on every
+    /// tensor rank or on none.
+    pub fn with_tensor_group(mut self, tensor: &TensorGroup) -> Self {
+        let (s, p) = (self.pipe.rank(), self.pipe.world_size());
+        let layout =
+            json!({"stage": s, "stages": p, "tensor": tensor.rank(), "tensors": tensor.size()});
+        self.params.set_layout(layout, self.pipe);
+        self.params.set_tensor(tensor.clone());
+        self.tensor = Some(tensor.clone());
+        self
     }
 
     /// This stage's index.
@@ -259,6 +330,11 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     /// As [`Pipeline::params`], mutable (for the optimizer-state size).
     pub fn params_mut(&mut self) -> &mut Zero<'c, O> {
         &mut self.params
+    }
+
+    /// Micro-batches per step.
+    pub fn micro_batches(&self) -> usize {
+        self.cfg.micro_batches
     }
 
     /// The stage's weights by name.
@@ -281,7 +357,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     ) -> Result<StepReport> {
         let m = self.cfg.micro_batches;
         if batch == 0 || !batch.is_multiple_of(m) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "{m} micro-batches do not divide the batch of {batch}"
             )));
         }
@@ -289,16 +365,12 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             match input {
                 Some(x) if x.dims().first() == Some(&batch) => {}
                 Some(x) => {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid(format!(
                         "stage 0's input has shape {:?}, not a batch of {batch}",
                         x.dims()
                     )))
                 }
-                None => {
-                    return Err(Error::InvalidArgument(
-                        "stage 0 needs the batch as input".into(),
-                    ))
-                }
+                None => return Err(Error::invalid("stage 0 needs the batch as input")),
             }
         }
         let mut flight = InFlight::default();
@@ -310,11 +382,15 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             if let Some(c) = self.params.comm() {
                 c.abort_handle().abort();
             }
+            if let Some(t) = &self.tensor {
+                t.abort();
+            }
         }
         drop(flight);
         r
     }
 
+    /// The step's plan, action by action, then the optimizer step.
     fn run(
         &mut self,
         mb: usize,
@@ -325,147 +401,30 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     ) -> Result<StepReport> {
         let (p, s, m) = (self.pipe.world_size(), self.stage(), self.cfg.micro_batches);
         let last = s + 1 == p;
-        let in_len: usize = mb * self.in_shape.iter().product::<usize>();
-        let mut live: Vec<Option<Live>> = (0..m).map(|_| None).collect();
-        let (mut n_live, mut peak) = (0usize, 0usize);
-        let mut rep = StepReport::default();
-        let mut loss_sum = 0.0f64;
+        let mut pr = Progress {
+            mb,
+            live: (0..m).map(|_| None).collect(),
+            n_live: 0,
+            peak: 0,
+            rep: StepReport::default(),
+            loss_sum: 0.0,
+            fwd_order: schedule::order(&self.plan, true),
+            bwd_order: schedule::order(&self.plan, false),
+            fi: 0,
+            bi: 0,
+        };
         let t0 = Instant::now();
         // The next receive of each direction, posted one micro-batch ahead.
-        let fwd_order = schedule::order(&self.plan, true);
-        let bwd_order = schedule::order(&self.plan, false);
-        let (mut fi, mut bi) = (0usize, 0usize);
-        let post_fwd = |i: usize| -> Result<Option<Incoming>> {
-            match fwd_order.get(i) {
-                Some(&k) if s > 0 => Ok(Some(Incoming {
-                    head: self
-                        .pipe
-                        .recv_start(vec![0i64; HEAD], s - 1, tag(FWD_HEAD, k))?,
-                    data: self
-                        .pipe
-                        .recv_start(vec![0f32; in_len], s - 1, tag(FWD_DATA, k))?,
-                })),
-                _ => Ok(None),
-            }
-        };
-        fl.next_fwd = post_fwd(0)?;
+        fl.next_fwd = self.post_fwd(&pr, 0)?;
         for &a in &self.plan.clone() {
             match a {
-                Action::Forward(k) => {
-                    let x = if s == 0 {
-                        input
-                            .ok_or_else(|| out_of_plan("stage 0 has no input batch"))?
-                            .narrow(0, k * mb, mb)
-                            .map_err(ce("taking a micro-batch"))?
-                    } else {
-                        let inc = fl
-                            .next_fwd
-                            .take()
-                            .ok_or_else(|| out_of_plan("a forward with no receive posted"))?;
-                        fi += 1;
-                        fl.next_fwd = post_fwd(fi)?;
-                        let mut want = vec![mb];
-                        want.extend_from_slice(&self.in_shape);
-                        let w = Instant::now();
-                        let t = self.take(inc, &want, s - 1, k, "activations")?;
-                        rep.waiting += w.elapsed();
-                        t
-                    };
-                    let c = Instant::now();
-                    let (inp, x) = if s == 0 {
-                        (None, x)
-                    } else {
-                        let v = Var::from_tensor(&x).map_err(ce("stage input"))?;
-                        let t = v.as_tensor().clone();
-                        (Some(v), t)
-                    };
-                    let out = self.module.forward(&x).map_err(ce("stage forward"))?;
-                    if out.dtype() != DType::F32 {
-                        return Err(Error::InvalidArgument(format!(
-                            "stage {s} produced {:?} activations; pipelines carry f32",
-                            out.dtype()
-                        )));
-                    }
-                    if !last {
-                        let h = header(out.dims())?;
-                        let data = flat(&out)?;
-                        fl.heads
-                            .push(self.pipe.send_start(h, s + 1, tag(FWD_HEAD, k))?);
-                        fl.sends
-                            .push(self.pipe.send_start(data, s + 1, tag(FWD_DATA, k))?);
-                    }
-                    live[k] = Some(Live {
-                        input: inp,
-                        output: out,
-                    });
-                    n_live += 1;
-                    peak = peak.max(n_live);
-                    rep.busy += c.elapsed();
-                }
-                Action::Backward(k) => {
-                    let Live { input: inp, output } = live
-                        .get_mut(k)
-                        .and_then(Option::take)
-                        .ok_or_else(|| out_of_plan("a backward before its forward"))?;
-                    let grads = if last {
-                        let c = Instant::now();
-                        let l = loss(&output, k * mb..(k + 1) * mb).map_err(ce("loss"))?;
-                        loss_sum += l.to_scalar::<f32>().map_err(ce("loss"))? as f64;
-                        let l = (l * (1.0 / m as f64)).map_err(ce("loss scaling"))?;
-                        let g = l.backward().map_err(ce("backward"))?;
-                        rep.busy += c.elapsed();
-                        g
-                    } else {
-                        let (k0, inc) = match fl.next_bwd.take() {
-                            Some(x) => x,
-                            None => (k, self.post_bwd(k, output.dims())?),
-                        };
-                        debug_assert_eq!(k0, k);
-                        bi += 1;
-                        // The next gradient's receive goes out before this one is used.
-                        if let Some(&k1) = bwd_order.get(bi) {
-                            if let Some(o) = live[k1].as_ref() {
-                                fl.next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
-                            }
-                        }
-                        let w = Instant::now();
-                        let g = self.take(inc, output.dims(), s + 1, k, "gradients")?;
-                        rep.waiting += w.elapsed();
-                        let c = Instant::now();
-                        let sur = (&output * &g)
-                            .and_then(|t| t.sum_all())
-                            .map_err(ce("stage backward"))?;
-                        let g = sur.backward().map_err(ce("stage backward"))?;
-                        rep.busy += c.elapsed();
-                        g
-                    };
-                    let c = Instant::now();
-                    self.params.accumulate(&grads)?;
-                    if let Some(v) = inp {
-                        let gi = grads.get(v.as_tensor()).ok_or_else(|| {
-                            Error::InvalidArgument(format!(
-                                "stage {s}'s output does not depend on its input"
-                            ))
-                        })?;
-                        let h = header(gi.dims())?;
-                        let data = flat(gi)?;
-                        fl.heads
-                            .push(self.pipe.send_start(h, s - 1, tag(BWD_HEAD, k))?);
-                        fl.sends
-                            .push(self.pipe.send_start(data, s - 1, tag(BWD_DATA, k))?);
-                    }
-                    n_live -= 1;
-                    rep.busy += c.elapsed();
-                }
+                Action::Forward(k) => self.forward(k, input, &mut pr, fl)?,
+                Action::Backward(k) => self.backward(k, loss, &mut pr, fl)?,
             }
             // Once the next backward's forward is done, its gradient's receive is
             // posted, so it lands while this stage computes.
             if !last && fl.next_bwd.is_none() {
-                if let Some(&k1) = bwd_order.get(bi) {
-                    if let Some(o) = live[k1].as_ref() {
-                        fl.next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
-                    }
-                }
+                self.post_next_bwd(&pr, fl)?;
             }
         }
         let w = Instant::now();
@@ -475,18 +434,170 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
         for d in fl.sends.drain(..) {
             d.wait()?;
         }
-        rep.waiting += w.elapsed();
-        rep.schedule_time = t0.elapsed();
-        rep.peak_live = peak;
+        pr.rep.waiting += w.elapsed();
+        pr.rep.schedule_time = t0.elapsed();
+        pr.rep.peak_live = pr.peak;
         self.params.step(lr)?;
-        let mut l = [loss_sum / m as f64];
+        let mut l = [pr.loss_sum / m as f64];
         self.pipe.broadcast(&mut l, p - 1)?;
         if let Some(c) = self.params.comm() {
             // Each replica had its share of the batch: the loss of the whole.
             c.all_reduce(&mut l, ferroccl::ReduceOp::Avg)?;
         }
-        rep.loss = l[0];
-        Ok(rep)
+        pr.rep.loss = l[0];
+        Ok(pr.rep)
+    }
+
+    /// The receive of the `i`-th forward's activations from the stage before (none on
+    /// stage 0, or past the last).
+    fn post_fwd(&self, pr: &Progress, i: usize) -> Result<Option<Incoming>> {
+        let s = self.stage();
+        let in_len: usize = pr.mb * self.in_shape.iter().product::<usize>();
+        match pr.fwd_order.get(i) {
+            Some(&k) if s > 0 => Ok(Some(Incoming {
+                head: self
+                    .pipe
+                    .recv_start(vec![0i64; HEAD], s - 1, tag(FWD_HEAD, k))?,
+                data: self
+                    .pipe
+                    .recv_start(vec![0f32; in_len], s - 1, tag(FWD_DATA, k))?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    /// The receive of the next backward's gradient from the stage after, once its
+    /// forward is done.
+    fn post_next_bwd(&self, pr: &Progress, fl: &mut InFlight) -> Result<()> {
+        if let Some(&k1) = pr.bwd_order.get(pr.bi) {
+            if let Some(o) = pr.live[k1].as_ref() {
+                fl.next_bwd = Some((k1, self.post_bwd(k1, o.output.dims())?));
+            }
+        }
+        Ok(())
+    }
+
+    /// Action `Forward(k)`: micro-batch `k`'s input (stage 0's slice of the batch, or
+    /// the activations received), its forward, its output sent on.
+    fn forward(
+        &mut self,
+        k: usize,
+        input: Option<&Tensor>,
+        pr: &mut Progress,
+        fl: &mut InFlight,
+    ) -> Result<()> {
+        let (s, mb) = (self.stage(), pr.mb);
+        let last = s + 1 == self.pipe.world_size();
+        let x = if s == 0 {
+            input
+                .ok_or_else(|| out_of_plan("stage 0 has no input batch"))?
+                .narrow(0, k * mb, mb)?
+        } else {
+            let inc = fl
+                .next_fwd
+                .take()
+                .ok_or_else(|| out_of_plan("a forward with no receive posted"))?;
+            pr.fi += 1;
+            fl.next_fwd = self.post_fwd(pr, pr.fi)?;
+            let mut want = vec![mb];
+            want.extend_from_slice(&self.in_shape);
+            let w = Instant::now();
+            let t = self.take(inc, &want, s - 1, k, "activations")?;
+            pr.rep.waiting += w.elapsed();
+            t
+        };
+        let c = Instant::now();
+        let (inp, x) = if s == 0 {
+            (None, x)
+        } else {
+            let v = Var::from_tensor(&x)?;
+            let t = v.as_tensor().clone();
+            (Some(v), t)
+        };
+        let out = self.module.forward(&x)?;
+        if out.dtype() != DType::F32 {
+            return Err(Error::invalid(format!(
+                "stage {s} produced {:?} activations; pipelines carry f32",
+                out.dtype()
+            )));
+        }
+        if !last {
+            let h = header(out.dims())?;
+            let data = flat(&out)?;
+            fl.heads
+                .push(self.pipe.send_start(h, s + 1, tag(FWD_HEAD, k))?);
+            fl.sends
+                .push(self.pipe.send_start(data, s + 1, tag(FWD_DATA, k))?);
+        }
+        pr.live[k] = Some(Live {
+            input: inp,
+            output: out,
+        });
+        pr.n_live += 1;
+        pr.peak = pr.peak.max(pr.n_live);
+        pr.rep.busy += c.elapsed();
+        Ok(())
+    }
+
+    /// Action `Backward(k)`: micro-batch `k`'s gradients (from its loss on the last
+    /// stage, from the gradient received elsewhere) into the parameters' sums, its
+    /// input's gradient sent back.
+    fn backward(
+        &mut self,
+        k: usize,
+        loss: &dyn Fn(&Tensor, Range<usize>) -> candle_core::Result<Tensor>,
+        pr: &mut Progress,
+        fl: &mut InFlight,
+    ) -> Result<()> {
+        let (s, m, mb) = (self.stage(), self.cfg.micro_batches, pr.mb);
+        let last = s + 1 == self.pipe.world_size();
+        let Live { input: inp, output } = pr
+            .live
+            .get_mut(k)
+            .and_then(Option::take)
+            .ok_or_else(|| out_of_plan("a backward before its forward"))?;
+        let grads = if last {
+            let c = Instant::now();
+            let l = loss(&output, k * mb..(k + 1) * mb)?;
+            pr.loss_sum += l.to_scalar::<f32>()? as f64;
+            let l = (l * (1.0 / m as f64))?;
+            let g = l.backward()?;
+            pr.rep.busy += c.elapsed();
+            g
+        } else {
+            let (k0, inc) = match fl.next_bwd.take() {
+                Some(x) => x,
+                None => (k, self.post_bwd(k, output.dims())?),
+            };
+            debug_assert_eq!(k0, k);
+            pr.bi += 1;
+            // The next gradient's receive goes out before this one is used.
+            self.post_next_bwd(pr, fl)?;
+            let w = Instant::now();
+            let g = self.take(inc, output.dims(), s + 1, k, "gradients")?;
+            pr.rep.waiting += w.elapsed();
+            let c = Instant::now();
+            let sur = (&output * &g).and_then(|t| t.sum_all())?;
+            let g = sur.backward()?;
+            pr.rep.busy += c.elapsed();
+            g
+        };
+        let c = Instant::now();
+        self.params.accumulate(&grads)?;
+        if let Some(v) = inp {
+            let gi = grads.get(v.as_tensor()).ok_or_else(|| {
+                Error::invalid(format!("stage {s}'s output does not depend on its input"))
+            })?;
+            let h = header(gi.dims())?;
+            let data = flat(gi)?;
+            fl.heads
+                .push(self.pipe.send_start(h, s - 1, tag(BWD_HEAD, k))?);
+            fl.sends
+                .push(self.pipe.send_start(data, s - 1, tag(BWD_DATA, k))?);
+        }
+        pr.n_live -= 1;
+        pr.rep.busy += c.elapsed();
+        Ok(())
     }
 
     fn post_bwd(&self, k: usize, dims: &[usize]) -> Result<Incoming> {
@@ -518,15 +629,16 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
         if got != want_i {
             // Let the elements' receive finish or fail before reporting.
             drop(inc.data);
-            return Err(Error::Mismatch {
+            return Err(ferroccl::Error::Mismatch {
                 rank: self.pipe.rank(),
                 peer,
                 ours: format!("stage {s} expects {what} of shape {want:?} f32 for micro-batch {k}"),
                 theirs: format!("stage {peer} sent shape {got:?}"),
-            });
+            }
+            .into());
         }
         let data = inc.data.wait()?;
-        Tensor::from_vec(data, want, &candle_core::Device::Cpu).map_err(ce("received tensor"))
+        Ok(Tensor::from_vec(data, want, &candle_core::Device::Cpu)?)
     }
 
     /// A checkpoint of this stage (weights, optimizer state, the layout) and `state`,
@@ -539,27 +651,25 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     }
 
     /// Restores this stage from a checkpoint (see [`Zero::restore`]); one written by
-    /// another stage or another stage count is [`Error::Checkpoint`]. Collective over
+    /// another stage or another stage count is [`TrainError::Checkpoint`](ferroccl::ddp::TrainError::Checkpoint). Collective over
     /// the data-parallel group and the pipeline: when any stage fails to load, every
     /// stage fails and none changes.
     pub fn restore(
         &mut self,
-        loaded: Result<Option<(PathBuf, ferroccl::ddp::Checkpoint)>>,
+        loaded: ferroccl::ddp::TrainResult<Option<(PathBuf, ferroccl::ddp::Checkpoint)>>,
     ) -> Result<Option<serde_json::Value>> {
         self.params.restore(loaded)
     }
 }
 
 fn flat(t: &Tensor) -> Result<Vec<f32>> {
-    t.flatten_all()
-        .and_then(|t| t.to_vec1::<f32>())
-        .map_err(ce("sending a tensor"))
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// A schedule that broke its own plan's rules (plans are validated, so this is a bug
 /// in this module): an error, not a panic in the middle of a step.
 fn out_of_plan(what: &str) -> Error {
-    Error::InvalidArgument(format!(
+    Error::invalid(format!(
         "pipeline executor: {what} (the schedule's plan broke its rules)"
     ))
 }

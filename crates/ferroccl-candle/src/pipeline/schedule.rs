@@ -14,7 +14,7 @@
 //! the same time per micro-batch: [`simulate`] plays a plan in virtual time and
 //! returns it.
 
-use ferroccl::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Which schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -32,7 +32,7 @@ impl Schedule {
         match s.to_ascii_lowercase().as_str() {
             "gpipe" => Ok(Schedule::GPipe),
             "1f1b" => Ok(Schedule::OneFOneB),
-            _ => Err(Error::InvalidArgument(format!(
+            _ => Err(Error::invalid(format!(
                 "unknown pipeline schedule {s:?}: expected gpipe or 1f1b"
             ))),
         }
@@ -64,7 +64,7 @@ pub type Plan = Vec<Vec<Action>>;
 
 fn check(stages: usize, micro_batches: usize) -> Result<()> {
     if stages == 0 || micro_batches == 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "a pipeline needs at least one stage and one micro-batch (got {stages} stages, \
              {micro_batches} micro-batches)"
         )));
@@ -177,7 +177,7 @@ pub fn validate(plan: &Plan, micro_batches: usize) -> Result<()> {
         let mut bwd = vec![false; micro_batches];
         for a in acts {
             let bad = |why: &str| {
-                Err(Error::InvalidArgument(format!(
+                Err(Error::invalid(format!(
                     "pipeline plan: stage {s}: {a:?} {why}"
                 )))
             };
@@ -194,7 +194,7 @@ pub fn validate(plan: &Plan, micro_batches: usize) -> Result<()> {
             }
         }
         if !fwd.iter().chain(&bwd).all(|&d| d) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "pipeline plan: stage {s} leaves a micro-batch out"
             )));
         }
@@ -211,7 +211,7 @@ pub fn validate(plan: &Plan, micro_batches: usize) -> Result<()> {
 pub fn simulate(plan: &Plan, forward: &[f64], backward: &[f64]) -> Result<Timeline> {
     let p = plan.len();
     if forward.len() != p || backward.len() != p {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "simulate: {p} stages but {} forward and {} backward times",
             forward.len(),
             backward.len()
@@ -265,7 +265,7 @@ pub fn simulate(plan: &Plan, forward: &[f64], backward: &[f64]) -> Result<Timeli
             let stuck: Vec<String> = (0..p)
                 .filter_map(|s| plan[s].get(next[s]).map(|a| format!("stage {s} at {a:?}")))
                 .collect();
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "pipeline plan deadlocks: {}",
                 stuck.join(", ")
             )));
@@ -305,11 +305,11 @@ mod tests {
     fn zero_stages_or_micro_batches_are_refused() {
         assert!(matches!(
             plan(Schedule::GPipe, 0, 4),
-            Err(Error::InvalidArgument(_))
+            Err(Error::Comm(ferroccl::Error::InvalidArgument(_)))
         ));
         assert!(matches!(
             plan(Schedule::OneFOneB, 2, 0),
-            Err(Error::InvalidArgument(_))
+            Err(Error::Comm(ferroccl::Error::InvalidArgument(_)))
         ));
         assert!(Schedule::parse("zigzag").is_err());
         assert_eq!(Schedule::parse("1F1B").unwrap(), Schedule::OneFOneB);

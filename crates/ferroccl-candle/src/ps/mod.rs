@@ -31,10 +31,10 @@
 //! an echo: its own abort, or a neighbour's).
 
 pub mod ssp;
-pub mod train;
 
 use crate::ddp::Optimizer;
-use ferroccl::{Communicator, Error, Pending, ReduceOp, Result};
+use crate::error::{Error, Result};
+use ferroccl::{Communicator, Pending, ReduceOp};
 use ssp::{shards, Histogram, ShardServer, Staleness};
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
@@ -129,10 +129,10 @@ pub fn run<O: Optimizer + Send>(
     }
     let req = comm
         .split(Some(0), me as i64)?
-        .ok_or_else(|| Error::InvalidArgument("split gave no communicator".into()))?;
+        .ok_or_else(|| Error::invalid("split gave no communicator"))?;
     let rep = comm
         .split(Some(0), me as i64)?
-        .ok_or_else(|| Error::InvalidArgument("split gave no communicator".into()))?;
+        .ok_or_else(|| Error::invalid("split gave no communicator"))?;
     let aborts = [req.abort_handle(), rep.abort_handle()];
     let abort = || aborts.iter().for_each(|a| a.abort());
     let (req, rep) = (Mutex::new(req), Mutex::new(rep));
@@ -161,9 +161,7 @@ pub fn run<O: Optimizer + Send>(
         }
         let served = h.join().unwrap_or_else(|_| {
             (
-                Err(Error::InvalidArgument(
-                    "the parameter server's thread panicked".into(),
-                )),
+                Err(Error::invalid("the parameter server's thread panicked")),
                 Instant::now(),
             )
         });
@@ -181,11 +179,7 @@ pub fn run<O: Optimizer + Send>(
 }
 
 fn check_state(st: &PsState, total: usize, n: usize) -> Result<()> {
-    let bad = |why: String| {
-        Err(Error::InvalidArgument(format!(
-            "parameter-server state: {why}"
-        )))
-    };
+    let bad = |why: String| Err(Error::invalid(format!("parameter-server state: {why}")));
     if st.params.len() != total || st.opt.iter().any(|(_, b)| b.len() != total) {
         return bad(format!(
             "holds {} parameters, the model {total}",
@@ -210,14 +204,15 @@ fn restore_shard<O: Optimizer>(
     let (_, opt) = srv.parts_mut();
     for (kind, bufs) in opt.state() {
         let whole = st.opt.iter().find(|(k, _)| k == kind).ok_or_else(|| {
-            Error::InvalidArgument(format!("parameter-server state: no optimizer {kind}"))
+            Error::invalid(format!("parameter-server state: no optimizer {kind}"))
         })?;
         bufs[0] = whole.1[mine.clone()].to_vec();
     }
     for (kind, c) in opt.counters() {
-        let v = st.counters.iter().find(|(k, _)| k == kind).ok_or_else(|| {
-            Error::InvalidArgument(format!("parameter-server state: no counter {kind}"))
-        })?;
+        let v =
+            st.counters.iter().find(|(k, _)| k == kind).ok_or_else(|| {
+                Error::invalid(format!("parameter-server state: no counter {kind}"))
+            })?;
         *c = v.1[me];
     }
     Ok(())
@@ -257,7 +252,7 @@ fn work(
         for (j, (head, body)) in replies.into_iter().enumerate() {
             let h = head.wait()?;
             if h[0] != clock as i64 || h[1] < 0 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid(format!(
                     "parameter server {j} answered step {} with version {} (asked for step {clock})",
                     h[0], h[1]
                 )));
@@ -267,7 +262,7 @@ fn work(
         }
         let (grad, lr) = worker.gradient(clock, &params)?;
         if grad.len() != total {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "the worker's gradient has {} elements, the parameters {total}",
                 grad.len()
             )));
@@ -325,7 +320,7 @@ fn serve<O: Optimizer>(
     let post = |w: usize| lock(req).recv_start(vec![0i64; 4], w, TAG_HEAD);
     let mut heads: Vec<Option<Pending<i64>>> = (0..n)
         .map(|w| srv.clocks().running(w).then(|| post(w)).transpose())
-        .collect::<Result<_>>()?;
+        .collect::<ferroccl::Result<_>>()?;
     let mut out: (Vec<Pending<i64>>, Vec<Pending<f32>>) = (Vec::new(), Vec::new());
     let reply = |out: &mut (Vec<Pending<i64>>, Vec<Pending<f32>>),
                  srv: &ShardServer<O>,
@@ -392,7 +387,7 @@ fn serve<O: Optimizer>(
 }
 
 fn bad_message(w: usize, h: &[i64]) -> Error {
-    Error::InvalidArgument(format!(
+    Error::invalid(format!(
         "parameter server: worker {w} sent a message it has no business sending: {h:?}"
     ))
 }
@@ -435,7 +430,7 @@ fn gather<O: Optimizer>(
     let mut every = vec![0i64; n * n];
     comm.all_gather(&clocks, &mut every)?;
     if every.chunks_exact(n).any(|c| c != clocks.as_slice()) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "the parameter servers ended with different worker clocks: {every:?}"
         )));
     }

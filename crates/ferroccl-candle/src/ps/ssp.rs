@@ -32,7 +32,7 @@
 //! worker's gradient is one N-th of the global batch), in arrival order.
 
 use crate::ddp::Optimizer;
-use ferroccl::{Error, Result};
+use crate::error::{Error, Result};
 use std::ops::Range;
 
 /// The staleness bound s.
@@ -50,7 +50,7 @@ impl Staleness {
         match s.trim() {
             "inf" | "infinity" | "async" | "∞" => Ok(Staleness::Unbounded),
             t => t.parse::<u64>().map(Staleness::Bounded).map_err(|_| {
-                Error::InvalidArgument(format!(
+                Error::invalid(format!(
                     "staleness {s:?}: expected a whole number of steps from 0, or inf"
                 ))
             }),
@@ -80,7 +80,7 @@ impl std::fmt::Display for Staleness {
 /// shard must hold an element: `n = 0` or `n > total` is an error.
 pub fn shards(total: usize, n: usize) -> Result<Vec<Range<usize>>> {
     if n == 0 || n > total {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "{total} parameters cannot make {n} non-empty shards (1 to {total} servers)"
         )));
     }
@@ -291,7 +291,7 @@ impl<O: Optimizer> ShardServer<O> {
 
     fn check_worker(&self, w: usize, what: &str) -> Result<()> {
         if w >= self.clocks.applied.len() || !self.clocks.running[w] || self.finishing[w] {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "parameter server: {what} from worker {w}, which is not a running worker"
             )));
         }
@@ -303,7 +303,7 @@ impl<O: Optimizer> ShardServer<O> {
     pub fn pull(&mut self, w: usize, step: u64) -> Result<Option<u64>> {
         self.check_worker(w, "a pull")?;
         if step != self.pushed(w) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "parameter server: worker {w} pulls for step {step} at clock {}",
                 self.clocks.applied[w]
             )));
@@ -345,13 +345,13 @@ impl<O: Optimizer> ShardServer<O> {
         self.check_worker(w, "a push")?;
         let v_now = self.version();
         if step != self.clocks.applied[w] || self.buffered[w].is_some() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "parameter server: worker {w} pushes step {step} at clock {}",
                 self.clocks.applied[w]
             )));
         }
         if version > v_now || version > step || grad.len() != self.params.len() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "parameter server: worker {w}'s push of step {step} claims version {version} \
                  (the server is at {v_now}) with {} elements (the shard has {})",
                 grad.len(),

@@ -4,13 +4,15 @@
 //! resume bit for bit and refuse another model, overflowed steps are skipped and
 //! non-finite gradients stop every rank. Every run has a deadline.
 
+use crate::{run, run_all};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, Linear, VarBuilder, VarMap};
 use ferroccl::ddp::checkpoint::{Checkpoint, Tensor as CkptTensor};
 use ferroccl::ddp::CheckpointDir;
-use ferroccl::testing::{all_errors, run, run_all, test_config, Net};
-use ferroccl::{Communicator, Error, Result};
+use ferroccl::testing::{all_errors, test_config, Net};
+use ferroccl::Communicator;
 use ferroccl_candle::ddp::{Ddp, DdpConfig, LossScaler, Rng, Sgd, WireDtype};
+use ferroccl_candle::{Error, Result};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -333,7 +335,7 @@ fn overflowed_scaled_steps_are_skipped_and_nonfinite_plain_steps_stop_every_rank
     );
     for e in errs {
         assert!(
-            matches!(&e, Error::Diverged { step: 0, why } if why.contains("inf or NaN")),
+            matches!(&e, Error::Train(ferroccl::ddp::TrainError::Diverged { step: 0, why }) if why.contains("inf or NaN")),
             "{e}"
         );
     }

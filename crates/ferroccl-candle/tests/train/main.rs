@@ -3,12 +3,58 @@
 mod ddp;
 mod pipeline;
 mod ps;
+mod tensor_parallel;
+mod tensor_parallel_checks;
 mod trainer;
 
-/// Rank 0's [`ferroccl::Error::Checkpoint`] as (path, why), once rank 1's error has been
+use ferroccl::ddp::TrainError;
+use ferroccl::testing::{Net, RunError};
+use ferroccl::{Communicator, Config};
+use ferroccl_candle::{Error, Result};
+use std::time::Duration;
+
+/// `ferroccl::testing::run` for a body that returns this crate's error, as the crate's
+/// functions do: every rank's result in rank order, or the first failure (as
+/// ferroccl's error, from which the harness tells a root cause from its echoes), under
+/// `deadline`.
+fn run<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    deadline: Duration,
+    body: F,
+) -> std::result::Result<Vec<R>, RunError>
+where
+    R: Send + 'static,
+    F: Fn(&mut Communicator) -> Result<R> + Send + Sync + 'static,
+{
+    ferroccl::testing::run(n, net, base, deadline, move |c| {
+        body(c).map_err(ferroccl::Error::from)
+    })
+}
+
+/// `ferroccl::testing::run_all` with every rank's outcome typed as this crate's error.
+fn run_all<R, F>(
+    n: usize,
+    net: Net,
+    base: &Config,
+    deadline: Duration,
+    body: F,
+) -> Vec<Option<Result<R>>>
+where
+    R: Send + 'static,
+    F: Fn(&mut Communicator) -> Result<R> + Send + Sync + 'static,
+{
+    ferroccl::testing::run_all(n, net, base, deadline, move |c| Ok(body(c)))
+        .into_iter()
+        .map(|o| o.map(|r| r.map_err(Error::from).and_then(|r| r)))
+        .collect()
+}
+
+/// Rank 0's [`TrainError::Checkpoint`] as (path, why), once rank 1's error has been
 /// checked to name rank 0's failure to load it.
 #[track_caller]
-fn refused_on_rank0(errs: &[ferroccl::Error]) -> (&std::path::Path, &str) {
+fn refused_on_rank0(errs: &[Error]) -> (&std::path::Path, &str) {
     assert!(
         errs[1]
             .to_string()
@@ -17,7 +63,7 @@ fn refused_on_rank0(errs: &[ferroccl::Error]) -> (&std::path::Path, &str) {
         errs[1]
     );
     match &errs[0] {
-        ferroccl::Error::Checkpoint { path, why } => (path, why),
+        Error::Train(TrainError::Checkpoint { path, why }) => (path, why),
         e => panic!("rank 0: {e}"),
     }
 }
@@ -40,4 +86,25 @@ fn readme_shows(example: &str) {
         readme.contains(&dedented),
         "README lacks the code of {example}:\n{dedented}"
     );
+}
+
+/// Largest |a − b| over the largest |b|, per tensor; the worst tensor (weights by
+/// name, in the same order).
+#[track_caller]
+fn rel_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((na, va), (nb, vb))| {
+            assert_eq!(na, nb);
+            assert_eq!(va.len(), vb.len(), "{na}");
+            let d = va
+                .iter()
+                .zip(vb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            let s = vb.iter().map(|y| y.abs()).fold(0.0, f32::max);
+            d / s.max(1e-6)
+        })
+        .fold(0.0, f32::max)
 }

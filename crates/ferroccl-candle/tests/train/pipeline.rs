@@ -7,16 +7,20 @@
 //! micro-batches do not divide, a shape the next stage does not expect, a stage that
 //! dies) is a typed error on every rank. Every run has a deadline.
 
+use crate::{run, run_all};
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{linear, Linear, VarBuilder, VarMap};
 use ferroccl::ddp::CheckpointDir;
-use ferroccl::testing::{all_errors, run, run_all, test_config, Net};
-use ferroccl::{Communicator, Error, Result};
+use ferroccl::testing::{all_errors, test_config, Net};
+use ferroccl::Communicator;
 use ferroccl_candle::ddp::{Adam, Ddp, DdpConfig, Optimizer, Rng, Sgd};
 use ferroccl_candle::pipeline::{Layout, Pipeline, PipelineConfig, Schedule};
 use ferroccl_candle::zero::Zero;
+use ferroccl_candle::{Error, Result};
 use std::ops::Range;
 use std::time::Duration;
+
+use crate::rel_diff;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 /// Widths of the 4-layer MLP: 6 → 12 → 12 → 12 → 3, tanh between.
@@ -113,24 +117,6 @@ fn reference<O: Optimizer + Send + 'static>(
     .remove(0)
 }
 
-/// Largest |a − b| over the largest |b|, per tensor; the worst tensor.
-fn rel_diff(a: &Weights, b: &Weights) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((na, va), (nb, vb))| {
-            assert_eq!(na, nb);
-            let d = va
-                .iter()
-                .zip(vb)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max);
-            let s = vb.iter().map(|y| y.abs()).fold(0.0, f32::max);
-            d / s.max(1e-6)
-        })
-        .fold(0.0, f32::max)
-}
-
 fn loss_fn(
     step: u64,
     offset: usize,
@@ -174,7 +160,7 @@ fn train_pipeline<O: Optimizer>(
             Schedule::OneFOneB => (p - s).min(m),
         };
         if r.peak_live != want {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "{:?} stage {s}: {} live micro-batches at most, not {want}",
                 cfg.schedule, r.peak_live
             )));
@@ -437,7 +423,9 @@ fn a_checkpoint_of_another_stage_is_refused_and_changes_nothing() {
     let out = out.expect("2 ranks");
     for (s, (r, unchanged, r2, still)) in out.into_iter().enumerate() {
         match r {
-            Err(Error::Checkpoint { why, .. }) => assert!(why.contains("layout"), "{why}"),
+            Err(Error::Train(ferroccl::ddp::TrainError::Checkpoint { why, .. })) => {
+                assert!(why.contains("layout"), "{why}")
+            }
             other => panic!("stage {s}: {other:?}"),
         }
         assert!(
@@ -445,10 +433,12 @@ fn a_checkpoint_of_another_stage_is_refused_and_changes_nothing() {
             "stage {s}: a refused checkpoint changed the weights"
         );
         match (s, r2) {
-            (0, Err(Error::InvalidArgument(w))) => {
+            (0, Err(Error::Comm(ferroccl::Error::InvalidArgument(w)))) => {
                 assert!(w.contains("another pipeline stage"), "{w}")
             }
-            (1, Err(Error::Checkpoint { why, .. })) => assert!(why.contains("layout"), "{why}"),
+            (1, Err(Error::Train(ferroccl::ddp::TrainError::Checkpoint { why, .. }))) => {
+                assert!(why.contains("layout"), "{why}")
+            }
             (s, other) => panic!("stage {s}, second restore: {other:?}"),
         }
         assert!(still, "stage {s}: a half-restored pipeline");
@@ -466,7 +456,7 @@ fn a_stage_count_that_does_not_divide_the_job_is_refused_everywhere() {
     );
     for e in errs {
         assert!(
-            matches!(&e, Error::InvalidArgument(w) if w.contains("do not divide")),
+            matches!(&e, Error::Comm(ferroccl::Error::InvalidArgument(w)) if w.contains("do not divide")),
             "{e}"
         );
     }
@@ -489,7 +479,7 @@ fn micro_batches_that_do_not_divide_the_batch_are_refused() {
     );
     for e in errs {
         assert!(
-            matches!(&e, Error::InvalidArgument(w) if w.contains("do not divide the batch")),
+            matches!(&e, Error::Comm(ferroccl::Error::InvalidArgument(w)) if w.contains("do not divide the batch")),
             "{e}"
         );
     }
@@ -519,14 +509,19 @@ fn a_shape_the_next_stage_does_not_expect_is_a_mismatch() {
     });
     let errs = all_errors(out, "shape mismatch");
     match &errs[1] {
-        Error::Mismatch { ours, theirs, .. } => {
+        Error::Comm(ferroccl::Error::Mismatch { ours, theirs, .. }) => {
             assert!(ours.contains("[32, 3, 4]"), "{ours}");
             assert!(theirs.contains("[32, 12]"), "{theirs}");
         }
         e => panic!("stage 1: {e}"),
     }
-    // Stage 0 fails too (stage 1 aborted), rather than waiting for gradients.
-    assert!(!matches!(errs[0], Error::InvalidArgument(_)), "{}", errs[0]);
+    // Stage 0 fails too (stage 1 aborted), rather than waiting for gradients: with a
+    // communication error, not a refusal (nor candle's message).
+    assert!(
+        matches!(&errs[0], Error::Comm(e) if !matches!(e, ferroccl::Error::InvalidArgument(_))),
+        "{}",
+        errs[0]
+    );
 }
 
 #[test]
@@ -545,7 +540,7 @@ fn a_stage_that_dies_mid_step_fails_every_other_stage() {
             if s == 2 && step == 2 {
                 // Stage 2 dies at the start of step 2: its links go with it.
                 c.abort_handle().abort();
-                return Err(Error::InvalidArgument("stage 2 died".into()));
+                return Err(Error::invalid("stage 2 died"));
             }
             pl.step(BATCH, Some(&x), &loss_fn(step, 0), LR)?;
         }

@@ -3,14 +3,15 @@
 //! than the bound under random step times, a checkpointed and resumed run is the
 //! uninterrupted one, and a failing worker fails every rank without a hang.
 
+use crate::{run, run_all};
 use ferroccl::ddp::Rng;
-use ferroccl::testing::{all_errors, run, run_all, test_config, Net};
-use ferroccl::{Error, Result};
+use ferroccl::testing::{all_errors, test_config, Net};
 use ferroccl_candle::ddp::Sgd;
 use ferroccl_candle::ps::ssp::Staleness;
-use ferroccl_candle::ps::train::train_ps;
 use ferroccl_candle::ps::{self, Worker};
+use ferroccl_candle::trainer::ps::train_ps;
 use ferroccl_candle::{train, DataSource, Resume, TrainConfig};
+use ferroccl_candle::{Error, Result};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ fn ddp_on(n: usize, cfg: TrainConfig) -> Vec<Params> {
     .unwrap_or_else(|e| panic!("{n}-rank DDP failed: {e:?}"))
 }
 
-fn ps_on(n: usize, cfg: TrainConfig, s: Staleness) -> Vec<ps::train::PsTrained> {
+fn ps_on(n: usize, cfg: TrainConfig, s: Staleness) -> Vec<ferroccl_candle::trainer::ps::PsTrained> {
     run(n, Net::Local, &test_config(), DEADLINE, move |c| {
         train_ps(c, &cfg, s)
     })
@@ -148,7 +149,7 @@ impl Worker for Sleepy {
 
     fn gradient(&mut self, step: u64, params: &[f32]) -> Result<(Vec<f32>, f32)> {
         if self.fail_at == Some(step) {
-            return Err(Error::InvalidArgument("this worker gives up".into()));
+            return Err(Error::invalid("this worker gives up"));
         }
         std::thread::sleep(Duration::from_micros(self.rng.below(self.max_ms * 1000)));
         Ok((params.iter().map(|p| p + 1.0).collect(), 0.01))

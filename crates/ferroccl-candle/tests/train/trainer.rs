@@ -2,11 +2,12 @@
 //! uninterrupted run, bad checkpoints are refused without loss, every rank ends on
 //! the same step.
 
+use crate::{run, run_all};
 use ferroccl::ddp::metrics::check_same_steps;
 use ferroccl::ddp::WireDtype;
-use ferroccl::testing::{all_errors, run, run_all, test_config, Net};
-use ferroccl::Error;
+use ferroccl::testing::{all_errors, test_config, Net};
 use ferroccl_candle::model::Precision;
+use ferroccl_candle::Error;
 use ferroccl_candle::{train, DataSource, Resume, TrainConfig};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -208,7 +209,7 @@ fn ranks_ending_on_different_steps_are_caught() {
     let errs = all_errors(
         run_all(3, Net::Local, &test_config(), DEADLINE, |c| {
             let r = c.rank() as u64;
-            check_same_steps(c, 10 + r / 2)
+            Ok(check_same_steps(c, 10 + r / 2)?)
         }),
         "unequal steps",
     );
@@ -218,7 +219,7 @@ fn ranks_ending_on_different_steps_are_caught() {
         errs[0]
     );
     let ok = run(3, Net::Local, &test_config(), DEADLINE, |c| {
-        check_same_steps(c, 7)
+        Ok(check_same_steps(c, 7)?)
     })
     .unwrap();
     assert_eq!(ok.len(), 3);
@@ -284,7 +285,7 @@ fn divergence_stops_every_rank_with_a_clear_error() {
     );
     for e in errs {
         match e {
-            Error::Diverged { step, why } => {
+            Error::Train(ferroccl::ddp::TrainError::Diverged { step, why }) => {
                 assert!(step < 20);
                 assert!(why.contains("lower --lr"), "{why}");
             }

@@ -1152,3 +1152,108 @@ fn the_pipeline_question_gets_the_textbook_bubble_and_step_time() {
         &["--micro-batches"],
     );
 }
+
+#[cfg(feature = "candle")]
+#[test]
+fn the_tensor_parallel_question_gets_the_per_layer_all_reduces_against_data_parallel() {
+    let text = ok(&plan(&[
+        "--tensor-parallel",
+        "4",
+        "--per-rank-batch",
+        "8",
+        "--seq-len",
+        "1024",
+        "--hidden",
+        "4096",
+        "--layers",
+        "2",
+        "--grad-dtype",
+        "bf16",
+        "--link",
+        "100Gbit",
+    ]));
+    // B·S·H = 8 × 1024 × 4096 elements of 2 bytes, 2(T − 1)/T = 1.5 of them per rank.
+    assert!(
+        text.contains("all-reduces per layer per step = 2"),
+        "{text}"
+    );
+    assert!(text.contains("B·S·H = 33554432 elements"), "{text}");
+    assert!(text.contains("1.5 × 67.1089 MB = 100.663 MB"), "{text}");
+    assert!(
+        text.contains("per step (2 layer(s)) = 402.653 MB"),
+        "{text}"
+    );
+    // Data parallelism sends twice that: B·S = 8192 is half of F's break-even.
+    assert!(text.contains("= 0.499924"), "{text}");
+    assert!(
+        text.contains("B·S < params per layer / (2 × H) = 16386.5 rows"),
+        "{text}"
+    );
+    let v = json(&plan(&[
+        "--tensor-parallel",
+        "2",
+        "--per-rank-batch",
+        "16",
+        "--seq-len",
+        "4",
+        "--hidden",
+        "8",
+        "--ffn",
+        "16",
+        "--attention",
+        "--json",
+    ]));
+    // What the counted-bytes test in ferroccl-candle holds to the links: a layer of
+    // attention and MLP, 4 all-reduces of 16 × 4 × 8 f32, each rank sending
+    // 2(T − 1)/T of each.
+    assert_eq!(num(&v, "all_reduces_per_layer"), 4.0);
+    assert_eq!(
+        num(&v, "bytes_per_step"),
+        4.0 * (2.0 * 1.0 / 2.0) * 512.0 * 4.0
+    );
+    fails(
+        &plan(&[
+            "--tensor-parallel",
+            "3",
+            "--per-rank-batch",
+            "8",
+            "--hidden",
+            "512",
+        ]),
+        &["does not cut into 3 equal tensor-parallel shards"],
+    );
+    fails(
+        &plan(&["--tensor-parallel", "2", "--hidden", "512"]),
+        &["--per-rank-batch"],
+    );
+    // The same question from a TOML file, a flag overriding its T.
+    let dir = temp_dir("tp");
+    let cfg = dir.join("tp.toml");
+    std::fs::write(
+        &cfg,
+        "tensor_parallel = 4\nper_rank_batch = 16\nseq_len = 4\nhidden = 8\nffn = 16\nattention = true\n",
+    )
+    .expect("write config");
+    let c = cfg.to_str().unwrap();
+    let v = json(&plan(&["--config", c, "--tensor-parallel", "2", "--json"]));
+    assert_eq!(
+        num(&v, "bytes_per_step"),
+        4.0 * (2.0 * 1.0 / 2.0) * 512.0 * 4.0
+    );
+    let v = json(&plan(&["--config", c, "--json"]));
+    assert_eq!(
+        num(&v, "bytes_per_step"),
+        4.0 * (2.0 * 3.0 / 4.0) * 512.0 * 4.0
+    );
+    fails(
+        &plan(&[
+            "--tensor-parallel",
+            "0",
+            "--per-rank-batch",
+            "8",
+            "--hidden",
+            "512",
+        ]),
+        &["--tensor-parallel must be at least 1"],
+    );
+}

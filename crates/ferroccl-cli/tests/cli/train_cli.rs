@@ -218,6 +218,19 @@ fn bad_runs_are_refused_clearly() {
             vec!["train", "--scaling", "0,2"],
             "world sizes of 1 or more",
         ),
+        // What the parameter server does not read is refused, not ignored.
+        (
+            vec![
+                "train",
+                "--mode",
+                "ssp",
+                "--accum",
+                "2",
+                "--metrics",
+                "m.jsonl",
+            ],
+            "does not read --accum, --metrics",
+        ),
     ] {
         let o = ferroccl(&args, DEADLINE);
         assert!(!o.status.success(), "{args:?} succeeded");
@@ -383,5 +396,135 @@ fn a_pipeline_run_prints_each_ranks_step_time_row_and_refuses_bad_layouts() {
     assert!(!bad.status.success());
     // Refused at the flag: ZeRO-1 is the only stage built.
     assert!(bad.stderr.contains("2 is not in 0..=1"), "{}", bad.stderr);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `ferroccl train ARGS` with the ring forced over TCP (so that the tensor-parallel
+/// bytes cross links and follow the ring law, whatever shared memory would pick),
+/// failing the test unless it succeeds.
+fn ok_ring(args: &[&str]) -> common::proc::Output {
+    let mut c = std::process::Command::new(common::proc::EXE);
+    c.args(args)
+        .env("FERROCCL_ALGO", "ring")
+        .env("FERROCCL_TRANSPORT", "tcp");
+    let o = common::proc::run_cmd(c, DEADLINE);
+    assert!(
+        o.status.success(),
+        "{args:?}\nstdout:\n{}\nstderr:\n{}",
+        o.stdout,
+        o.stderr
+    );
+    o
+}
+
+/// Largest |a − b| over the largest |b|, per tensor, of two `--save-weights` files.
+fn weights_distance(a: &std::path::Path, b: &std::path::Path) -> f32 {
+    let (a, b) = (
+        ferroccl::ddp::checkpoint::load(a).unwrap(),
+        ferroccl::ddp::checkpoint::load(b).unwrap(),
+    );
+    assert_eq!(a.tensors.len(), 16);
+    assert_eq!(a.tensors.len(), b.tensors.len());
+    a.tensors
+        .iter()
+        .zip(&b.tensors)
+        .map(|(x, y)| {
+            assert_eq!((&x.name, x.data.len()), (&y.name, y.data.len()));
+            let d = x
+                .data
+                .iter()
+                .zip(&y.data)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max);
+            d / y.data.iter().map(|q| q.abs()).fold(1e-6, f32::max)
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn tensor_parallel_runs_end_on_the_one_process_weights_and_count_the_formulas_bytes() {
+    let d = temp_dir("tp");
+    let common_args = [
+        "train",
+        "--synthetic",
+        "200",
+        "-b",
+        "8",
+        "--max-steps",
+        "5",
+        "--lr",
+        "0.1",
+    ];
+    let run = |extra: &[&str], file: &str| {
+        let path = d.join(file);
+        let mut args = common_args.to_vec();
+        args.extend_from_slice(extra);
+        args.extend(["--save-weights", path.to_str().unwrap()]);
+        (ok_ring(&args), path)
+    };
+    let (_, one) = run(&["-n", "1", "--mlp"], "one.fcc");
+    let (o, t2) = run(&["-n", "2", "--tensor-parallel", "2"], "t2.fcc");
+    assert!(
+        o.stdout
+            .contains("1 stages × 2 tensor-parallel × 1 replicas (P × T × D)"),
+        "{}",
+        o.stdout
+    );
+    let (o2, p2t2) = run(
+        &[
+            "-n",
+            "4",
+            "--tensor-parallel",
+            "2",
+            "--pipeline",
+            "2",
+            "--micro-batches",
+            "2",
+        ],
+        "p2t2.fcc",
+    );
+    for (what, file) in [("T = 2", &t2), ("P = 2, T = 2", &p2t2)] {
+        let dist = weights_distance(file, &one);
+        eprintln!("{what}: relative {dist} from one process");
+        assert!(dist <= 1e-5, "{what}: relative {dist} from one process");
+    }
+    // Each rank's row ends with its tensor-parallel bytes per step, counted by its
+    // links and by the formula: the same.
+    for out in [&o.stdout, &o2.stdout] {
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| rank"))
+            .collect();
+        assert!(!rows.is_empty(), "{out}");
+        for r in rows {
+            let cells: Vec<&str> = r.trim_matches('|').split('|').map(str::trim).collect();
+            let (counted, law) = (cells[cells.len() - 2], cells[cells.len() - 1]);
+            assert!(law.parse::<f64>().unwrap() > 0.0, "{r}");
+            assert_eq!(counted, law, "{r}");
+        }
+    }
+    // Refused before any rank starts: a layout that is not the job, a T that does not
+    // divide the hidden size, stages that are not whole pairs of layers.
+    for (args, needle) in [
+        (
+            vec!["-n", "3", "--tensor-parallel", "2"],
+            "3 ranks are not a P × T × D layout",
+        ),
+        (
+            vec!["-n", "3", "--tensor-parallel", "3"],
+            "hidden size 512 (layer 0) does not cut into 3",
+        ),
+        (
+            vec!["-n", "16", "--tensor-parallel", "2", "--pipeline", "8"],
+            "not whole tensor-parallel blocks",
+        ),
+        (vec!["--save-weights", "x.fcc"], "add --mlp"),
+    ] {
+        let mut all = common_args.to_vec();
+        all.extend(args.iter().copied());
+        let bad = ferroccl(&all, DEADLINE);
+        assert!(!bad.status.success(), "{args:?}");
+        assert!(bad.stderr.contains(needle), "{args:?}: {}", bad.stderr);
+    }
     let _ = std::fs::remove_dir_all(&d);
 }

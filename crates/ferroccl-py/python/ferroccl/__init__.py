@@ -38,7 +38,6 @@ from ._native import (
     ProtocolError,
     RendezvousError,
     TimeoutError,
-    TrainingError,
     UnsupportedError,
     new_token,
 )
@@ -59,7 +58,6 @@ __all__ = [
     "ProtocolError",
     "RendezvousError",
     "TimeoutError",
-    "TrainingError",
     "UnsupportedError",
     "Work",
     "new_token",

@@ -56,7 +56,7 @@ const BLOCKS_PER_SM: u32 = 4;
 /// Maps a driver error to [`Error::Cuda`] naming `call`.
 pub(crate) fn drv(call: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::Cuda {
-        call,
+        call: call.into(),
         detail: format!("{:?}", e.0),
     }
 }

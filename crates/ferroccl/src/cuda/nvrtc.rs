@@ -97,7 +97,7 @@ pub fn version() -> Result<(i32, i32)> {
     unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
         .result()
         .map_err(|e| Error::Cuda {
-            call: "nvrtcVersion",
+            call: "nvrtcVersion".into(),
             detail: format!("{e:?}"),
         })?;
     Ok((major, minor))
@@ -136,11 +136,11 @@ pub fn compile(cc: u32) -> Result<String> {
         return Err(nvrtc_missing());
     }
     let cuda_err = |call: &'static str, e: result::NvrtcError| Error::Cuda {
-        call,
+        call: call.into(),
         detail: format!("{e:?}"),
     };
     let src = CString::new(SOURCE).map_err(|_| Error::Cuda {
-        call: "nvrtcCreateProgram",
+        call: "nvrtcCreateProgram".into(),
         detail: "kernel source contains a NUL byte".into(),
     })?;
     let name = c"ferroccl_reduce.cu";
@@ -175,7 +175,7 @@ pub fn compile(cc: u32) -> Result<String> {
             " (no directory with cuda_fp16.h found: set FERROCCL_CUDA_INCLUDE or CUDA_HOME)"
         };
         return Err(Error::Cuda {
-            call: "nvrtcCompileProgram",
+            call: "nvrtcCompileProgram".into(),
             detail: format!("{e:?}{hint} with options {opts:?}:\n{log}"),
         });
     }
@@ -187,7 +187,7 @@ pub fn compile(cc: u32) -> Result<String> {
         .take_while(|&b| b != 0)
         .collect();
     String::from_utf8(bytes).map_err(|_| Error::Cuda {
-        call: "nvrtcGetPTX",
+        call: "nvrtcGetPTX".into(),
         detail: "PTX is not UTF-8".into(),
     })
 }

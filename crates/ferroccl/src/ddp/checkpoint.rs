@@ -15,12 +15,13 @@
 //! target and fsyncs the directory: a crash leaves either the old file or the new one,
 //! never a mixture. [`load`] checks the length, the digest, the header and every
 //! tensor's bounds before it hands anything back; a bad file is an
-//! [`Error::Checkpoint`] that says what is wrong, and nothing is changed.
+//! [`TrainError::Checkpoint`] that says what is wrong, and nothing is changed.
 //!
 //! [`CheckpointDir`] keeps the last few checkpoints of a run as `ckpt-<step>.fcc`, so a
 //! checkpoint damaged after it was written still leaves an older good one.
 
-use crate::error::{Error, Result};
+use super::error::{TrainError, TrainResult as Result};
+use crate::error::Error;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::Write;
@@ -83,7 +84,8 @@ impl Checkpoint {
                     t.name,
                     t.shape,
                     t.data.len()
-                )));
+                ))
+                .into());
             }
             entries.push(Entry {
                 name: t.name.clone(),
@@ -114,7 +116,7 @@ impl Checkpoint {
 
     /// Parses and verifies a file's bytes; `path` only names it in errors.
     pub fn from_bytes(path: &Path, b: &[u8]) -> Result<Self> {
-        let bad = |why: String| Error::checkpoint(path, why);
+        let bad = |why: String| TrainError::checkpoint(path, why);
         if b.len() < MAGIC.len() + 8 + DIGEST {
             return Err(bad(format!(
                 "truncated: {} bytes, shorter than any checkpoint",
@@ -297,13 +299,13 @@ impl CheckpointDir {
         };
         match load(newest) {
             Ok(c) => Ok(Some((newest.clone(), c))),
-            Err(Error::Checkpoint { path, why }) if all.len() > 1 => {
+            Err(TrainError::Checkpoint { path, why }) if all.len() > 1 => {
                 let older: Vec<String> = all[..all.len() - 1]
                     .iter()
                     .rev()
                     .map(|(_, p)| p.display().to_string())
                     .collect();
-                Err(Error::Checkpoint {
+                Err(TrainError::Checkpoint {
                     path,
                     why: format!(
                         "{why}; older checkpoints are still there (newest first): {} — resume from one explicitly",
@@ -352,7 +354,7 @@ mod tests {
             let mut c = b.clone();
             c[i] ^= 0x10;
             let e = Checkpoint::from_bytes(Path::new("x"), &c).unwrap_err();
-            assert!(matches!(e, Error::Checkpoint { .. }), "byte {i}: {e}");
+            assert!(matches!(e, TrainError::Checkpoint { .. }), "byte {i}: {e}");
         }
         for n in 0..b.len() {
             assert!(

@@ -11,6 +11,8 @@
 //! * [`metrics`]: JSON-lines records and the equal-steps check.
 //! * [`preempt::Preemption`]: SIGTERM turned into a collective "stop after this step",
 //!   and the exit status (75) that `ferroccl launch --max-restarts` restarts on.
+//! * [`TrainError`]: how a training run fails (diverged, preempted, a checkpoint it
+//!   cannot use, or the communication's [`crate::Error`] as it was).
 //!
 //! The model side lives in the `ferroccl-candle` package, which drives these with
 //! a candle CNN; another framework would drive them the same way: after each backward
@@ -18,6 +20,7 @@
 
 pub mod buckets;
 pub mod checkpoint;
+pub mod error;
 pub mod lr;
 pub mod metrics;
 pub mod preempt;
@@ -27,6 +30,7 @@ pub mod scaler;
 
 pub use buckets::{BucketPlan, GradReducer, WireDtype};
 pub use checkpoint::{Checkpoint, CheckpointDir};
+pub use error::{TrainError, TrainResult};
 pub use lr::{Decay, LrSchedule};
 pub use preempt::{Preemption, PREEMPTED_EXIT_CODE};
 pub use rng::Rng;

@@ -66,7 +66,7 @@ pub fn check_op(dtype: DataType, op: ReduceOp) -> Result<()> {
         return Err(Error::UnsupportedOp {
             op,
             dtype,
-            why: "integer averages are refused because a wrapped sum divided by the world size is silently wrong; reduce with Sum and divide in a wider type",
+            why: "integer averages are refused because a wrapped sum divided by the world size is silently wrong; reduce with Sum and divide in a wider type".into(),
         });
     }
     Ok(())

@@ -175,7 +175,7 @@ fn bind_listener(addr: SocketAddr) -> Result<TcpListener> {
         if e.kind() == io::ErrorKind::AddrInUse {
             Error::AddrInUse {
                 addr,
-                what: "rendezvous store",
+                what: "rendezvous store".into(),
             }
         } else {
             context("binding", e)

@@ -428,7 +428,7 @@ pub(crate) fn listen(ip: IpAddr, opts: &SocketOpts) -> Result<TcpListener> {
         if e.kind() == io::ErrorKind::AddrInUse {
             Error::AddrInUse {
                 addr,
-                what: "data listener",
+                what: "data listener".into(),
             }
         } else {
             Error::io(format!("binding the data listener on {addr}"), e)

@@ -4,7 +4,9 @@
 //! `src/engine/pull.rs`, inline `mod`s counted), and items of the crate root that
 //! re-export a module's (`crate::Result` is `error`'s) — must be a layer it may use.
 //! Comments, strings and character literals are skipped. A new import that breaks a
-//! rule fails here, naming the file, the line and the rule.
+//! rule fails here, naming the file, the line and the rule. The same holds for the
+//! `ferroccl-candle` package's floors, whose root may only declare modules and
+//! re-export (`candle_*` below).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,7 +117,7 @@ enum Tok {
     Open,
     Close,
     Comma,
-    Other,
+    Other(char),
 }
 
 fn tokens(text: &str) -> Vec<(Tok, usize)> {
@@ -197,7 +199,7 @@ fn tokens(text: &str) -> Vec<(Tok, usize)> {
                 }
                 i = j + 1;
             } else {
-                out.push((Tok::Other, line));
+                out.push((Tok::Other('\''), line));
                 i += 1;
             }
         } else if c.is_alphabetic() || c == '_' {
@@ -215,7 +217,7 @@ fn tokens(text: &str) -> Vec<(Tok, usize)> {
                     '{' => Tok::Open,
                     '}' => Tok::Close,
                     ',' => Tok::Comma,
-                    _ => Tok::Other,
+                    _ => Tok::Other(c),
                 },
                 line,
             ));
@@ -360,7 +362,7 @@ fn root_items(lib: &str) -> BTreeMap<String, String> {
                                 m.insert(n, module.clone());
                             }
                         }
-                        Tok::Other => break, // `;`
+                        Tok::Other(_) => break, // `;`
                         _ => {}
                     }
                     j += 1;
@@ -398,36 +400,51 @@ fn broken_in(
         .collect()
 }
 
-#[test]
-fn no_module_uses_a_layer_above_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every rule of `rules` broken in the package whose sources are `src` (more than
+/// `min_files` of them), with its crate root's re-exports `roots`: the modules in
+/// `exempt` (the root, test helpers) see everything, any other module without a row
+/// fails.
+fn broken_in_tree(
+    src: &Path,
+    min_files: usize,
+    rules: &BTreeMap<&str, &[&str]>,
+    roots: &BTreeMap<String, String>,
+    exempt: &[&str],
+) -> Vec<String> {
     let mut files = Vec::new();
-    sources(&src, &mut files);
+    sources(src, &mut files);
     assert!(
-        files.len() > 30,
+        files.len() > min_files,
         "found the sources ({} files)",
         files.len()
     );
-    let rules = allowed();
-    let roots = root_items(&std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs"));
-    assert_eq!(roots.get("Result").map(String::as_str), Some("error"));
     let mut broken = Vec::new();
     for f in &files {
-        let module = module_of(&src, f);
+        let module = module_of(src, f);
         let layer = module.first().map_or("lib", String::as_str);
         if !rules.contains_key(layer) {
-            // lib.rs and testing.rs see everything.
             assert!(
-                ["lib", "testing"].contains(&layer),
+                exempt.contains(&layer),
                 "{}: module {layer} has no row in the layer table",
                 f.display()
             );
             continue;
         }
         let text = std::fs::read_to_string(f).expect("read source");
-        let name = f.strip_prefix(&src).unwrap_or(f).display().to_string();
-        broken.extend(broken_in(&text, &module, &rules, &roots, &name));
+        let name = f.strip_prefix(src).unwrap_or(f).display().to_string();
+        broken.extend(broken_in(&text, &module, rules, roots, &name));
     }
+    broken
+}
+
+#[test]
+fn no_module_uses_a_layer_above_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let rules = allowed();
+    let roots = root_items(&std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs"));
+    assert_eq!(roots.get("Result").map(String::as_str), Some("error"));
+    // lib.rs and testing.rs see everything.
+    let broken = broken_in_tree(&src, 30, &rules, &roots, &["lib", "testing"]);
     assert!(
         broken.is_empty(),
         "layer rules broken:\n{}",
@@ -435,15 +452,28 @@ fn no_module_uses_a_layer_above_it() {
     );
 }
 
+/// The rules of `rules` that `text` breaks as the source of `module` (a path such as
+/// `engine/pull`, in a file `f.rs`), its crate root re-exporting `roots` (item,
+/// module): what the mutation tests ask.
+fn found_in(
+    text: &str,
+    module: &str,
+    rules: &BTreeMap<&str, &[&str]>,
+    roots: &[(&str, &str)],
+) -> Vec<String> {
+    let roots: BTreeMap<String, String> = roots
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let module: Vec<String> = module.split('/').map(String::from).collect();
+    broken_in(text, &module, rules, &roots, "f.rs")
+}
+
 #[test]
 fn the_checker_sees_a_violation() {
     let rules = allowed();
-    let roots: BTreeMap<String, String> = [("Result", "error"), ("Communicator", "comm")]
-        .into_iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    let m = |p: &str| -> Vec<String> { p.split('/').map(String::from).collect() };
-    let found = |text: &str, module: &str| broken_in(text, &m(module), &rules, &roots, "f.rs");
+    let roots = [("Result", "error"), ("Communicator", "comm")];
+    let found = |text: &str, module: &str| found_in(text, module, &rules, &roots);
     // Paths wherever they are on a line.
     assert_eq!(
         found(
@@ -497,4 +527,162 @@ fn the_checker_sees_a_violation() {
     assert!(!rules["cuda"].contains(&"transport"));
     assert!(!rules["algo"].contains(&"engine"));
     assert!(!rules["dtype"].contains(&"error") && !rules["error"].contains(&"reduce"));
+}
+
+/// The floors of the `ferroccl-candle` package: which of its top-level modules each
+/// may name, besides itself. Mirrors its table in docs/ARCHITECTURE.md.
+fn candle_allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
+    let mut m: BTreeMap<&'static str, &'static [&'static str]> = BTreeMap::new();
+    m.insert("error", &[]);
+    m.insert("data", &["error"]);
+    m.insert("model", &["error"]);
+    m.insert("ddp", &["error"]);
+    m.insert("tensor_parallel", &["error"]);
+    m.insert("zero", &["error", "ddp", "tensor_parallel"]);
+    m.insert("pipeline", &["error", "ddp", "zero", "tensor_parallel"]);
+    m.insert("ps", &["error", "ddp"]);
+    m.insert(
+        "trainer",
+        &[
+            "error",
+            "data",
+            "model",
+            "ddp",
+            "tensor_parallel",
+            "zero",
+            "pipeline",
+            "ps",
+        ],
+    );
+    m
+}
+
+/// The lines of a crate root's items that are neither a module declaration
+/// (`mod x;`, `pub mod x;`) nor a re-export (`pub use ..;`), attributes aside: what a
+/// root that is a table of contents does not hold.
+fn root_code(lib: &str) -> Vec<usize> {
+    let toks = tokens(lib);
+    let word = |k: usize, w: &str| matches!(toks.get(k), Some((Tok::Ident(s), _)) if s == w);
+    let other = |k: usize, c: char| matches!(toks.get(k), Some((Tok::Other(x), _)) if *x == c);
+    let mut bad = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        if other(i, '#') {
+            // An attribute, `#[..]` or `#![..]`: skipped, brackets balanced.
+            i += 1 + usize::from(other(i + 1, '!'));
+            let mut d = 0;
+            while i < toks.len() {
+                d += i32::from(other(i, '[')) - i32::from(other(i, ']'));
+                i += 1;
+                if d == 0 {
+                    break;
+                }
+            }
+            continue;
+        }
+        let start = i;
+        if word(i, "pub") {
+            i += 1;
+            if other(i, '(') {
+                while i < toks.len() && !other(i, ')') {
+                    i += 1;
+                }
+                i += 1;
+            }
+        }
+        let module = word(i, "mod")
+            && matches!(toks.get(i + 1), Some((Tok::Ident(_), _)))
+            && other(i + 2, ';');
+        let reexport = word(i, "use") && word(start, "pub");
+        if !(module || reexport) {
+            bad.push(toks[start].1);
+        }
+        // On to the item's end: its `;` outside braces, or its closing brace.
+        let mut d = 0;
+        while i < toks.len() {
+            match toks[i].0 {
+                Tok::Open => d += 1,
+                Tok::Close => {
+                    d -= 1;
+                    if d == 0 && !(module || reexport) {
+                        break;
+                    }
+                }
+                Tok::Other(';') if d == 0 => break,
+                _ => {}
+            }
+            i += 1;
+        }
+        i += 1;
+    }
+    bad
+}
+
+#[test]
+fn no_candle_module_uses_a_floor_above_it_and_its_root_only_declares_and_reexports() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ferroccl-candle/src");
+    let rules = candle_allowed();
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let roots = root_items(&lib);
+    assert_eq!(roots.get("Result").map(String::as_str), Some("error"));
+    assert_eq!(
+        roots.get("TrainConfig").map(String::as_str),
+        Some("trainer")
+    );
+    let broken = broken_in_tree(&src, 20, &rules, &roots, &["lib"]);
+    assert!(
+        broken.is_empty(),
+        "ferroccl-candle's floors broken:\n{}",
+        broken.join("\n")
+    );
+    let code = root_code(&lib);
+    assert!(
+        code.is_empty(),
+        "ferroccl-candle's lib.rs holds more than modules and re-exports, at lines {code:?}"
+    );
+}
+
+#[test]
+fn the_candle_checks_see_a_violation() {
+    let rules = candle_allowed();
+    let roots = [("Result", "error"), ("TrainConfig", "trainer")];
+    let found = |text: &str, module: &str| found_in(text, module, &rules, &roots);
+    // Up a floor: the pipeline reaching for the trainer, directly or through the root.
+    assert_eq!(
+        found("use crate::trainer::config::Trainer;", "pipeline").len(),
+        1
+    );
+    assert_eq!(
+        found("fn f(c: &crate::TrainConfig) {}", "pipeline/train").len(),
+        1
+    );
+    assert_eq!(found("use super::super::trainer::X;", "ps/ssp").len(), 1);
+    assert_eq!(
+        found(
+            "use crate::pipeline::mlp::even_split;",
+            "tensor_parallel/mlp"
+        )
+        .len(),
+        1
+    );
+    // Down a floor, or within a module: allowed.
+    assert!(found(
+        "use crate::{error::Result, ddp::Sgd, zero::Zero};",
+        "pipeline"
+    )
+    .is_empty());
+    assert!(found("use crate::pipeline::mlp::mlp_stage;", "trainer/mlp").is_empty());
+    assert!(found("use super::layers::TpMlp;", "tensor_parallel/mlp").is_empty());
+    // The rules themselves: nothing below the trainer names it, the tensor-parallel
+    // layers sit below the pipeline, the error at the bottom.
+    assert!(rules.values().all(|r| !r.contains(&"trainer")));
+    assert!(!rules["tensor_parallel"].contains(&"pipeline"));
+    assert!(rules["error"].is_empty());
+    // A root that is a table of contents, and what is not.
+    let toc = "//! docs\n#![deny(missing_docs)]\npub mod a;\nmod b;\n/// c\npub use c;\n\
+               pub use a::{B, C as D};\npub(crate) use b::E;\n#[doc(hidden)]\npub mod f;\n";
+    assert!(root_code(toc).is_empty(), "{:?}", root_code(toc));
+    let code = "pub mod a;\nuse a::B;\nfn f() -> u8 { 1 }\npub struct S { x: u8 }\n\
+                mod t { }\nconst X: u8 = 1;\npub use a::C;\nimpl S {}\n";
+    assert_eq!(root_code(code), vec![2, 3, 4, 5, 6, 8]);
 }

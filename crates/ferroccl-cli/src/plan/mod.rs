@@ -5,14 +5,24 @@
 //! (`throughput`/`compute_ms`, `params`/`grad_bytes`, `warmup_epochs`/`warmup_steps`,
 //! `link`+`alpha_us`/`bench`), a flag also replaces the file's other choice. A relative
 //! `bench` path in the file is relative to the file. The formulas live in
-//! `planner.rs`; an input left out skips what needs it, with the reason.
+//! `model.rs` (pure), their report in `render.rs`, the units people type in
+//! `parse.rs`, and tensor parallelism's per-layer communication in `tp.rs`; an input left
+//! out skips what needs it, with the reason.
 
-use crate::planner::{self as plan, Compute, GradDtype, Gradient, Link, PlanInput, Warmup};
+mod model;
+#[cfg(test)]
+mod model_tests;
+mod parse;
+mod render;
+mod tp;
+
 use clap::Args;
 use ferroccl::{Error, Result};
+pub use model::*;
+pub use parse::*;
+pub use render::{fmt_bytes, fmt_g, fmt_rate, fmt_time};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// Arguments of `ferroccl plan`.
 #[derive(Args, Debug, Clone, Default)]
@@ -107,6 +117,30 @@ pub struct PlanArgs {
     /// value for every stage, or one per stage (10,12,10,9), for --pipeline.
     #[arg(long, allow_hyphen_values = true)]
     pub stage_ms: Option<String>,
+    /// The tensor-parallel question: T ranks splitting every layer. With
+    /// --per-rank-batch B (sequences each tensor-parallel group processes per step)
+    /// and --hidden H, `plan` answers with each layer's communication (two
+    /// all-reduces of B·S·H per block) against data parallelism's over T ranks,
+    /// instead of the data-parallel report (--grad-dtype sets the element type,
+    /// --link and --alpha-us add times).
+    #[arg(long, allow_negative_numbers = true)]
+    pub tensor_parallel: Option<usize>,
+    /// Tokens per sequence S, for --tensor-parallel [default: 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub seq_len: Option<usize>,
+    /// Model width H, for --tensor-parallel.
+    #[arg(long, allow_negative_numbers = true)]
+    pub hidden: Option<usize>,
+    /// MLP hidden width F, for --tensor-parallel [default: 4 × --hidden].
+    #[arg(long, allow_negative_numbers = true)]
+    pub ffn: Option<usize>,
+    /// Layers L, for --tensor-parallel [default: 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub layers: Option<usize>,
+    /// With --tensor-parallel: each layer is self-attention and an MLP (a
+    /// transformer layer: four all-reduces), not an MLP block alone.
+    #[arg(long)]
+    pub attention: bool,
     /// Print every input and output as one JSON object instead of the report.
     #[arg(long)]
     pub json: bool,
@@ -161,6 +195,12 @@ struct PlanFile {
     pipeline: Option<usize>,
     micro_batches: Option<usize>,
     stage_ms: Option<Count>,
+    tensor_parallel: Option<usize>,
+    seq_len: Option<usize>,
+    hidden: Option<usize>,
+    ffn: Option<usize>,
+    layers: Option<usize>,
+    attention: Option<bool>,
 }
 
 impl PlanFile {
@@ -198,6 +238,12 @@ impl PlanFile {
             pipeline: f.pipeline,
             micro_batches: f.micro_batches,
             stage_ms: f.stage_ms.map(Count::text),
+            tensor_parallel: f.tensor_parallel,
+            seq_len: f.seq_len,
+            hidden: f.hidden,
+            ffn: f.ffn,
+            layers: f.layers,
+            attention: f.attention.unwrap_or(false),
             json: false,
         })
     }
@@ -265,6 +311,12 @@ fn merge(flags: PlanArgs, mut file: PlanArgs) -> PlanArgs {
         pipeline: flags.pipeline.or(file.pipeline),
         micro_batches: flags.micro_batches.or(file.micro_batches),
         stage_ms: flags.stage_ms.or(file.stage_ms),
+        tensor_parallel: flags.tensor_parallel.or(file.tensor_parallel),
+        seq_len: flags.seq_len.or(file.seq_len),
+        hidden: flags.hidden.or(file.hidden),
+        ffn: flags.ffn.or(file.ffn),
+        layers: flags.layers.or(file.layers),
+        attention: flags.attention || file.attention,
         json: flags.json,
     }
 }
@@ -285,12 +337,12 @@ fn comm_cut(text: &str) -> Result<f64> {
     }
 }
 
-/// Turns merged arguments into a [`PlanInput`], checked by `plan::compute` (reading a
+/// Turns merged arguments into a [`PlanInput`], checked by `compute` (reading a
 /// bench file). Inputs left out stay `None`; two ways of giving one input are refused.
 fn input(a: PlanArgs) -> Result<PlanInput> {
     let dataset_size = a
         .dataset_size
-        .map(|d| plan::parse_count("--dataset-size", &d, false))
+        .map(|d| parse_count("--dataset-size", &d, false))
         .transpose()?;
     let compute = match (a.throughput, a.compute_ms, a.step_ms) {
         (Some(t), None, None) => Some(Compute::Throughput(t)),
@@ -308,12 +360,8 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
         (None, None) => None,
     };
     let gradient = match (a.params, a.grad_bytes) {
-        (Some(p), None) => Some(Gradient::Params(plan::parse_count("--params", &p, false)?)),
-        (None, Some(b)) => Some(Gradient::Bytes(plan::parse_count(
-            "--grad-bytes",
-            &b,
-            true,
-        )?)),
+        (Some(p), None) => Some(Gradient::Params(parse_count("--params", &p, false)?)),
+        (None, Some(b)) => Some(Gradient::Bytes(parse_count("--grad-bytes", &b, true)?)),
         (Some(_), Some(_)) => return Err(both("--params", "--grad-bytes")),
         (None, None) => None,
     };
@@ -323,7 +371,7 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
     };
     let link = match (a.link, a.alpha_us, a.bench) {
         (Some(l), alpha_us, None) => {
-            let bytes_per_s = plan::parse_bandwidth(&l)?;
+            let bytes_per_s = parse_bandwidth(&l)?;
             let alpha_us = alpha_us.unwrap_or(0.0);
             Some(Link::from_bandwidth(
                 bytes_per_s,
@@ -338,7 +386,7 @@ fn input(a: PlanArgs) -> Result<PlanInput> {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Error::io(format!("reading bench file {name}"), e))?;
-            Some(plan::link_from_bench_json(&text, &name)?)
+            Some(link_from_bench_json(&text, &name)?)
         }
         (Some(_), _, Some(_)) => return Err(both("--link", "--bench")),
         (None, Some(_), None) => {
@@ -381,7 +429,10 @@ fn run(flags: PlanArgs) -> Result<String> {
     if args.pipeline.is_some() {
         return pipeline(&args);
     }
-    let p = plan::compute(&input(args)?)?;
+    if args.tensor_parallel.is_some() {
+        return tp::tensor_parallel(&args, json);
+    }
+    let p = compute(&input(args)?)?;
     if json {
         p.to_json()
     } else {
@@ -478,20 +529,13 @@ fn pipeline(a: &PlanArgs) -> Result<String> {
 }
 
 /// Runs `ferroccl plan`; errors go to stderr as `ferroccl plan: <error>` with exit code 2.
-pub fn main(a: PlanArgs) -> ExitCode {
-    match run(a) {
-        Ok(out) => {
-            print!("{out}");
-            if !out.ends_with('\n') {
-                println!();
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("ferroccl plan: {e}");
-            ExitCode::from(2)
-        }
+pub fn main(a: PlanArgs) -> crate::error::Result<bool> {
+    let out = run(a)?;
+    print!("{out}");
+    if !out.ends_with('\n') {
+        println!();
     }
+    Ok(true)
 }
 
 #[cfg(all(test, feature = "candle"))]

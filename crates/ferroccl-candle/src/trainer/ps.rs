@@ -1,27 +1,30 @@
 //! The trainer behind `ferroccl train --mode ssp --staleness S`: the data-parallel
-//! trainer's LeNet, data, sampler and LR schedule ([`crate::train`]'s), with the
-//! weights on the parameter server ([`super::run`]) instead of in [`crate::ddp::Ddp`].
-//! Worker r trains on the sampler's share r of each global batch, as rank r does in
-//! DDP, so that with s = 0 both follow the same trajectory (up to the order in which
-//! the N gradients are summed). Servers step with SGD with momentum. Refused here:
-//! gradient accumulation and half precision (the DDP trainer's).
+//! trainer's LeNet, data, sampler and LR schedule ([`super::train`]'s), with the
+//! weights on the parameter server ([`crate::ps::run`]) instead of in
+//! [`crate::ddp::Ddp`]. Worker r trains on the sampler's share r of each global batch,
+//! as rank r does in DDP, so that with s = 0 both follow the same trajectory (up to
+//! the order in which the N gradients are summed). Servers step with SGD with
+//! momentum. Refused here ([`Trainer::refuses`]): gradient accumulation, half
+//! precision, checkpoints every N steps and metrics (the DDP trainer's).
 //!
 //! Checkpoints (rank 0, with a checkpoint directory, at the end of the run): the
 //! servers' whole state ([`PsState`]: `param/ps`, `momentum/ps`, per-server counters
 //! `opt/KIND.j`) and every worker's clock; a resumed run starts each server and worker
 //! there.
 
-use super::ssp::Staleness;
-use super::{PsState, Worker};
-use crate::data::Dataset;
+use super::batches::{Batches, Share};
+use super::config::{load_data, Straggler, TrainConfig, Trainer};
+use super::eval::{evaluate, Curve};
 use crate::ddp::{agree, broadcast_bytes, Sgd};
-use crate::model::{ce, LeNet, Precision};
-use crate::{augment, evaluate, load_data, Curve, Resume, Straggler, TrainConfig};
-use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir, Tensor as CkptTensor};
-use ferroccl::ddp::{DistributedSampler, LrSchedule, Rng};
-use ferroccl::{Communicator, Error, ReduceOp, Result};
+use crate::error::{Error, Result};
+use crate::model::{LeNet, Precision};
+use crate::ps::ssp::Staleness;
+use crate::ps::{PsState, Worker};
+use ferroccl::ddp::checkpoint::{Checkpoint, CheckpointDir, Tensor as CkptTensor};
+use ferroccl::ddp::LrSchedule;
+use ferroccl::{Communicator, ReduceOp};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// What a parameter-server run did; the same on every rank.
@@ -74,18 +77,13 @@ struct Meta {
 struct LeNetWorker<'a> {
     model: &'a LeNet,
     cfg: &'a TrainConfig,
-    train_set: &'a Dataset,
-    sampler: DistributedSampler,
+    batches: Batches,
     rank: usize,
-    micro: usize,
-    steps_per_epoch: u64,
     stop: u64,
     lr: LrSchedule,
     t0: Instant,
     curve: Curve,
     images: usize,
-    order: (u64, Vec<usize>),
-    mb: Dataset,
 }
 
 impl Worker for LeNetWorker<'_> {
@@ -98,27 +96,13 @@ impl Worker for LeNetWorker<'_> {
             .at(self.t0.elapsed().as_secs_f64(), || params.to_vec());
         let t = Instant::now();
         self.model.set_flat(params)?;
-        let (epoch, batch) = (step / self.steps_per_epoch, step % self.steps_per_epoch);
-        if self.order.0 != epoch {
-            self.order = (epoch, self.sampler.indices(epoch));
-        }
-        let first = batch as usize * self.micro;
-        self.train_set
-            .select_into(&self.order.1[first..first + self.micro], &mut self.mb);
-        if self.cfg.augment {
-            let mut aug = Rng::derive(
-                self.cfg.seed ^ (self.rank as u64).wrapping_mul(0x9e37),
-                step,
-            );
-            augment(&mut self.mb.images, &mut aug);
-        }
-        let fwd = self
-            .model
-            .forward(&self.mb.images, self.micro, Precision::F32)?;
-        let loss = self.model.loss(&fwd, &self.mb.labels)?;
+        let micro = self.batches.micro();
+        let mb = self.batches.pass(step, 0);
+        let fwd = self.model.forward(&mb.images, micro, Precision::F32)?;
+        let loss = self.model.loss(&fwd, &mb.labels)?;
         // As the DDP trainer scales its loss (by 1 in f32 without accumulation), so
         // that one worker reproduces it bit for bit.
-        let scaled = (loss * 1.0f64).map_err(ce("loss scaling"))?;
+        let scaled = (loss * 1.0f64)?;
         let lens = self.model.param_lens();
         let offsets: Vec<usize> = lens
             .iter()
@@ -133,7 +117,7 @@ impl Worker for LeNetWorker<'_> {
             Ok(())
         })?;
         Straggler::delay(self.cfg.straggler, self.rank, t.elapsed());
-        self.images += self.micro;
+        self.images += micro;
         Ok((grad, self.lr.at(step) as f32))
     }
 }
@@ -143,31 +127,17 @@ impl Worker for LeNetWorker<'_> {
 /// worker on its own (a finished worker no longer holds the others back).
 pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) -> Result<PsTrained> {
     let (world, rank) = (comm.world_size(), comm.rank());
-    if cfg.accum != 1 || cfg.precision != Precision::F32 {
-        return Err(Error::InvalidArgument(
-            "the parameter server trains in f32 without gradient accumulation \
-             (--accum 1, --precision f32)"
-                .into(),
-        ));
-    }
-    if cfg.global_batch == 0 || !cfg.global_batch.is_multiple_of(world) {
-        return Err(Error::InvalidArgument(format!(
-            "global batch {} must be a positive multiple of the {world} workers",
-            cfg.global_batch
-        )));
-    }
-    Straggler::check(cfg.straggler, world)?;
+    cfg.check_lenet(Trainer::ParameterServer, world)?;
     let micro = cfg.global_batch / world;
     let (train_set, test_set) = load_data(cfg)?;
-    let sampler = DistributedSampler::new(train_set.len(), world, rank, cfg.seed)?;
-    let steps_per_epoch = (sampler.per_rank() / micro) as u64;
-    if steps_per_epoch == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{} training images cannot make one global batch of {} on {world} ranks",
-            train_set.len(),
-            cfg.global_batch
-        )));
-    }
+    let share = Share {
+        world,
+        rank,
+        micro,
+        accum: 1,
+    };
+    let batches = Batches::new(train_set, share, cfg.seed, cfg.augment)?;
+    let steps_per_epoch = batches.steps_per_epoch();
     let total_steps = cfg.epochs * steps_per_epoch;
     let model = LeNet::new(cfg.width, cfg.seed)?;
     let meta = Meta {
@@ -178,38 +148,20 @@ pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) ->
         seed: cfg.seed,
         steps_per_epoch,
     };
-    let ckdir = match &cfg.checkpoint_dir {
-        Some(d) if rank == 0 => Some(CheckpointDir::new(d, cfg.keep)?),
-        _ => None,
-    };
+    let ckdir = cfg.checkpoint_dir_on(rank)?;
     let resume = load_state(comm, cfg, ckdir.as_ref(), &meta)?;
     let mut worker = LeNetWorker {
         model: &model,
         cfg,
-        train_set: &train_set,
-        sampler,
+        batches,
         rank,
-        micro,
-        steps_per_epoch,
         stop: total_steps.min(cfg.max_steps.unwrap_or(u64::MAX)),
-        lr: LrSchedule {
-            base_lr: cfg.base_lr,
-            base_batch: cfg.base_batch,
-            global_batch: cfg.global_batch,
-            warmup_steps: cfg.warmup_steps,
-            total_steps,
-            decay: cfg.decay,
-        },
+        lr: cfg.lr_schedule(total_steps),
         t0: Instant::now(),
         curve: Curve::new(cfg.curve_every, rank),
         images: 0,
-        order: (u64::MAX, Vec::new()),
-        mb: Dataset {
-            images: Vec::with_capacity(micro * crate::data::PIXELS),
-            labels: Vec::with_capacity(micro),
-        },
     };
-    let out = super::run(
+    let out = crate::ps::run(
         comm,
         model.flat()?,
         Sgd::new(cfg.momentum, cfg.weight_decay),
@@ -223,8 +175,9 @@ pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) ->
     comm.all_reduce(&mut job[1..], ReduceOp::Max)?;
     model.set_flat(&out.state.params)?;
     let accuracy = evaluate(comm, &model, &test_set)?;
-    let curve = std::mem::replace(&mut worker.curve, Curve::new(None, rank));
-    let curve = curve.evaluate(comm, &model, &test_set, (job[1], accuracy))?;
+    let curve = worker
+        .curve
+        .evaluate(comm, &model, &test_set, (job[1], accuracy))?;
     if let Some(d) = &ckdir {
         let step = out.state.clocks.iter().copied().min().unwrap_or(0);
         let meta = Meta {
@@ -233,19 +186,6 @@ pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) ->
         };
         d.save(step, &to_checkpoint(&out.state, &meta)?)?;
     }
-    let names: Vec<(String, usize)> = model
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.shape.iter().product()))
-        .collect();
-    let mut at = 0;
-    let params = names
-        .into_iter()
-        .map(|(name, n)| {
-            at += n;
-            (name, out.state.params[at - n..at].to_vec())
-        })
-        .collect();
     Ok(PsTrained {
         summary: PsSummary {
             world,
@@ -259,9 +199,24 @@ pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) ->
             wall_s: job[1],
             curve,
         },
-        params,
+        params: by_name(&model, &out.state.params),
         state: out.state,
     })
+}
+
+/// `flat` (the whole parameter vector, forward order) cut into `model`'s parameters,
+/// by name.
+fn by_name(model: &LeNet, flat: &[f32]) -> Vec<(String, Vec<f32>)> {
+    let mut at = 0;
+    model
+        .params
+        .iter()
+        .map(|p| {
+            let n: usize = p.shape.iter().product();
+            at += n;
+            (p.name.clone(), flat[at - n..at].to_vec())
+        })
+        .collect()
 }
 
 fn to_checkpoint(st: &PsState, meta: &Meta) -> Result<Checkpoint> {
@@ -287,8 +242,8 @@ fn to_checkpoint(st: &PsState, meta: &Meta) -> Result<Checkpoint> {
             });
         }
     }
-    let state = serde_json::to_value(meta)
-        .map_err(|e| Error::InvalidArgument(format!("checkpoint state: {e}")))?;
+    let state =
+        serde_json::to_value(meta).map_err(|e| Error::invalid(format!("checkpoint state: {e}")))?;
     Ok(Checkpoint { state, tensors })
 }
 
@@ -344,25 +299,18 @@ fn load_state(
     let total: usize = LeNet::new(cfg.width, cfg.seed)?.param_lens().iter().sum();
     let mut blob = Vec::new();
     let r = if comm.rank() == 0 {
-        let loaded: Result<Option<(PathBuf, Checkpoint)>> = match &cfg.resume {
-            None => Ok(None),
-            Some(Resume::File(p)) => checkpoint::load(p).map(|c| Some((p.clone(), c))),
-            Some(Resume::Latest) => match dir {
-                Some(d) => d.load_latest(),
-                None => Err(Error::InvalidArgument(
-                    "--resume without a file needs a checkpoint directory".into(),
-                )),
-            },
-        };
-        loaded.and_then(|l| match l {
-            None => Ok(()),
-            Some((path, ck)) => {
-                let st = from_checkpoint(&ck, &path, fresh, total)?;
-                blob = serde_json::to_vec(&st)
-                    .map_err(|e| Error::checkpoint(&path, format!("does not serialise: {e}")))?;
-                Ok(())
-            }
-        })
+        cfg.resume_from(dir)
+            .map_err(Error::from)
+            .and_then(|l| match l {
+                None => Ok(()),
+                Some((path, ck)) => {
+                    let st = from_checkpoint(&ck, &path, fresh, total)?;
+                    blob = serde_json::to_vec(&st).map_err(|e| {
+                        Error::checkpoint(&path, format!("does not serialise: {e}"))
+                    })?;
+                    Ok(())
+                }
+            })
     } else {
         Ok(())
     };
@@ -372,6 +320,6 @@ fn load_state(
         return Ok(None);
     }
     let s: PsState = serde_json::from_slice(&blob)
-        .map_err(|e| Error::InvalidArgument(format!("checkpoint state from rank 0: {e}")))?;
+        .map_err(|e| Error::invalid(format!("checkpoint state from rank 0: {e}")))?;
     Ok(Some(s))
 }
