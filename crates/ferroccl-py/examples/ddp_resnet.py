@@ -34,17 +34,20 @@ except ImportError:
 class Timer:
     """A DDP communication hook (DDP's default: average, all-reduce) that records how
     long the backend was busy with each step's buckets: the buckets run one after
-    another, so bucket i is busy from max(its launch, bucket i-1 done) to its end."""
+    another, so bucket i is busy from max(its launch, bucket i-1 done) to its end.
+    ``group``: the DDP's process group (None: the default one)."""
 
-    def __init__(self):
+    def __init__(self, group=None):
+        self.group = group
+        self.world = dist.get_world_size(group)
         self.busy = 0.0
         self.prev_done = 0.0
 
     def hook(self, state, bucket):
         launched = time.perf_counter()
         buf = bucket.buffer()
-        buf.div_(dist.get_world_size())
-        fut = dist.all_reduce(buf, async_op=True).get_future()
+        buf.div_(self.world)
+        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
 
         def done(f):
             now = time.perf_counter()

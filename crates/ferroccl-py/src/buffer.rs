@@ -5,9 +5,16 @@
 //! and holds a reference to its owner, untouched, until the operation is over (its
 //! callback has run or the blocking call returned). This is the only place that turns
 //! such an address into a slice.
+//!
+//! With a `DeviceOp` the same tuples are the storage of CUDA tensors on its GPU (the
+//! torch backend checked them, and holds the tensors until the operation reported):
+//! [`DeviceCall`] hands them to the library's raw device collectives, which check that
+//! they are device memory of that GPU, and the `DeviceOp` orders the call with the
+//! caller's stream.
 
 use crate::errors::InvalidArgumentError;
-use ferroccl::{DataType, Element};
+use crate::worker::P2pWait;
+use ferroccl::{Communicator, DataType, Element, ReduceOp};
 use pyo3::prelude::*;
 
 /// A buffer as Python hands it over: `(address, elements, dtype name)`.
@@ -178,4 +185,167 @@ pub(crate) unsafe fn split_io<'a, T: Element>(
         };
         (i, output.slice::<T>())
     }
+}
+
+/// A collective on device memory: Python's buffers (checked as above, but device
+/// addresses of one GPU: the `DeviceOp` handed in with them says which) and the call's
+/// arguments.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum DeviceCall {
+    AllReduce(Buf, ReduceOp),
+    Broadcast(Buf, usize),
+    Reduce(Buf, ReduceOp, usize),
+    AllGather(Buf, Buf),
+    ReduceScatter(Buf, Buf, ReduceOp),
+    /// With counts: `(send_counts, send_displs, recv_counts, recv_displs)`.
+    AllToAll(Buf, Buf, Option<Counts>),
+    Gather(Buf, Buf, usize),
+    Scatter(Buf, Buf, usize),
+}
+
+/// An all-to-all's counts and displacements, as [`DeviceCall::AllToAll`] keeps them.
+pub(crate) type Counts = (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>);
+
+#[cfg(feature = "cuda")]
+impl Buf {
+    /// The buffer as device memory of GPU `ordinal`.
+    fn on(self, ordinal: usize) -> ferroccl::cuda::DeviceBuf {
+        ferroccl::cuda::DeviceBuf {
+            ordinal,
+            addr: self.addr as u64,
+            len: self.len,
+            dtype: self.dt,
+        }
+    }
+}
+
+impl DeviceCall {
+    /// Runs the call on GPU `ordinal`'s memory (the library checks that every buffer
+    /// is device memory there).
+    ///
+    /// # Safety
+    /// The Python side's contract for device memory: the buffers are storage of CUDA
+    /// tensors on GPU `ordinal`, held by Python until the operation's report, and the
+    /// call runs inside its `DeviceOp` (ferroccl's stream waits for the caller's work
+    /// on them first).
+    #[cfg(feature = "cuda")]
+    pub(crate) unsafe fn run(self, c: &Communicator, ordinal: usize) -> ferroccl::Result<()> {
+        // SAFETY: the caller's contract is the library's raw forms' contract.
+        unsafe {
+            match self {
+                DeviceCall::AllReduce(b, op) => c.all_reduce_device_raw(b.on(ordinal), op),
+                DeviceCall::Broadcast(b, root) => c.broadcast_device_raw(b.on(ordinal), root),
+                DeviceCall::Reduce(b, op, root) => c.reduce_device_raw(b.on(ordinal), op, root),
+                DeviceCall::AllGather(s, r) => {
+                    c.all_gather_device_raw(s.on(ordinal), r.on(ordinal))
+                }
+                DeviceCall::ReduceScatter(s, r, op) => {
+                    c.reduce_scatter_device_raw(s.on(ordinal), r.on(ordinal), op)
+                }
+                DeviceCall::AllToAll(s, r, counts) => {
+                    let counts = counts
+                        .as_ref()
+                        .map(|(a, b, c, d)| (&a[..], &b[..], &c[..], &d[..]));
+                    c.all_to_all_device_raw(s.on(ordinal), r.on(ordinal), counts)
+                }
+                DeviceCall::Gather(s, r, root) => {
+                    c.gather_device_raw(s.on(ordinal), r.on(ordinal), root)
+                }
+                DeviceCall::Scatter(s, r, root) => {
+                    c.scatter_device_raw(s.on(ordinal), r.on(ordinal), root)
+                }
+            }
+        }
+    }
+
+    /// A build without CUDA runs no device call.
+    ///
+    /// # Safety
+    /// None needed; unsafe as the CUDA build's.
+    #[cfg(not(feature = "cuda"))]
+    pub(crate) unsafe fn run(self, _c: &Communicator, _ordinal: usize) -> ferroccl::Result<()> {
+        Err(crate::device::not_built())
+    }
+}
+
+/// Starts sending device buffer `b` of GPU `ordinal` to `peer`: its bytes are copied
+/// to the host now (on ferroccl's stream), and the send is posted.
+///
+/// # Safety
+/// As [`DeviceCall::run`].
+#[cfg(feature = "cuda")]
+pub(crate) unsafe fn send_device_start(
+    c: &Communicator,
+    b: Buf,
+    ordinal: usize,
+    peer: usize,
+    tag: u32,
+) -> ferroccl::Result<P2pWait> {
+    let d = b.on(ordinal);
+    d.check("send's buffer")?;
+    typed!(b.dt, T => {
+        // SAFETY: the caller's contract.
+        let v = unsafe { d.copy_to_host::<T>() }?;
+        let p = c.send_start(v, peer, tag)?;
+        Ok(Box::new(move || p.wait().map(drop)) as P2pWait)
+    })
+}
+
+/// Posts a receive into device buffer `b` of GPU `ordinal` from `peer`; what waits for
+/// it copies the message in (on ferroccl's stream, the calling thread's CUDA context
+/// kept) and then runs `then` (the `DeviceOp`'s `after`).
+///
+/// # Safety
+/// As [`DeviceCall::run`], until the returned wait has run.
+#[cfg(feature = "cuda")]
+pub(crate) unsafe fn recv_device_start(
+    c: &Communicator,
+    b: Buf,
+    ordinal: usize,
+    peer: usize,
+    tag: u32,
+    then: impl FnOnce() -> ferroccl::Result<()> + Send + 'static,
+) -> ferroccl::Result<P2pWait> {
+    let d = b.on(ordinal);
+    d.check("recv's buffer")?;
+    typed!(b.dt, T => {
+        let p = c.recv_start(vec![T::default(); b.len], peer, tag)?;
+        Ok(Box::new(move || {
+            let v = p.wait()?;
+            // SAFETY: the caller's contract: the buffer is held until this ran.
+            crate::device::keeping_context(|| unsafe { d.copy_from_host(&v) })?;
+            then()
+        }) as P2pWait)
+    })
+}
+
+/// A build without CUDA sends no device memory.
+///
+/// # Safety
+/// None needed; unsafe as the CUDA build's.
+#[cfg(not(feature = "cuda"))]
+pub(crate) unsafe fn send_device_start(
+    _c: &Communicator,
+    _b: Buf,
+    _ordinal: usize,
+    _peer: usize,
+    _tag: u32,
+) -> ferroccl::Result<P2pWait> {
+    Err(crate::device::not_built())
+}
+
+/// A build without CUDA receives into no device memory.
+///
+/// # Safety
+/// None needed; unsafe as the CUDA build's.
+#[cfg(not(feature = "cuda"))]
+pub(crate) unsafe fn recv_device_start(
+    _c: &Communicator,
+    _b: Buf,
+    _ordinal: usize,
+    _peer: usize,
+    _tag: u32,
+    _then: impl FnOnce() -> ferroccl::Result<()> + Send + 'static,
+) -> ferroccl::Result<P2pWait> {
+    Err(crate::device::not_built())
 }

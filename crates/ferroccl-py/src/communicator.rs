@@ -1,15 +1,30 @@
 //! `ferroccl._native.Communicator`: a ferroccl communicator for Python. Every method
 //! converts its arguments and hands the operation to the communicator's executor
-//! ([`Worker`]); nothing else lives here.
+//! ([`Worker`]); nothing else lives here. With `device=` (a [`PyDeviceOp`]) the
+//! buffers are CUDA memory and the operation runs inside the device op's ordering.
 
-use crate::buffer::{bufs, same_type, split_io, typed, RawBuf};
+use crate::buffer::{
+    bufs, recv_device_start, same_type, send_device_start, split_io, typed, DeviceCall, RawBuf,
+};
+use crate::device::{keeping_context, Backend, PyDeviceOp};
 use crate::errors::{to_py, InvalidArgumentError};
 use crate::store::{config_for, PyBoard};
 use crate::worker::{Done, P2pWait, Ticket, TicketState, Worker};
-use ferroccl::{AbortHandle, Communicator, Error, ReduceOp};
+use ferroccl::order::DeviceOp;
+use ferroccl::{AbortHandle, Communicator, Error, ReduceOp, TransportKind};
 use pyo3::prelude::*;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+
+/// A device op handed in by Python, and its GPU.
+type Dev = (Arc<DeviceOp<Backend>>, usize);
+
+fn dev_of(device: Option<Py<PyDeviceOp>>) -> Option<Dev> {
+    device.map(|d| {
+        let d = d.get();
+        (d.op.clone(), d.ordinal)
+    })
+}
 
 /// The communicator's facts, read without a trip to its worker.
 #[derive(Clone)]
@@ -20,6 +35,7 @@ struct Facts {
     job_ranks: Vec<usize>,
     local_rank: usize,
     transport: String,
+    hosts: Option<usize>,
 }
 
 /// A ferroccl communicator on its own worker thread. Operations run in the order they
@@ -49,6 +65,7 @@ impl PyCommunicator {
                 .first()
                 .map_or("local", |(_, c)| c)
                 .to_owned(),
+            hosts: comm.host_layout().map(|l| l.hosts().len()),
         };
         let abort = comm.abort_handle();
         let name = format!("ferroccl-py-{}-r{}", facts.id, facts.rank);
@@ -91,6 +108,30 @@ impl PyCommunicator {
             Box::new(move || done.finish(r))
         }))?;
         Ok(Some(self.ticket(ticket)))
+    }
+
+    /// A collective on device memory: `call` runs inside `dev`'s ordering (our stream
+    /// waits for the caller's, `done` is recorded after it), blocking or not as
+    /// [`Self::submit`]; a blocking one then makes the caller's stream wait for it.
+    fn submit_device(
+        &self,
+        py: Python<'_>,
+        callback: Option<Py<PyAny>>,
+        dev: Dev,
+        call: DeviceCall,
+    ) -> PyResult<Option<Ticket>> {
+        let (op, ordinal) = dev;
+        let waits = callback.is_none();
+        let run = op.clone();
+        let ticket = self.submit(py, callback, move |c| {
+            // SAFETY: the Python side's contract for device memory (`buffer.rs`); the
+            // call runs inside its device op.
+            run.run(|| keeping_context(|| unsafe { call.run(c, ordinal) }))
+        })?;
+        if waits {
+            op.wait_on(op.caller()).map_err(|e| to_py(py, &e))?;
+        }
+        Ok(ticket)
     }
 
     /// Runs `op` on this thread once the queue before it has run, the GIL released.
@@ -166,7 +207,7 @@ impl PyCommunicator {
     /// free port and publishes `advertise:port` there. `token` and `job_id` must be the
     /// same on every rank; the other settings come from `FERROCCL_*` variables.
     #[staticmethod]
-    #[pyo3(signature = (store, rank, world_size, advertise, token, job_id, timeout=None, local_rank=None))]
+    #[pyo3(signature = (store, rank, world_size, advertise, token, job_id, timeout=None, local_rank=None, transport=None))]
     #[allow(clippy::too_many_arguments)]
     fn on_store(
         py: Python<'_>,
@@ -178,8 +219,12 @@ impl PyCommunicator {
         job_id: String,
         timeout: Option<f64>,
         local_rank: Option<usize>,
+        transport: Option<String>,
     ) -> PyResult<Self> {
         let mut cfg = config_for(rank, world_size).map_err(|e| to_py(py, &e))?;
+        if let Some(t) = transport {
+            cfg.transport.kind = TransportKind::parse(&t).map_err(|e| to_py(py, &e))?;
+        }
         cfg.job.agent_store = false;
         cfg.job.serve_store = true;
         cfg.job.token = Some(token.into_bytes());
@@ -230,6 +275,12 @@ impl PyCommunicator {
     fn transport(&self) -> String {
         self.facts.transport.clone()
     }
+    /// How many hosts the ranks are on, as every rank sees it; None where the links
+    /// do not say (ranks as threads).
+    #[getter]
+    fn hosts(&self) -> Option<usize> {
+        self.facts.hosts
+    }
 
     /// Fails every operation in flight with `AbortedError` and poisons the
     /// communicator (its peers fail fast); from any thread.
@@ -257,38 +308,46 @@ impl PyCommunicator {
             .map_err(|e| to_py(py, &e))
     }
 
-    #[pyo3(signature = (buf, op, callback=None))]
+    #[pyo3(signature = (buf, op, callback=None, device=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
         buf: RawBuf,
         op: &str,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
         let op = parse_op(op)?;
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::AllReduce(b, op));
+        }
         self.submit(py, callback, move |c| {
             // SAFETY: the Python side's buffer contract (module docs).
             typed!(b.dt, T => c.all_reduce(unsafe { b.slice::<T>() }, op))
         })
     }
 
-    #[pyo3(signature = (buf, root, callback=None))]
+    #[pyo3(signature = (buf, root, callback=None, device=None))]
     fn broadcast(
         &self,
         py: Python<'_>,
         buf: RawBuf,
         root: usize,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::Broadcast(b, root));
+        }
         self.submit(py, callback, move |c| {
             // SAFETY: the Python side's buffer contract (module docs).
             typed!(b.dt, T => c.broadcast(unsafe { b.slice::<T>() }, root))
         })
     }
 
-    #[pyo3(signature = (buf, op, root, callback=None))]
+    #[pyo3(signature = (buf, op, root, callback=None, device=None))]
     fn reduce(
         &self,
         py: Python<'_>,
@@ -296,9 +355,13 @@ impl PyCommunicator {
         op: &str,
         root: usize,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
         let op = parse_op(op)?;
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::Reduce(b, op, root));
+        }
         self.submit(py, callback, move |c| {
             // SAFETY: the Python side's buffer contract (module docs).
             typed!(b.dt, T => c.reduce(unsafe { b.slice::<T>() }, op, root))
@@ -306,16 +369,20 @@ impl PyCommunicator {
     }
 
     /// `recv` (world_size × `send`) receives every rank's `send` in rank order.
-    #[pyo3(signature = (send, recv, callback=None))]
+    #[pyo3(signature = (send, recv, callback=None, device=None))]
     fn all_gather(
         &self,
         py: Python<'_>,
         send: RawBuf,
         recv: RawBuf,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::AllGather(s, r));
+        }
         self.submit(py, callback, move |c| {
             typed!(s.dt, T => {
                 // SAFETY: the Python side's buffer contract (module docs).
@@ -327,7 +394,7 @@ impl PyCommunicator {
 
     /// `recv` receives this rank's block of the reduction of every rank's `send`
     /// (world_size × `recv`).
-    #[pyo3(signature = (send, recv, op, callback=None))]
+    #[pyo3(signature = (send, recv, op, callback=None, device=None))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
@@ -335,10 +402,14 @@ impl PyCommunicator {
         recv: RawBuf,
         op: &str,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
         let op = parse_op(op)?;
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::ReduceScatter(s, r, op));
+        }
         self.submit(py, callback, move |c| {
             typed!(s.dt, T => {
                 // SAFETY: the Python side's buffer contract (module docs).
@@ -351,7 +422,8 @@ impl PyCommunicator {
     /// Block `q` of `send` goes to rank `q`; block `q` of `recv` comes from rank `q`
     /// (equal blocks), or, with counts, `send_counts[q]` and `recv_counts[q]`
     /// elements packed in rank order.
-    #[pyo3(signature = (send, recv, send_counts=None, recv_counts=None, callback=None))]
+    #[pyo3(signature = (send, recv, send_counts=None, recv_counts=None, callback=None, device=None))]
+    #[allow(clippy::too_many_arguments)]
     fn all_to_all(
         &self,
         py: Python<'_>,
@@ -360,6 +432,7 @@ impl PyCommunicator {
         send_counts: Option<Vec<usize>>,
         recv_counts: Option<Vec<usize>>,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
@@ -384,6 +457,9 @@ impl PyCommunicator {
                 ))
             }
         };
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::AllToAll(s, r, counts));
+        }
         self.submit(py, callback, move |c| {
             typed!(s.dt, T => {
                 // SAFETY: the Python side's buffer contract (module docs).
@@ -398,7 +474,7 @@ impl PyCommunicator {
 
     /// `root`'s `recv` (world_size × `send`) receives every rank's `send` in rank
     /// order; elsewhere `recv` may be empty.
-    #[pyo3(signature = (send, recv, root, callback=None))]
+    #[pyo3(signature = (send, recv, root, callback=None, device=None))]
     fn gather(
         &self,
         py: Python<'_>,
@@ -406,9 +482,13 @@ impl PyCommunicator {
         recv: RawBuf,
         root: usize,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::Gather(s, r, root));
+        }
         self.submit(py, callback, move |c| {
             typed!(s.dt, T => {
                 // SAFETY: the Python side's buffer contract (module docs).
@@ -420,7 +500,7 @@ impl PyCommunicator {
 
     /// Rank `q`'s `recv` receives block `q` of `root`'s `send` (world_size × `recv`);
     /// elsewhere `send` may be empty.
-    #[pyo3(signature = (send, recv, root, callback=None))]
+    #[pyo3(signature = (send, recv, root, callback=None, device=None))]
     fn scatter(
         &self,
         py: Python<'_>,
@@ -428,9 +508,13 @@ impl PyCommunicator {
         recv: RawBuf,
         root: usize,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [s, r] = bufs([send, recv])?;
         same_type(&[s, r])?;
+        if let Some(d) = dev_of(device) {
+            return self.submit_device(py, callback, d, DeviceCall::Scatter(s, r, root));
+        }
         self.submit(py, callback, move |c| {
             typed!(s.dt, T => {
                 // SAFETY: the Python side's buffer contract (module docs).
@@ -446,8 +530,9 @@ impl PyCommunicator {
     }
 
     /// Sends `buf` to `peer` with `tag`; it may be reused once the call returns (or
-    /// the callback ran).
-    #[pyo3(signature = (buf, peer, tag=0, callback=None))]
+    /// the callback ran). With `device`, `buf` is CUDA memory, copied to the host
+    /// after the caller's stream's work on it.
+    #[pyo3(signature = (buf, peer, tag=0, callback=None, device=None))]
     fn send(
         &self,
         py: Python<'_>,
@@ -455,8 +540,23 @@ impl PyCommunicator {
         peer: usize,
         tag: u32,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
+        if let Some((op, ordinal)) = dev_of(device) {
+            let (waits, run) = (callback.is_none(), op.clone());
+            let t = self.p2p(py, callback, move |c| {
+                run.run(|| {
+                    // SAFETY: the Python side's contract for device memory
+                    // (`buffer.rs`), inside the device op.
+                    keeping_context(|| unsafe { send_device_start(c, b, ordinal, peer, tag) })
+                })
+            })?;
+            if waits {
+                op.wait_on(op.caller()).map_err(|e| to_py(py, &e))?;
+            }
+            return Ok(t);
+        }
         self.p2p(py, callback, move |c| {
             typed!(b.dt, T => {
                 // SAFETY: the Python side's buffer contract (module docs); the copy is
@@ -468,7 +568,9 @@ impl PyCommunicator {
     }
 
     /// Receives a message of exactly `buf`'s size from `peer` with `tag` into `buf`.
-    #[pyo3(signature = (buf, peer, tag=0, callback=None))]
+    /// With `device`, `buf` is CUDA memory, written on ferroccl's stream once the
+    /// message is in (the device op's end moves behind that copy).
+    #[pyo3(signature = (buf, peer, tag=0, callback=None, device=None))]
     fn recv(
         &self,
         py: Python<'_>,
@@ -476,8 +578,27 @@ impl PyCommunicator {
         peer: usize,
         tag: u32,
         callback: Option<Py<PyAny>>,
+        device: Option<Py<PyDeviceOp>>,
     ) -> PyResult<Option<Ticket>> {
         let [b] = bufs([buf])?;
+        if let Some((op, ordinal)) = dev_of(device) {
+            let (waits, run, after) = (callback.is_none(), op.clone(), op.clone());
+            let t = self.p2p(py, callback, move |c| {
+                run.run(|| {
+                    keeping_context(|| {
+                        // SAFETY: the Python side's contract for device memory
+                        // (`buffer.rs`): the buffer is held until this op reports.
+                        unsafe {
+                            recv_device_start(c, b, ordinal, peer, tag, move || after.after())
+                        }
+                    })
+                })
+            })?;
+            if waits {
+                op.wait_on(op.caller()).map_err(|e| to_py(py, &e))?;
+            }
+            return Ok(t);
+        }
         self.p2p(py, callback, move |c| {
             typed!(b.dt, T => {
                 let p = c.recv_start(vec![T::default(); b.len], peer, tag)?;
@@ -490,6 +611,13 @@ impl PyCommunicator {
                 }) as P2pWait)
             })
         })
+    }
+
+    /// A device op for a collective on CUDA memory of GPU `ordinal`, issued by a
+    /// caller whose work on the buffers is queued on `stream` (a raw `CUstream`:
+    /// `torch.cuda.current_stream().cuda_stream`); pass it as `device=`.
+    fn device_op(&self, py: Python<'_>, ordinal: usize, stream: u64) -> PyResult<PyDeviceOp> {
+        PyDeviceOp::new(py, ordinal, stream)
     }
 
     /// MPI's `comm_split`: the ranks passing the same color form a child, ranked by

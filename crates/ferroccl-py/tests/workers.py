@@ -37,25 +37,28 @@ def init(rank, n, how, tmp, backend="ferroccl", timeout=60):
     dist.init_process_group(backend, init_method=method, timeout=timedelta(seconds=timeout), **kw)
 
 
-def data(rank, count, dtype, salt=0):
+def data(rank, count, dtype, salt=0, device="cpu"):
     """Small integers, exact in every dtype, different per rank."""
     v = (torch.arange(count, dtype=torch.int64) * 7 + rank * 3 + salt) % 5 + 1
-    return v.to(dtype)
+    return v.to(dtype).to(device)
 
 
 def check(got, want, what):
+    got, want = got.cpu(), want.cpu()
     if not torch.equal(got, want):
         raise AssertionError(f"{what}: got {got.tolist()[:16]}, want {want.tolist()[:16]}")
 
 
-def collectives(rank, n, how, tmp):
-    """Every collective, every dtype, against its definition."""
+def collectives(rank, n, how, tmp, device="cpu"):
+    """Every collective, every dtype, against its definition, on tensors of ``device``
+    (``"cuda"``: this rank's GPU, ``cuda:0`` when the ranks share one)."""
     init(rank, n, how, tmp)
     assert dist.get_backend() == "ferroccl"
+    dev = torch.device(device)
     count = 6
     done = 0
     for dt in DTYPES:
-        alls = [data(q, count, dt) for q in range(n)]
+        alls = [data(q, count, dt, device=dev) for q in range(n)]
         wide = [a.to(torch.float64) for a in alls]
         ops = [
             (dist.ReduceOp.SUM, lambda xs: sum(xs)),
@@ -87,42 +90,42 @@ def collectives(rank, n, how, tmp):
         t = alls[rank].clone()
         dist.broadcast(t, src=n - 1)
         check(t, alls[n - 1], f"broadcast {dt}")
-        outs = [torch.zeros(count, dtype=dt) for _ in range(n)]
+        outs = [torch.zeros(count, dtype=dt, device=dev) for _ in range(n)]
         dist.all_gather(outs, alls[rank])
         for q in range(n):
             check(outs[q], alls[q], f"all_gather {dt} block {q}")
-        flat = torch.zeros(n * count, dtype=dt)
+        flat = torch.zeros(n * count, dtype=dt, device=dev)
         dist.all_gather_into_tensor(flat, alls[rank]) if hasattr(
             dist, "all_gather_into_tensor"
         ) else dist._all_gather_base(flat, alls[rank])
         check(flat, torch.cat(alls), f"all_gather_into_tensor {dt}")
-        big = [data(q, n * count, dt, salt=1) for q in range(n)]
-        out = torch.zeros(count, dtype=dt)
+        big = [data(q, n * count, dt, salt=1, device=dev) for q in range(n)]
+        out = torch.zeros(count, dtype=dt, device=dev)
         dist.reduce_scatter(out, list(big[rank].chunk(n)))
         want = sum(b.to(torch.float64) for b in big).to(dt).chunk(n)[rank]
         check(out, want, f"reduce_scatter {dt}")
-        out = torch.zeros(count, dtype=dt)
+        out = torch.zeros(count, dtype=dt, device=dev)
         rs = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
         rs(out, big[rank])
         check(out, want, f"reduce_scatter_tensor {dt}")
-        gl = [torch.zeros(count, dtype=dt) for _ in range(n)] if rank == 0 else None
+        gl = [torch.zeros(count, dtype=dt, device=dev) for _ in range(n)] if rank == 0 else None
         dist.gather(alls[rank], gl, dst=0)
         if rank == 0:
             for q in range(n):
                 check(gl[q], alls[q], f"gather {dt} block {q}")
-        out = torch.zeros(count, dtype=dt)
+        out = torch.zeros(count, dtype=dt, device=dev)
         dist.scatter(out, list(big[0].chunk(n)) if rank == 0 else None, src=0)
         check(out, big[0].chunk(n)[rank], f"scatter {dt}")
-        out = torch.zeros(n * count, dtype=dt)
+        out = torch.zeros(n * count, dtype=dt, device=dev)
         dist.all_to_all_single(out, big[rank])
         want = torch.cat([big[q].chunk(n)[rank] for q in range(n)])
         check(out, want, f"all_to_all_single {dt}")
         # Uneven splits: rank q sends q+1+p rows to rank p.
         rows = lambda src, dst: src + 1 + dst
         send = torch.cat(
-            [torch.full((rows(rank, p), 2), rank * 10 + p, dtype=dt) for p in range(n)]
+            [torch.full((rows(rank, p), 2), rank * 10 + p, dtype=dt, device=dev) for p in range(n)]
         )
-        recv = torch.zeros(sum(rows(q, rank) for q in range(n)), 2, dtype=dt)
+        recv = torch.zeros(sum(rows(q, rank) for q in range(n)), 2, dtype=dt, device=dev)
         dist.all_to_all_single(
             recv,
             send,
@@ -130,20 +133,22 @@ def collectives(rank, n, how, tmp):
             [rows(rank, p) for p in range(n)],
         )
         want = torch.cat(
-            [torch.full((rows(q, rank), 2), q * 10 + rank, dtype=dt) for q in range(n)]
+            [torch.full((rows(q, rank), 2), q * 10 + rank, dtype=dt, device=dev) for q in range(n)]
         )
         check(recv, want, f"all_to_all_single with splits {dt}")
-        outs = [torch.zeros(q + 1, dtype=dt) for q in range(n)]
-        dist.all_to_all(outs, [torch.full((rank + 1,), p + rank, dtype=dt) for p in range(n)])
+        outs = [torch.zeros(q + 1, dtype=dt, device=dev) for q in range(n)]
+        dist.all_to_all(
+            outs, [torch.full((rank + 1,), p + rank, dtype=dt, device=dev) for p in range(n)]
+        )
         for q in range(n):
             check(
                 outs[q],
-                torch.full((q + 1,), q + rank, dtype=dt),
+                torch.full((q + 1,), q + rank, dtype=dt, device=dev),
                 f"all_to_all {dt} from {q}",
             )
         if n > 1:
             right, left = (rank + 1) % n, (rank - 1) % n
-            r = torch.zeros(count, dtype=dt)
+            r = torch.zeros(count, dtype=dt, device=dev)
             reqs = [dist.isend(alls[rank], right), dist.irecv(r, left)]
             for q in reqs:
                 q.wait()
@@ -158,52 +163,64 @@ def collectives(rank, n, how, tmp):
             check(r, alls[left], f"batch_isend_irecv {dt}")
         done += 12
     # Coalesced, async, barrier.
-    ts = [data(rank, 3, torch.float32), data(rank, 5, torch.float32)]
+    ts = [data(rank, 3, torch.float32, device=dev), data(rank, 5, torch.float32, device=dev)]
     dist.all_reduce_coalesced(ts)
     check(
         ts[1],
-        sum(data(q, 5, torch.float64) for q in range(n)).float(),
+        sum(data(q, 5, torch.float64, device=dev) for q in range(n)).float(),
         "all_reduce_coalesced",
     )
-    t = data(rank, 1000, torch.float32)
+    t = data(rank, 1000, torch.float32, device=dev)
     w = dist.all_reduce(t, async_op=True)
     fut = w.get_future()
     w.wait()
     assert fut.done()
     check(
         fut.value()[0],
-        sum(data(q, 1000, torch.float64) for q in range(n)).float(),
+        sum(data(q, 1000, torch.float64, device=dev) for q in range(n)).float(),
         "future",
     )
     # The coalesced forms (torch 2.x's coalescing manager calls them on the group).
     pg = dist.distributed_c10d._get_default_group()
-    ins = [data(rank, 3, torch.float32), data(rank, 5, torch.float32, salt=2)]
-    outs = [torch.zeros(n * 3), torch.zeros(n * 5)]
+    ins = [
+        data(rank, 3, torch.float32, device=dev),
+        data(rank, 5, torch.float32, salt=2, device=dev),
+    ]
+    outs = [torch.zeros(n * 3, device=dev), torch.zeros(n * 5, device=dev)]
     pg.all_gather_single_coalesced(outs, ins).wait()
     check(
         outs[0],
-        torch.cat([data(q, 3, torch.float32) for q in range(n)]),
+        torch.cat([data(q, 3, torch.float32, device=dev) for q in range(n)]),
         "ag coalesced 0",
     )
     check(
         outs[1],
-        torch.cat([data(q, 5, torch.float32, 2) for q in range(n)]),
+        torch.cat([data(q, 5, torch.float32, 2, device=dev) for q in range(n)]),
         "ag coalesced 1",
     )
-    ins = [data(rank, 2 * n, torch.float64), data(rank, 3 * n, torch.float64, salt=4)]
-    outs = [torch.zeros(2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
+    ins = [
+        data(rank, 2 * n, torch.float64, device=dev),
+        data(rank, 3 * n, torch.float64, salt=4, device=dev),
+    ]
+    outs = [
+        torch.zeros(2, dtype=torch.float64, device=dev),
+        torch.zeros(3, dtype=torch.float64, device=dev),
+    ]
     pg.reduce_scatter_single_coalesced(outs, ins).wait()
     for i, (k, salt) in enumerate(((2, 0), (3, 4))):
-        total = sum(data(q, k * n, torch.float64, salt) for q in range(n))
+        total = sum(data(q, k * n, torch.float64, salt, device=dev) for q in range(n))
         check(outs[i], total.chunk(n)[rank], f"rs coalesced {i}")
     # torch's layout: output_lists[q][i] is rank q's input i.
-    lists = [[torch.zeros(2), torch.zeros(4)] for _ in range(n)]
-    dist.all_gather_coalesced(lists, [torch.full((2,), float(rank)), torch.full((4,), -1.0 * rank)])
+    lists = [[torch.zeros(2, device=dev), torch.zeros(4, device=dev)] for _ in range(n)]
+    dist.all_gather_coalesced(
+        lists,
+        [torch.full((2,), float(rank), device=dev), torch.full((4,), -1.0 * rank, device=dev)],
+    )
     for q in range(n):
         check(lists[q][0], torch.full((2,), float(q)), "all_gather_coalesced 0")
         check(lists[q][1], torch.full((4,), -1.0 * q), "all_gather_coalesced 1")
     # int8 and bool move as bytes (broadcast), and are refused where arithmetic is.
-    b = torch.tensor([rank - 5, 7], dtype=torch.int8)
+    b = torch.tensor([rank - 5, 7], dtype=torch.int8, device=dev)
     dist.broadcast(b, src=n - 1)
     check(b, torch.tensor([n - 1 - 5, 7], dtype=torch.int8), "broadcast int8")
     dist.barrier()
@@ -488,6 +505,78 @@ def misuse(rank, n, how, tmp):
             out[name] = None
         except ferroccl.FerrocclError as e:
             out[name] = (type(e).__name__, str(e))
+    dist.destroy_process_group()
+    return out
+
+
+class FakeCuda:
+    """Stands for a CUDA tensor where none can be made (no GPU): what the backend reads
+    of a tensor before it reaches CUDA."""
+
+    is_cpu = False
+    is_cuda = True
+
+    def __init__(self, index=0, count=4, dtype=torch.float32, contiguous=True):
+        self.device = torch.device("cuda", index)
+        self.dtype = dtype
+        self._count = count
+        self._contiguous = contiguous
+        self.log = []
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    def contiguous(self):
+        return self if self._contiguous else FakeCuda(self.device.index, self._count, self.dtype)
+
+    def data_ptr(self):
+        return 0x7F00_0000_0000
+
+    def numel(self):
+        return self._count
+
+    def copy_(self, other):
+        self.log.append(("copy_", torch.cuda.current_stream(self.device).cuda_stream))
+
+    def record_stream(self, s):
+        self.log.append(("record_stream", s.cuda_stream))
+
+
+def backend_of(pg):
+    """ferroccl's backend object of a group: the group itself, or (torch with Python
+    backends) the backend torch's group holds for the CPU."""
+    from ferroccl.torch import ProcessGroupFerroccl
+
+    if isinstance(pg, ProcessGroupFerroccl):
+        return pg
+    return pg._get_backend(torch.device("cpu"))
+
+
+def cuda_without_a_gpu(rank, n, how, tmp):
+    """CUDA tensors where there is no GPU: typed errors on every rank, never a crash
+    or a hang, and the CPU path goes on; mixed devices and another GPU are refused by
+    name first."""
+    init(rank, n, how, tmp, timeout=30)
+    ours = backend_of(dist.distributed_c10d._get_default_group())
+    out = {}
+
+    def attempt(name, call):
+        try:
+            call()
+            out[name] = None
+        except ferroccl.FerrocclError as e:
+            out[name] = (type(e).__name__, str(e))
+
+    opts = dist.AllreduceOptions()
+    attempt("allreduce", lambda: ours.allreduce([FakeCuda(0)], opts))
+    cpu = torch.zeros(4)
+    attempt("mixed", lambda: ours.allgather([[cpu] * n], [FakeCuda(0)]))
+    attempt("other_gpu", lambda: ours.allreduce([FakeCuda(1)], opts))
+    attempt("meta", lambda: ours.allreduce([torch.empty(4, device="meta")], opts))
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["cpu_after"] = t.tolist()
+    out["hosts"] = ours.comm.hosts  # 1: CUDA tensors would go over CUDA IPC
     dist.destroy_process_group()
     return out
 

@@ -209,6 +209,7 @@ pub mod ddp;
 mod dtype;
 mod engine;
 pub mod error;
+pub mod order;
 pub mod reduce;
 pub mod rendezvous;
 mod sync;

@@ -78,8 +78,9 @@ def buffer(obj: Any, what: str = "buffer") -> tuple:
     if mod.startswith("torch"):
         if obj.device.type != "cpu":
             raise UnsupportedError(
-                f"{what} is a {obj.device.type} tensor: ferroccl's Python binding "
-                "moves CPU tensors only (copy it to the CPU, or use NCCL for GPU tensors)"
+                f"{what} is a {obj.device.type} tensor: ferroccl.Communicator moves CPU "
+                "buffers (CUDA tensors go through the torch.distributed backend: import "
+                "ferroccl.torch and use dist.* with backend 'ferroccl')"
             )
         if not obj.is_contiguous():
             raise InvalidArgumentError(f"{what} is not contiguous (call .contiguous())")
@@ -123,26 +124,37 @@ def _op(op: str) -> str:
 class Work:
     """A non-blocking operation in flight: the one object for it on the Python side
     (``ferroccl.torch`` wraps it in torch's ``Work``). Holds its buffers until it is
-    over; ``then`` runs when it succeeded (a copy back, say), ``on_done`` once it is
-    over either way."""
+    over; ``then`` runs when it succeeded (a copy back, say), ``release(buffers)``
+    just before it lets go of its buffers (the torch backend ties CUDA tensors to
+    ferroccl's stream there when that stream may still use them), ``on_done`` once it
+    is over either way."""
 
-    def __init__(self, what: str, keep: Sequence[Any] = (), then=None, on_done=None):
+    def __init__(self, what: str, keep: Sequence[Any] = (), then=None, on_done=None, release=None):
         self._what = what
         self._keep = keep
         self._then = then
         self._on_done = on_done
+        self._release = release
         self._error: BaseException | None = None
         self._ticket = None
 
     # Called once, under the GIL, by a thread of the communicator's (or the caller's,
     # when it ran the operation itself); the ticket says "done" once this returned.
     def _complete(self, error: BaseException | None) -> None:
-        if error is None and self._then is not None:
+        # What the callbacks hold (temporaries of copies back) goes with them.
+        then, self._then = self._then, None
+        if error is None and then is not None:
             try:
-                self._then()
+                then()
             except BaseException as e:  # noqa: BLE001 - reported on wait()
                 error = e
         self._error = error
+        release, self._release = self._release, None
+        if release is not None:
+            try:
+                release(self._keep)
+            except BaseException as e:  # noqa: BLE001 - reported on wait()
+                self._error = self._error or e
         self._keep = ()
         if self._on_done is not None:
             self._on_done()
@@ -206,10 +218,12 @@ class Communicator:
         job_id: str = "python",
         timeout: float | None = None,
         local_rank: int | None = None,
+        transport: str | None = None,
     ) -> Communicator:
         """Rank ``rank`` of ``world_size`` meeting on a key-value ``store`` (a
         ``torch.distributed.Store``): rank 0 serves ferroccl's store and publishes
-        ``advertise:port`` there. ``token`` and ``job_id`` must match on every rank."""
+        ``advertise:port`` there. ``token`` and ``job_id`` must match on every rank.
+        ``transport`` (``"cuda-ipc"``, ...) overrides ``FERROCCL_TRANSPORT``."""
         return Communicator(
             _native.Communicator.on_store(
                 store,
@@ -220,6 +234,7 @@ class Communicator:
                 job_id,
                 timeout,
                 local_rank,
+                transport,
             )
         )
 
@@ -237,6 +252,7 @@ class Communicator:
     id = property(lambda self: self._c.id)
     job_ranks = property(lambda self: self._c.job_ranks)
     transport = property(lambda self: self._c.transport)
+    hosts = property(lambda self: self._c.hosts)
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,4 @@
-"""The torch.distributed backend ``"ferroccl"`` (CPU tensors).
+"""The torch.distributed backend ``"ferroccl"``, for CPU and CUDA tensors.
 
     import ferroccl.torch  # registers the backend
     dist.init_process_group("ferroccl")       # env:// (torchrun), tcp://, file://
@@ -15,28 +15,27 @@ a child of the default group's communicator through its links (no new store or
 listener) when the default group is ferroccl's, and meets on the group's store
 otherwise; the members check on the group's store that they agree on who is in it.
 
+CUDA tensors (``_torchcuda``) are moved in place too, ordered with torch's current
+stream as ProcessGroupNCCL orders them: over CUDA IPC when the group's ranks share a
+host (several ranks per GPU allowed), staged through pinned host memory otherwise.
+One call's tensors are on one device, and CUDA ones on this rank's GPU in the group.
+
 The backend is a ``torch.distributed.Backend`` under torch's own ``ProcessGroup``
 where torch lets Python implement one (its ``PyBackend``); on older torch it is the
-``ProcessGroup`` itself (with, on torch 2.x, a placeholder backend for the CPU so that
-``group_name`` and ``_device_types`` are set). ``communicator(group)`` gives the
-ferroccl :class:`~ferroccl.Communicator` of a group either way.
+``ProcessGroup`` itself (with, on torch 2.x, a placeholder backend per device type so
+that ``group_name`` and ``_device_types`` are set). ``communicator(group)`` gives the
+ferroccl :class:`~ferroccl.Communicator` of a group either way. ``Work`` is
+``_torchwork``'s; how the ranks meet is ``_torchmeet``'s.
 
 The ranks meet on the store torch hands the backend: rank 0 serves ferroccl's own store
 on a free port and publishes its address, a fresh job token and the job's identity
 there. The address published is ``FERROCCL_ADVERTISE_ADDR``, else ``MASTER_ADDR``, else
 this host's name (set ``FERROCCL_ADVERTISE_ADDR`` on rank 0 when other hosts cannot
-reach it by either). GPU tensors are refused: use NCCL for them.
+reach it by either).
 """
 
 from __future__ import annotations
 
-import collections
-import hashlib
-import json
-import os
-import socket
-import sys
-import threading
 import time
 from datetime import timedelta
 
@@ -45,120 +44,21 @@ import torch.distributed as dist
 
 import ferroccl
 
-from . import Communicator, InvalidArgumentError, MismatchError, UnsupportedError
+from . import Communicator, InvalidArgumentError, UnsupportedError, _torchmeet
 from . import TimeoutError as FerrocclTimeout
 from . import buffer as _buffer
+from ._torchcuda import CudaSide, device_of
+from ._torchmeet import _agree, _meet, _nonce
+from ._torchwork import _LIVE, _LOCK, Work, _caller_waits
 
 BACKEND = "ferroccl"
+# The device types the backend moves tensors of (CUDA: see ``_torchcuda``).
+DEVICES = ["cpu", "cuda"]
 
 _C10D = torch._C._distributed_c10d
-_WorkBase = getattr(dist, "_Work", None) or dist.Work
-
-# Works are Python objects that C++ (DDP's reducer, `_broadcast_coalesced`) holds by a
-# C++ reference only: if the Python object were collected, C++ would fall back to the
-# base class's wait, which never returns. Hold every Work until it is over, and the
-# latest completed ones a while longer (C++ waits on them right after they return).
-_LIVE: set = set()
-_RECENT: collections.deque = collections.deque(maxlen=4096)
-_LOCK = threading.Lock()
-
-
-class Work(_WorkBase):
-    """torch's ``Work`` for one ferroccl operation: a :class:`ferroccl.Work` (``op``)
-    seen through torch's interface. In the background, held in ``_LIVE`` until over;
-    run on the caller's thread (``op`` None), over before it is returned.
-
-    When ``op`` is over it settles the *gate*, a Python future that only says "over".
-    The future handed out, to DDP's reducer and to hooks, is ``gate.then(settle)``: it
-    holds the tensors, or a real C++ error with ferroccl's class and message. (A future
-    completed with ``Future.set_exception`` holds the exception as a *value* that only
-    Python unwraps: DDP's reducer reads it as tensors, and crashes.)"""
-
-    _op: ferroccl.Work | None = None
-    _gate = None
-    _fut = None
-
-    def __init__(self, result: list[torch.Tensor], op: ferroccl.Work | None = None):
-        super().__init__()
-        self._result = result
-        if op is not None:
-            self._op = op
-            self._gate = torch.futures.Future()
-            op._on_done = self._over
-            with _LOCK:
-                _LIVE.add(self)
-
-    def _over(self) -> None:
-        with _LOCK:
-            _LIVE.discard(self)
-            _RECENT.append(self)
-        self._gate.set_result(None)
-
-    def _settle(self, _gate):
-        e = self.exception()
-        if e is not None:
-            raise e.with_traceback(None)
-        return self._result
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        if self._op is not None:
-            secs = None
-            if timeout is not None:
-                secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-                if secs <= 0:
-                    secs = None  # torch's kNoTimeout
-            self._op.wait(secs)
-        return True
-
-    def is_completed(self) -> bool:
-        return self._op is None or self._op.is_completed()
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self.exception() is None
-
-    def exception(self):
-        return None if self._op is None else self._op.exception()
-
-    def get_future(self):
-        with _LOCK:
-            if self._fut is None:
-                if self._gate is None:  # ran on the caller's thread: over already
-                    self._gate = torch.futures.Future()
-                    self._gate.set_result(None)
-                self._fut = self._gate.then(self._settle)
-            return self._fut
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def synchronize(self) -> None:
-        pass
-
-    def source_rank(self) -> int:
-        raise UnsupportedError("ferroccl has no receive from any source")
-
 
 # The tag of monitored_barrier's messages (torch's own tags are small).
 _MONITOR_TAG = 0xFFFF_FF00
-_C10D_MODULE = "torch.distributed.distributed_c10d"
-
-
-def _caller_waits(opts) -> bool:
-    """Whether the operation's caller waits for it at once: torch 2.x says so in
-    ``opts.asyncOp``; in 1.13, a ``torch.distributed`` function called with
-    ``async_op=False`` (its next step is ``work.wait()``). Anything else (DDP's
-    reducer, a caller that asked for async) runs in the background."""
-    flag = getattr(opts, "asyncOp", None)
-    if flag is not None:
-        return not flag
-    f = sys._getframe(2)
-    while f is not None and f.f_globals.get("__name__") == __name__:
-        f = f.f_back
-    if f is None or f.f_globals.get("__name__") != _C10D_MODULE:
-        return False
-    # send and recv wait for their work; isend and irecv do not.
-    return f.f_locals.get("async_op") is False or f.f_code.co_name in ("send", "recv")
 
 
 # RedOpType's value -> ferroccl's name (a fast path; _op_name compares otherwise).
@@ -198,12 +98,8 @@ def _op_name(op) -> str:
 
 
 def _io(t: torch.Tensor, what: str):
-    """A contiguous CPU tensor for ``t``: itself, or a copy to copy back."""
-    if not t.is_cpu:
-        raise UnsupportedError(
-            f"{what} is a {t.device.type} tensor: the ferroccl backend moves CPU tensors "
-            "only (use nccl for GPU tensors)"
-        )
+    """A contiguous tensor for ``t`` (on its device, which the caller checked):
+    itself, or a copy to copy back."""
     if t.is_contiguous():
         return t, None
     c = t.contiguous()
@@ -228,12 +124,24 @@ _NAMES = {
 
 def _raw(t: torch.Tensor):
     """ferroccl's ``(address, elements, dtype)`` of ``t``: at once for a contiguous CPU
-    tensor of a supported dtype (the hot path), else through ``ferroccl.buffer``,
-    which raises the typed error naming what is wrong."""
+    or CUDA tensor of a supported dtype (the hot path), else the typed error naming
+    what is wrong (``ferroccl.buffer``'s for any other CPU buffer)."""
     name = _NAMES.get(t.dtype)
-    if name is None or not t.is_cpu or not t.is_contiguous():
+    if name is None or not t.is_contiguous() or not (t.is_cpu or t.is_cuda):
+        if t.is_cuda:
+            _refuse(t)
         return _buffer(t)
     return (t.data_ptr(), t.numel(), name)
+
+
+def _refuse(t: torch.Tensor, what: str = "buffer"):
+    """The typed error for a CUDA tensor ferroccl cannot take as it is."""
+    if t.dtype not in _NAMES:
+        raise UnsupportedError(
+            f"{what} has dtype {t.dtype}, which ferroccl does not support (it has "
+            f"{', '.join(_NAMES.values())})"
+        )
+    raise InvalidArgumentError(f"{what} is not contiguous (call .contiguous())")
 
 
 def _data(t: torch.Tensor):
@@ -326,17 +234,21 @@ def _placeholder(rank: int, size: int):
 class ProcessGroupFerroccl(_Base):
     """torch.distributed's backend over a ferroccl communicator (``comm``)."""
 
-    def __init__(self, comm: Communicator, rank: int, size: int):
+    def __init__(self, comm: Communicator, rank: int, size: int, store=None, timeout=None):
         super().__init__(rank, size)
         self.comm = comm
         self._n = comm.native
+        # CUDA tensors: this rank's GPU in the group, and the communicator that moves
+        # them (made at the group's first CUDA call, on the group's store).
+        self._cuda = CudaSide(self, store, timeout or timedelta(minutes=30))
         if not _AS_BACKEND and hasattr(self, "_register_backend"):
             # torch 2.x keeps a group's name and device types in its backends: give
-            # this group a placeholder for the CPU (every call reaches the methods
-            # below, which this group overrides).
+            # this group a placeholder for each device type (every call reaches the
+            # methods below, which this group overrides).
             kind = dist.ProcessGroup.BackendType.CUSTOM
             self._set_default_backend(kind)
-            self._register_backend(torch.device("cpu"), kind, _placeholder(rank, size))
+            for device in DEVICES:
+                self._register_backend(torch.device(device), kind, _placeholder(rank, size))
 
     # -- names ----------------------------------------------------------------------
 
@@ -361,18 +273,36 @@ class ProcessGroupFerroccl(_Base):
 
     # -- plumbing -------------------------------------------------------------------
 
-    def _issue(self, what, result, keep, issue, then=None, opts=None) -> Work:
+    def _where(self, what: str, *named) -> torch.device | None:
+        """The device of a call's tensors (``(tensor, its name)`` pairs): None for the
+        CPU (at once), else this rank's GPU in the group; typed errors otherwise."""
+        for t, _ in named:
+            if not t.is_cpu:
+                break
+        else:
+            return None
+        dev = device_of(what, named)
+        if dev is not None:
+            self._cuda.check(what, dev, named[0][1])
+        return dev
+
+    def _issue(self, what, result, keep, issue, then=None, opts=None, dev=None) -> Work:
+        """Issues an operation: ``issue(native, callback, device_op)`` hands it to the
+        communicator (CPU tensors: ``device_op`` None; CUDA tensors of ``dev``: see
+        ``_torchcuda``)."""
+        if dev is not None:
+            return self._cuda.issue(what, result, keep, issue, then, opts, dev)
         if _caller_waits(opts):
             # Run here and now (the queue before it first), sparing the worker's
             # wake-up: the caller would only wait for it. Errors raise from here.
-            issue(None)
+            issue(self._n, None, None)
             if then is not None:
                 then()
             return Work(result)
         op = ferroccl.Work(what, keep, then)
         w = Work(result, op)
         try:
-            op._ticket = issue(op._complete)
+            op._ticket = issue(self._n, op._complete, None)
         except BaseException:
             with _LOCK:
                 _LIVE.discard(w)
@@ -384,62 +314,75 @@ class ProcessGroupFerroccl(_Base):
     def allreduce(self, tensors, opts=None):
         t = _one(tensors, "allreduce")
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        dev = self._where("allreduce", (t, "allreduce's tensor"))
         c, back = _io(t, "allreduce's tensor")
         b = _raw(c)
         return self._issue(
             "allreduce",
             tensors,
             [c],
-            lambda cb: self._n.all_reduce(b, op, cb),
+            lambda n, cb, d: n.all_reduce(b, op, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        flat = _flat(tensors, "allreduce_coalesced")
+        what = "allreduce_coalesced"
+        dev = self._where(what, *((t, f"tensor {i}") for i, t in enumerate(tensors)))
+        flat = _flat(tensors, what)
         b = _raw(flat)
         return self._issue(
-            "allreduce_coalesced",
+            what,
             tensors,
             [flat],
-            lambda cb: self._n.all_reduce(b, op, cb),
+            lambda n, cb, d: n.all_reduce(b, op, cb, d),
             lambda: _unflat(flat, tensors),
             opts=opts,
+            dev=dev,
         )
 
     def broadcast(self, tensors, opts=None):
         t = _one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
+        dev = self._where("broadcast", (t, "broadcast's tensor"))
         c, back = _io(t, "broadcast's tensor")
         b = _data(c)
         return self._issue(
             "broadcast",
             tensors,
             [c],
-            lambda cb: self._n.broadcast(b, root, cb),
+            lambda n, cb, d: n.broadcast(b, root, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def reduce(self, tensors, opts=None):
         t = _one(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        dev = self._where("reduce", (t, "reduce's tensor"))
         c, back = _io(t, "reduce's tensor")
         b = _raw(c)
         return self._issue(
             "reduce",
             tensors,
             [c],
-            lambda cb: self._n.reduce(b, op, root, cb),
+            lambda n, cb, d: n.reduce(b, op, root, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        inp = _one(input_tensors, "allgather").contiguous()
+        inp = _one(input_tensors, "allgather")
         outs = _one(output_tensors, "allgather")
+        dev = self._where(
+            "allgather", (inp, "the input"), *((o, f"output {q}") for q, o in enumerate(outs))
+        )
+        inp = inp.contiguous()
         n = self.size()
         if len(outs) != n or any(o.numel() != inp.numel() for o in outs):
             raise InvalidArgumentError(
@@ -448,15 +391,16 @@ class ProcessGroupFerroccl(_Base):
             )
         if any(o.dtype != inp.dtype for o in outs):
             raise InvalidArgumentError("allgather: outputs and input differ in dtype")
-        flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
+        flat = torch.empty(n * inp.numel(), dtype=inp.dtype, device=inp.device)
         s, r = _data(inp), _data(flat)
         return self._issue(
             "allgather",
             output_tensors,
             [inp, flat],
-            lambda cb: self._n.all_gather(s, r, cb),
+            lambda n, cb, d: n.all_gather(s, r, cb, d),
             lambda: _unflat(flat, outs),
             opts=opts,
+            dev=dev,
         )
 
     def _allgather_base(self, output, input, opts=None):
@@ -465,6 +409,7 @@ class ProcessGroupFerroccl(_Base):
                 f"all_gather_into_tensor: output has {output.numel()} elements, not "
                 f"{self.size()} × {input.numel()}"
             )
+        dev = self._where("all_gather_into_tensor", (input, "the input"), (output, "the output"))
         inp = input.contiguous()
         c, back = _io(output, "all_gather_into_tensor's output")
         s, r = _data(inp), _data(c)
@@ -472,9 +417,10 @@ class ProcessGroupFerroccl(_Base):
             "allgather_into_tensor",
             [output],
             [inp, c],
-            lambda cb: self._n.all_gather(s, r, cb),
+            lambda n, cb, d: n.all_gather(s, r, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None, after=None):
@@ -488,8 +434,13 @@ class ProcessGroupFerroccl(_Base):
                 "all_gather_into_tensor (coalesced): each output must hold world_size "
                 "times its input"
             )
+        dev = self._where(
+            "all_gather_into_tensor (coalesced)",
+            *((t, f"input {i}") for i, t in enumerate(inputs)),
+            *((t, f"output {i}") for i, t in enumerate(outputs)),
+        )
         send = _flat(list(inputs), "all_gather_into_tensor (coalesced)")
-        recv = torch.empty(n * send.numel(), dtype=send.dtype)
+        recv = torch.empty(n * send.numel(), dtype=send.dtype, device=send.device)
         sizes = [i.numel() for i in inputs]
 
         def then():
@@ -504,9 +455,10 @@ class ProcessGroupFerroccl(_Base):
             "all_gather_into_tensor_coalesced",
             list(outputs),
             [send, recv],
-            lambda cb: self._n.all_gather(s, r, cb),
+            lambda n, cb, d: n.all_gather(s, r, cb, d),
             then,
             opts=opts,
+            dev=dev,
         )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -523,9 +475,14 @@ class ProcessGroupFerroccl(_Base):
                 "its output"
             )
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        dev = self._where(
+            "reduce_scatter_tensor (coalesced)",
+            *((t, f"input {i}") for i, t in enumerate(inputs)),
+            *((t, f"output {i}") for i, t in enumerate(outputs)),
+        )
         # Rank q's block of the send buffer is every input's block q, in order.
         send = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).reshape(-1)
-        recv = torch.empty(send.numel() // n, dtype=send.dtype)
+        recv = torch.empty(send.numel() // n, dtype=send.dtype, device=send.device)
         sizes = [o.numel() for o in outputs]
 
         def then():
@@ -537,9 +494,10 @@ class ProcessGroupFerroccl(_Base):
             "reduce_scatter_tensor_coalesced",
             list(outputs),
             [send, recv],
-            lambda cb: self._n.reduce_scatter(s, r, op, cb),
+            lambda n, cb, d: n.reduce_scatter(s, r, op, cb, d),
             then,
             opts=opts,
+            dev=dev,
         )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -558,8 +516,12 @@ class ProcessGroupFerroccl(_Base):
     def gather_single(self, output, input, opts=None):
         """The root's ``output`` (world_size × ``input``) gathers every rank's input."""
         root = opts.rootRank if opts is not None else 0
+        mine = self.rank() == root
+        dev = self._where(
+            "gather", (input, "the input"), *([(output, "the output")] if mine else [])
+        )
         inp = input.contiguous()
-        if self.rank() == root:
+        if mine:
             if output.numel() != self.size() * inp.numel():
                 raise InvalidArgumentError(
                     f"gather: the root's output has {output.numel()} elements, not "
@@ -567,15 +529,16 @@ class ProcessGroupFerroccl(_Base):
                 )
             c, back = _io(output, "gather's output")
         else:
-            c, back = torch.empty(0, dtype=inp.dtype), None
+            c, back = torch.empty(0, dtype=inp.dtype, device=inp.device), None
         s, r = _data(inp), _data(c)
         return self._issue(
             "gather",
             [output],
             [inp, c],
-            lambda cb: self._n.gather(s, r, root, cb),
+            lambda n, cb, d: n.gather(s, r, root, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     gather_into_tensor = gather_single
@@ -589,8 +552,17 @@ class ProcessGroupFerroccl(_Base):
                 f"all_gather_coalesced: {n} output lists (one per rank), each of one "
                 f"tensor per input ({len(input_list)})"
             )
+        dev = self._where(
+            "all_gather_coalesced",
+            *((t, f"input {i}") for i, t in enumerate(input_list)),
+            *(
+                (t, f"output [{q}][{i}]")
+                for q, o in enumerate(output_lists)
+                for i, t in enumerate(o)
+            ),
+        )
         send = _flat(list(input_list), "all_gather_coalesced")
-        recv = torch.empty(n * send.numel(), dtype=send.dtype)
+        recv = torch.empty(n * send.numel(), dtype=send.dtype, device=send.device)
         m = send.numel()
 
         def then():
@@ -602,9 +574,10 @@ class ProcessGroupFerroccl(_Base):
             "all_gather_coalesced",
             [t for outs in output_lists for t in outs],
             [send, recv],
-            lambda cb: self._n.all_gather(s, r, cb),
+            lambda n, cb, d: n.all_gather(s, r, cb, d),
             then,
             opts=opts,
+            dev=dev,
         )
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -616,6 +589,11 @@ class ProcessGroupFerroccl(_Base):
                 f"output's {out.numel()} elements"
             )
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        dev = self._where(
+            "reduce_scatter",
+            (out, "the output"),
+            *((t, f"input {i}") for i, t in enumerate(ins)),
+        )
         flat = _flat(ins, "reduce_scatter")
         c, back = _io(out, "reduce_scatter's output")
         s, r = _raw(flat), _raw(c)
@@ -623,9 +601,10 @@ class ProcessGroupFerroccl(_Base):
             "reduce_scatter",
             output_tensors,
             [flat, c],
-            lambda cb: self._n.reduce_scatter(s, r, op, cb),
+            lambda n, cb, d: n.reduce_scatter(s, r, op, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -635,6 +614,7 @@ class ProcessGroupFerroccl(_Base):
                 f"{self.size()} × {output.numel()}"
             )
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        dev = self._where("reduce_scatter_tensor", (input, "the input"), (output, "the output"))
         inp = input.contiguous()
         c, back = _io(output, "reduce_scatter_tensor's output")
         s, r = _raw(inp), _raw(c)
@@ -642,54 +622,66 @@ class ProcessGroupFerroccl(_Base):
             "reduce_scatter_tensor",
             [output],
             [inp, c],
-            lambda cb: self._n.reduce_scatter(s, r, op, cb),
+            lambda n, cb, d: n.reduce_scatter(s, r, op, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        inp = _one(input_tensors, "gather").contiguous()
+        inp = _one(input_tensors, "gather")
         root = opts.rootRank if opts is not None else 0
         n = self.size()
-        if self.rank() == root:
-            outs = _one(output_tensors, "gather")
+        mine = self.rank() == root
+        outs = _one(output_tensors, "gather") if mine else []
+        dev = self._where(
+            "gather", (inp, "the input"), *((o, f"output {q}") for q, o in enumerate(outs))
+        )
+        inp = inp.contiguous()
+        if mine:
             if len(outs) != n or any(o.numel() != inp.numel() for o in outs):
                 raise InvalidArgumentError(f"gather: the root needs {n} outputs the input's size")
-            flat = torch.empty(n * inp.numel(), dtype=inp.dtype)
+            flat = torch.empty(n * inp.numel(), dtype=inp.dtype, device=inp.device)
             then = lambda: _unflat(flat, outs)
         else:
-            flat = torch.empty(0, dtype=inp.dtype)
+            flat = torch.empty(0, dtype=inp.dtype, device=inp.device)
             then = None
         s, r = _data(inp), _data(flat)
         return self._issue(
             "gather",
             output_tensors,
             [inp, flat],
-            lambda cb: self._n.gather(s, r, root, cb),
+            lambda n, cb, d: n.gather(s, r, root, cb, d),
             then,
             opts=opts,
+            dev=dev,
         )
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = _one(output_tensors, "scatter")
         root = opts.rootRank if opts is not None else 0
         n = self.size()
-        if self.rank() == root:
-            ins = _one(input_tensors, "scatter")
+        mine = self.rank() == root
+        ins = _one(input_tensors, "scatter") if mine else []
+        dev = self._where(
+            "scatter", (out, "the output"), *((t, f"input {q}") for q, t in enumerate(ins))
+        )
+        if mine:
             if len(ins) != n or any(i.numel() != out.numel() for i in ins):
                 raise InvalidArgumentError(f"scatter: the root needs {n} inputs the output's size")
             flat = _flat(ins, "scatter")
         else:
-            flat = torch.empty(0, dtype=out.dtype)
+            flat = torch.empty(0, dtype=out.dtype, device=out.device)
         c, back = _io(out, "scatter's output")
         s, r = _data(flat), _data(c)
         return self._issue(
             "scatter",
             output_tensors,
             [flat, c],
-            lambda cb: self._n.scatter(s, r, root, cb),
+            lambda n, cb, d: n.scatter(s, r, root, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -722,6 +714,7 @@ class ProcessGroupFerroccl(_Base):
         if (rc is None) != (sc is None):
             rc = rc or [output.numel() // n] * n
             sc = sc or [input.numel() // n] * n
+        dev = self._where("all_to_all_single", (input, "the input"), (output, "the output"))
         inp = input.contiguous()
         c, back = _io(output, "all_to_all_single's output")
         s, r = _data(inp), _data(c)
@@ -729,17 +722,25 @@ class ProcessGroupFerroccl(_Base):
             "alltoall_base",
             [output],
             [inp, c],
-            lambda cb: self._n.all_to_all(s, r, sc, rc, cb),
+            lambda n, cb, d: n.all_to_all(s, r, sc, rc, cb, d),
             back,
             opts=opts,
+            dev=dev,
         )
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         n = self.size()
         if len(output_tensors) != n or len(input_tensors) != n:
             raise InvalidArgumentError(f"all_to_all: needs {n} inputs and {n} outputs")
+        dev = self._where(
+            "all_to_all",
+            *((t, f"input {q}") for q, t in enumerate(input_tensors)),
+            *((t, f"output {q}") for q, t in enumerate(output_tensors)),
+        )
         sflat = _flat(input_tensors, "all_to_all")
-        rflat = torch.empty(sum(t.numel() for t in output_tensors), dtype=sflat.dtype)
+        rflat = torch.empty(
+            sum(t.numel() for t in output_tensors), dtype=sflat.dtype, device=sflat.device
+        )
         sc = [t.numel() for t in input_tensors]
         rc = [t.numel() for t in output_tensors]
         s, r = _data(sflat), _data(rflat)
@@ -747,13 +748,14 @@ class ProcessGroupFerroccl(_Base):
             "alltoall",
             output_tensors,
             [sflat, rflat],
-            lambda cb: self._n.all_to_all(s, r, sc, rc, cb),
+            lambda n, cb, d: n.all_to_all(s, r, sc, rc, cb, d),
             lambda: _unflat(rflat, output_tensors),
             opts=opts,
+            dev=dev,
         )
 
     def barrier(self, opts=None):
-        return self._issue("barrier", [], [], lambda cb: self._n.barrier(cb), opts=opts)
+        return self._issue("barrier", [], [], lambda n, cb, d: n.barrier(cb), opts=opts)
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
         """gloo's ``monitored_barrier``: every rank reports to rank 0, which waits at
@@ -794,20 +796,30 @@ class ProcessGroupFerroccl(_Base):
     # -- point to point -------------------------------------------------------------
 
     def send(self, tensors, dstRank, tag=0):
-        t = _one(tensors, "send").contiguous()
+        t = _one(tensors, "send")
+        dev = self._where("send", (t, "send's tensor"))
+        t = t.contiguous()
         b = _data(t)
-        return self._issue("send", tensors, [t], lambda cb: self._n.send(b, dstRank, int(tag), cb))
+        return self._issue(
+            "send",
+            tensors,
+            [t],
+            lambda n, cb, d: n.send(b, dstRank, int(tag), cb, d),
+            dev=dev,
+        )
 
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv")
+        dev = self._where("recv", (t, "recv's tensor"))
         c, back = _io(t, "recv's tensor")
         b = _data(c)
         return self._issue(
             "recv",
             tensors,
             [c],
-            lambda cb: self._n.recv(b, srcRank, int(tag), cb),
+            lambda n, cb, d: n.recv(b, srcRank, int(tag), cb, d),
             back,
+            dev=dev,
         )
 
     def recv_anysource(self, tensors, tag=0):
@@ -821,133 +833,6 @@ class ProcessGroupFerroccl(_Base):
 # The default group's communicator, when the default group is ferroccl's: subgroups are
 # its children.
 _DEFAULT: Communicator | None = None
-_NONCES: dict = collections.Counter()
-
-
-def _advertise() -> str:
-    for var in ("FERROCCL_ADVERTISE_ADDR", "MASTER_ADDR"):
-        v = os.environ.get(var, "").strip()
-        if v:
-            return v
-    return socket.gethostname()
-
-
-def _get(store, key: str, timeout: timedelta) -> bytes:
-    store.wait([key], timeout)
-    return bytes(store.get(key))
-
-
-def _meet(store, rank: int, size: int, timeout: timedelta) -> Communicator:
-    """A fresh communicator meeting on ``store``: rank 0 publishes the job's token and
-    identity there (``FERROCCL_TOKEN`` when set), and ferroccl's store address."""
-    if rank == 0:
-        token = os.environ.get("FERROCCL_TOKEN") or _native_token()
-        job = os.environ.get("TORCHELASTIC_RUN_ID") or f"torch-{_native_token()[:12]}"
-        store.set("ferroccl/token", token)
-        store.set("ferroccl/job", job)
-    else:
-        token = _get(store, "ferroccl/token", timeout).decode()
-        job = _get(store, "ferroccl/job", timeout).decode()
-    local = os.environ.get("LOCAL_RANK")
-    return Communicator.on_store(
-        store,
-        rank,
-        size,
-        _advertise(),
-        token=token,
-        job_id=job,
-        timeout=timeout.total_seconds(),
-        local_rank=int(local) if local and local.isdigit() else None,
-    )
-
-
-def _native_token() -> str:
-    from . import new_token
-
-    return new_token()
-
-
-# Set on the default group's store by a member that found a new group's members
-# disagree, so that the members of groups that agree among themselves do not wait for
-# it (torch gives a new group a 30-minute timeout by default) but raise as well.
-_BROKEN = "ferroccl/broken-group"
-
-
-def _has(store, key: str) -> bool:
-    """Whether ``key`` is on ``store``, without waiting (torch 1.13's stores have no
-    ``check`` in Python: a wait of a millisecond stands in)."""
-    if hasattr(store, "check"):
-        return store.check([key])
-    try:
-        store.wait([key], timedelta(milliseconds=1))
-    except RuntimeError:
-        return False
-    return True
-
-
-def _agree(store, rank: int, ranks: list[int], timeout: timedelta) -> None:
-    """Checks on the group's store that every member was given the same members (a
-    mesh built differently on each rank): a member given others would otherwise wait
-    to connect to a group nobody else makes until the timeout.
-
-    Two rounds: each member publishes whom it was given and compares with the others';
-    then each says whether it goes on, and connects only if every member does. A
-    member waiting in the first round for one that will never come (it raised in
-    another group, and said so on the default group's store) raises at once, and says
-    "no" in the second round, so no member connects to it."""
-    world = dist.distributed_c10d._get_default_store()
-    deadline = time.monotonic() + timeout.total_seconds()
-    me = ranks[rank]
-
-    def read(key: str, q: int, give_up: bool) -> str:
-        pause = 0.001
-        while not _has(store, key):
-            if give_up and _has(world, _BROKEN):
-                raise MismatchError(bytes(world.get(_BROKEN)).decode())
-            if time.monotonic() > deadline:
-                raise FerrocclTimeout(
-                    f"rank {me}: new group of {ranks}: rank {ranks[q]} did not join it "
-                    f"within {timeout.total_seconds()} s"
-                )
-            time.sleep(pause)
-            pause = min(2 * pause, 0.05)
-        return bytes(store.get(key)).decode()
-
-    store.set(f"ferroccl/members/{rank}", json.dumps([me, ranks]))
-    try:
-        for q in range(len(ranks)):
-            if q == rank:
-                continue
-            who, theirs = json.loads(read(f"ferroccl/members/{q}", q, give_up=True))
-            if theirs != ranks:
-                msg = (
-                    f"rank {me}: mismatched new group: this rank was given the members "
-                    f"{ranks}, rank {who} (its rank {q} in the group) was given {theirs}"
-                )
-                world.set(_BROKEN, msg)
-                raise MismatchError(msg)
-    except BaseException:
-        store.set(f"ferroccl/verdict/{rank}", "no")
-        raise
-    store.set(f"ferroccl/verdict/{rank}", "go")
-    for q in range(len(ranks)):
-        if q != rank and read(f"ferroccl/verdict/{q}", q, give_up=False) != "go":
-            why = bytes(world.get(_BROKEN)).decode() if _has(world, _BROKEN) else ""
-            raise MismatchError(
-                f"rank {me}: new group of {ranks}: rank {ranks[q]} did not make it ({why})"
-            )
-
-
-def _nonce(ranks: list[int], name: str) -> int:
-    """What tells apart the groups of one list of members: torch's name for the group
-    (the same on every member), or, without one, how many groups of these members this
-    rank made before."""
-    if name:
-        return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
-    key = tuple(ranks)
-    n = _NONCES[key]
-    _NONCES[key] += 1
-    return n
 
 
 def create(opts, options=None) -> ProcessGroupFerroccl:
@@ -973,8 +858,8 @@ def create(opts, options=None) -> ProcessGroupFerroccl:
             if _DEFAULT is not None:
                 _DEFAULT.close()
             _DEFAULT = comm
-            _NONCES.clear()
-    return ProcessGroupFerroccl(comm, rank, size)
+            _torchmeet._NONCES.clear()
+    return ProcessGroupFerroccl(comm, rank, size, store=store, timeout=timeout)
 
 
 def communicator(group=None) -> Communicator:
@@ -997,7 +882,7 @@ def _register() -> None:
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     try:
-        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=DEVICES)
     except TypeError:  # torch 1.13: no devices=
         dist.Backend.register_backend(BACKEND, create, extended_api=True)
 

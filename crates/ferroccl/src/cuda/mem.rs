@@ -7,6 +7,51 @@ use crate::error::Result;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use std::sync::Arc;
 
+/// What an address is, to the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PointerKind {
+    /// Device memory (or managed memory) of some GPU.
+    Device,
+    /// Host memory the driver knows (pinned or registered).
+    Host,
+    /// An address the driver does not know (plain host memory, or nothing).
+    Unknown,
+}
+
+/// What `addr` is, and the GPU it belongs to (`cuPointerGetAttributes`: needs no
+/// current context, and answers for unknown addresses instead of failing).
+pub fn pointer_kind(addr: sys::CUdeviceptr) -> Result<(PointerKind, usize)> {
+    if !super::driver_present() {
+        return Err(super::no_driver());
+    }
+    result::init().map_err(drv("cuInit"))?;
+    let mut memtype: u32 = 0;
+    let mut ordinal: i32 = -1;
+    let mut attrs = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    ];
+    let mut data: [*mut std::ffi::c_void; 2] = [
+        (&mut memtype as *mut u32).cast(),
+        (&mut ordinal as *mut i32).cast(),
+    ];
+    // SAFETY: two attributes, each with an out-pointer of the type the driver writes
+    // for it (CUmemorytype, a 32-bit enum; int).
+    unsafe { sys::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), addr) }
+        .result()
+        .map_err(drv("cuPointerGetAttributes"))?;
+    let kind = match memtype {
+        x if x == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+            || x == sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED as u32 =>
+        {
+            PointerKind::Device
+        }
+        x if x == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => PointerKind::Host,
+        _ => PointerKind::Unknown,
+    };
+    Ok((kind, usize::try_from(ordinal).unwrap_or(usize::MAX)))
+}
+
 /// Makes `ctx` current on this thread, for a raw driver call.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))

@@ -22,20 +22,23 @@
 //!   count (grid-stride loops inside).
 //! - `ipc`: CUDA IPC handles (memory and events), for the `cuda-ipc` transport.
 //! - `staging`: device buffers over host transports (pinned staging, device combine).
+//! - [`order`]: the ordering protocol ([`crate::order`]) over CUDA events, for memory a
+//!   framework owns; [`DeviceBuf`] is such memory as the framework hands it over.
 //!
-//! The device-buffer collectives themselves (`all_reduce_device` and friends) are
-//! methods of [`crate::Communicator`]. This layer knows nothing of transports or
-//! communicators.
+//! The device-buffer collectives themselves (`all_reduce_device` and friends, and their
+//! raw forms on [`DeviceBuf`]s) are methods of [`crate::Communicator`]. This layer
+//! knows nothing of transports or communicators.
 
 pub(crate) mod ipc;
 #[doc(hidden)]
 pub mod mem;
 #[doc(hidden)]
 pub mod nvrtc;
+pub mod order;
 pub(crate) mod staging;
 
 use crate::error::{Error, Result};
-use crate::reduce::{DataType, ReduceOp};
+use crate::reduce::{DataType, Element, ReduceOp};
 use crate::sync::lock;
 pub use cudarc;
 use cudarc::driver::{
@@ -105,6 +108,128 @@ pub fn probe() -> Result<Probe> {
         devices: count as usize,
         driver_version: v,
     })
+}
+
+/// Device memory a framework hands over (a PyTorch CUDA tensor's storage): `len`
+/// elements of `dtype` at device address `addr` on GPU `ordinal`, in that device's
+/// primary context. The collectives' raw forms (`Communicator::all_reduce_device_raw`
+/// and friends) take these; [`DeviceBuf::check`] says whether one really is device
+/// memory of its GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceBuf {
+    /// The GPU.
+    pub ordinal: usize,
+    /// The device address of the first element.
+    pub addr: u64,
+    /// Elements.
+    pub len: usize,
+    /// Their type.
+    pub dtype: DataType,
+}
+
+impl DeviceBuf {
+    /// Size in bytes (saturating: [`DeviceBuf::check`] refuses what overflows).
+    pub fn bytes(&self) -> usize {
+        self.len.saturating_mul(self.dtype.size())
+    }
+
+    /// Whether the byte ranges of two buffers overlap.
+    pub fn overlaps(&self, other: &DeviceBuf) -> bool {
+        let (a, la) = (self.addr, self.bytes() as u64);
+        let (b, lb) = (other.addr, other.bytes() as u64);
+        self.ordinal == other.ordinal && la > 0 && lb > 0 && a < b + lb && b < a + la
+    }
+
+    /// Checks that the buffer named `what` is aligned device memory of its GPU at both
+    /// ends (`cuPointerGetAttributes`: a host address, another GPU's memory or an
+    /// address the driver does not know is an [`Error::InvalidArgument`] naming it).
+    pub fn check(&self, what: &str) -> Result<()> {
+        let es = self.dtype.size();
+        let bad = |why: String| {
+            Error::InvalidArgument(format!(
+                "{what}: {} elements of {} at {:#x} on GPU {}: {why}",
+                self.len, self.dtype, self.addr, self.ordinal
+            ))
+        };
+        if self.len == 0 {
+            return Ok(());
+        }
+        let bytes = self
+            .len
+            .checked_mul(es)
+            .filter(|&b| b <= isize::MAX as usize && self.addr.checked_add(b as u64).is_some())
+            .ok_or_else(|| bad("too large".into()))?;
+        if !self.addr.is_multiple_of(es as u64) {
+            return Err(bad(format!("not aligned to {es} bytes")));
+        }
+        for at in [self.addr, self.addr + bytes as u64 - 1] {
+            let (kind, ordinal) = mem::pointer_kind(at)?;
+            match kind {
+                mem::PointerKind::Device if ordinal == self.ordinal => {}
+                mem::PointerKind::Device => {
+                    return Err(bad(format!("the address {at:#x} is on GPU {ordinal}")))
+                }
+                mem::PointerKind::Host => {
+                    return Err(bad(format!("the address {at:#x} is host memory")))
+                }
+                mem::PointerKind::Unknown => {
+                    return Err(bad(format!(
+                        "the address {at:#x} is not memory the CUDA driver knows"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A copy of the buffer's elements in host memory, made on [`Device::shared`]'s
+    /// stream (after what is queued there) and waited for.
+    ///
+    /// # Safety
+    /// The buffer is device memory of its GPU valid for `len` elements of `T` (which is
+    /// its `dtype`) until this returns, and nothing writes it meanwhile except work
+    /// ordered before the copy on that stream.
+    pub unsafe fn copy_to_host<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "a {} buffer read as {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        let dev = Device::shared(self.ordinal)?;
+        dev.bind()?;
+        let mut v = vec![T::default(); self.len];
+        // SAFETY: `v` holds `bytes()` bytes and outlives the synchronize below; the
+        // device side is the caller's contract.
+        unsafe { mem::dtoh(dev.stream(), bytemuck::cast_slice_mut(&mut v), self.addr)? };
+        dev.synchronize()?;
+        Ok(v)
+    }
+
+    /// Writes `src` (exactly `len` elements) into the buffer on [`Device::shared`]'s
+    /// stream, and waits for it.
+    ///
+    /// # Safety
+    /// The buffer is device memory of its GPU valid for `len` elements of `T` (its
+    /// `dtype`) until this returns, and nothing else uses it meanwhile except work
+    /// ordered on that stream.
+    pub unsafe fn copy_from_host<T: Element>(&self, src: &[T]) -> Result<()> {
+        if T::DTYPE != self.dtype || src.len() != self.len {
+            return Err(Error::InvalidArgument(format!(
+                "{} {} elements written into a buffer of {} {}",
+                src.len(),
+                T::DTYPE,
+                self.len,
+                self.dtype
+            )));
+        }
+        let dev = Device::shared(self.ordinal)?;
+        dev.bind()?;
+        // SAFETY: as above; `src` outlives the synchronize.
+        unsafe { mem::htod(dev.stream(), self.addr, bytemuck::cast_slice(src))? };
+        dev.synchronize()
+    }
 }
 
 /// One GPU as this process uses it: its primary context and a stream for our work.

@@ -247,3 +247,106 @@ fn ipc_busbw_limit_formula() {
     assert!((busbw_limit_fraction(4) - 1.0 / 20.0).abs() < 1e-12);
     assert!((busbw_limit_fraction(8) - 14.0 / 528.0).abs() < 1e-12);
 }
+
+/// The raw entry points a framework calls (PyTorch's CUDA tensors) on a machine
+/// without CUDA: typed `Unavailable` errors, never a panic, and the refusal poisons the
+/// communicator (its peers must not wait for this rank).
+#[test]
+fn raw_device_buffers_without_a_gpu_are_typed_errors() {
+    use ferroccl::cuda::{order, DeviceBuf};
+    if cuda::probe().is_ok() {
+        eprintln!(
+            "SKIPPED raw_device_buffers_without_a_gpu_are_typed_errors: this machine has a GPU"
+        );
+        return;
+    }
+    common::with_deadline(DEADLINE, || {
+        let buf = DeviceBuf {
+            ordinal: 0,
+            addr: 0x7f00_0000_0000,
+            len: 16,
+            dtype: DataType::F32,
+        };
+        let unavailable = |e: Error| match e {
+            Error::Unavailable { what, why } => what == "CUDA" && why.starts_with("no CUDA"),
+            _ => false,
+        };
+        assert!(unavailable(buf.check("x").unwrap_err()));
+        assert!(unavailable(order::issue(0, 0).unwrap_err()));
+        assert!(unavailable(order::streams(0).unwrap_err()));
+        let comm = ferroccl::Communicator::local_group(1, &ferroccl::Config::new(0, 1, ""))
+            .unwrap()
+            .remove(0);
+        // SAFETY: refused before the address is touched (no driver).
+        let e = unsafe { comm.all_reduce_device_raw(buf, ReduceOp::Sum) }.unwrap_err();
+        assert!(unavailable(e));
+        let mut host = vec![1f32; 4];
+        match comm.all_reduce(&mut host, ReduceOp::Sum) {
+            Err(Error::Poisoned(why)) => assert!(why.contains("refused a call"), "{why}"),
+            other => panic!("expected the refusal to poison the communicator: {other:?}"),
+        }
+        // The checks before the device: a mismatched pair of buffers names both.
+        let comm = ferroccl::Communicator::local_group(2, &ferroccl::Config::new(0, 2, ""))
+            .unwrap()
+            .remove(0);
+        let recv = DeviceBuf { len: 3, ..buf };
+        // SAFETY: refused before any address is touched.
+        let e = unsafe { comm.all_gather_device_raw(buf, recv) }.unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{msg}");
+        assert!(
+            msg.contains("world_size (2)") && msg.contains("16"),
+            "{msg}"
+        );
+    });
+}
+
+/// The ordering protocol over CUDA events on a GPU: a collective issued on one stream
+/// right after the kernel that fills its buffer (still running), run on ferroccl's
+/// stream, read on the caller's stream after `wait_on`, and its buffer released as the
+/// protocol says.
+#[test]
+fn device_ops_order_with_a_callers_stream_on_a_gpu() {
+    use ferroccl::cuda::cudarc::driver::DevicePtrMut;
+    use ferroccl::cuda::{order, DeviceBuf};
+    use ferroccl::order::{DeviceOp, Release, StreamId};
+    let Some(dev) = gpu("device_ops_order_with_a_callers_stream_on_a_gpu") else {
+        return;
+    };
+    common::with_deadline(DEADLINE, move || {
+        let n = 2;
+        let comms =
+            ferroccl::Communicator::local_group(n, &ferroccl::Config::new(0, 1, "")).unwrap();
+        std::thread::scope(|s| {
+            for comm in comms {
+                let dev = dev.clone();
+                s.spawn(move || {
+                    let caller = dev.context().new_stream().unwrap();
+                    let len = 1 << 20;
+                    let host: Vec<f32> = vec![comm.rank() as f32 + 1.0; len];
+                    let mut d = caller.clone_htod(&host).unwrap();
+                    let (addr, guard) = d.device_ptr_mut(&caller);
+                    let buf = DeviceBuf {
+                        ordinal: dev.ordinal,
+                        addr,
+                        len,
+                        dtype: DataType::F32,
+                    };
+                    let cs = StreamId(caller.cu_stream() as u64);
+                    let op: DeviceOp<_> = order::issue(dev.ordinal, cs.0).unwrap();
+                    // SAFETY: `d` lives until the end of this closure; the protocol
+                    // orders our stream after the caller's copy into it.
+                    op.run(|| unsafe { comm.all_reduce_device_raw(buf, ReduceOp::Sum) })
+                        .unwrap();
+                    op.wait_on(cs).unwrap();
+                    drop(guard);
+                    let got: Vec<f32> = caller.clone_dtoh(&d).unwrap();
+                    assert!(got.iter().all(|&x| x == 3.0), "{:?}", &got[..4]);
+                    caller.synchronize().unwrap();
+                    assert!(op.query().unwrap());
+                    assert_eq!(op.release(), Release::Now);
+                });
+            }
+        });
+    });
+}

@@ -26,7 +26,8 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
     m.insert("trace", &["error", "sync"]);
     m.insert("rendezvous", &["error", "sync", "sys"]);
     m.insert("config", &["error", "rendezvous", "algo"]);
-    m.insert("cuda", &["error", "sync", "reduce", "dtype"]);
+    m.insert("order", &["error", "sync"]);
+    m.insert("cuda", &["error", "sync", "reduce", "dtype", "order"]);
     m.insert(
         "transport",
         &[
@@ -71,6 +72,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "engine",
             "rendezvous",
             "cuda",
+            "order",
             "trace",
         ],
     );

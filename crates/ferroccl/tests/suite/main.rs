@@ -20,6 +20,7 @@ mod inprocess;
 mod jobs;
 mod layers;
 mod memsim;
+mod order;
 mod rdma_proto;
 mod rdma_sim;
 mod rendezvous;
