@@ -1,12 +1,13 @@
-//! The README's "Use DDP in your candle model" program, whole: what a user pastes into
-//! `src/main.rs` of a new crate (with the README's Cargo.toml) and runs under a
-//! launcher. A test keeps the README's copy verbatim; `tools/readme-crate` builds
-//! that copy as a new crate and runs it on 2 ranks.
+//! The book's "DDP in your candle model" program, whole (docs/book/src/training/ddp.md
+//! includes it from its first `use` on): what a user pastes into `src/main.rs` of a new
+//! crate (with the page's Cargo.toml) and runs under a launcher. `tools/readme-crate`
+//! builds it as such a crate and runs it on 2 ranks.
 //!
 //! ```sh
 //! ferroccl launch -n 2 -- cargo run --release -p ferroccl-candle --example my_trainer
 //! ```
 
+// ANCHOR: program
 use ferroccl_candle::candle_core::{self, DType, Device, Module, Tensor, D};
 use ferroccl_candle::candle_nn::{linear, loss, Linear, VarBuilder, VarMap};
 use ferroccl_candle::data::Dataset;
@@ -89,3 +90,4 @@ fn main() -> Result<()> {
     );
     Ok(())
 }
+// ANCHOR_END: program

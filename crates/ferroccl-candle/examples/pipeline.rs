@@ -60,14 +60,14 @@ fn one_process(data: &Dataset) -> Result<(Weights, f64)> {
 }
 
 /// One rank of a `stages`-stage pipeline (times the job's ranks / stages replicas):
-/// what the README shows. Returns (stage, replica, weights, last loss, peak live).
+/// what the book shows (docs/book/src/training/large-models.md). Returns (stage, replica, weights, last loss, peak live).
 fn pipeline_rank(
     comm: &Communicator,
     data: &Dataset,
     stages: usize,
     cfg: PipelineConfig,
 ) -> Result<RankOut> {
-    // README:begin
+    // ANCHOR: book
     let layout = Layout::split(comm, stages)?;
     let (stage, replica) = (layout.pipe.rank(), layout.data.rank());
     let layers = even_split(WIDTHS.len() - 1, stages)?.swap_remove(stage);
@@ -95,7 +95,7 @@ fn pipeline_rank(
         last = report.loss;
         peak = peak.max(report.peak_live);
     }
-    // README:end
+    // ANCHOR_END: book
     Ok((stage, replica, pipe.weights(), last, peak))
 }
 

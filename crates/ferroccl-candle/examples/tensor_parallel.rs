@@ -84,7 +84,7 @@ fn one_process(data: &Dataset) -> Result<Weights> {
     Ok(z.weights())
 }
 
-/// One rank of T: what the README shows. Returns the whole model's weights.
+/// One rank of T: what the book shows (docs/book/src/training/tensor-parallel.md). Returns the whole model's weights.
 fn tensor_rank(comm: &Communicator, data: &Dataset) -> Result<Weights> {
     let (l0, l1, l2, l3) = (
         whole_layer(0)?,
@@ -92,7 +92,7 @@ fn tensor_rank(comm: &Communicator, data: &Dataset) -> Result<Weights> {
         whole_layer(2)?,
         whole_layer(3)?,
     );
-    // README:begin
+    // ANCHOR: book
     // T tensor-parallel ranks, no pipeline, no replicas: the mesh 1 × T × 1.
     let t = comm.world_size();
     let layout = Layout::mesh(comm, Mesh::for_world(t, 1, t)?)?;
@@ -121,7 +121,7 @@ fn tensor_rank(comm: &Communicator, data: &Dataset) -> Result<Weights> {
     }
     // The shards put back together: the one-process model's weights, on every rank.
     let whole = gather_whole(&layout.tensor, &shards)?;
-    // README:end
+    // ANCHOR_END: book
     Ok(whole)
 }
 

@@ -22,7 +22,6 @@
 
 use clap::Args;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Arguments of `ferroccl gpu-check`.
 #[derive(Args, Debug, Clone)]
@@ -48,15 +47,9 @@ pub struct GpuCheckArgs {
     pub ipc_worker: Option<PathBuf>,
 }
 
-pub fn main(a: GpuCheckArgs) -> ExitCode {
-    match imp::run(a) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("ferroccl gpu-check: {e}");
-            ExitCode::from(2)
-        }
-    }
+/// The subcommand: `Ok(false)` when a check found wrong results.
+pub fn main(a: GpuCheckArgs) -> crate::error::Result<bool> {
+    Ok(imp::run(a)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -89,7 +82,7 @@ mod imp {
 
     fn drv(call: &'static str) -> impl Fn(ferroccl::cuda::cudarc::driver::DriverError) -> Error {
         move |e| Error::Cuda {
-            call,
+            call: call.into(),
             detail: format!("{:?}", e.0),
         }
     }

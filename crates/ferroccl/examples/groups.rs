@@ -31,6 +31,7 @@ fn rank_main(world: &Communicator) -> Result<String> {
     }
     let r = world.rank();
     let (row_of, col_of) = (r / 2, r % 2);
+    // ANCHOR: splits
     // Collective over the world: every rank makes both splits, in the same order.
     let row = world
         .split(Some(row_of as u32), col_of as i64)?
@@ -58,6 +59,7 @@ fn rank_main(world: &Communicator) -> Result<String> {
             "column all-to-all"
         );
     }
+    // ANCHOR_END: splits
 
     // 3. A pipeline down each column: stage 0 sends micro-batch k's activations to
     //    stage 1 and receives its gradients back; stage 1 sends back micro-batch k's

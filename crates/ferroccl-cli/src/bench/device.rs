@@ -46,7 +46,7 @@ fn typed<T: Element + DeviceRepr>(
     let stream = dev.stream().clone();
     let drv = |call: &'static str| {
         move |e: cuda::cudarc::driver::DriverError| ferroccl::Error::Cuda {
-            call,
+            call: call.into(),
             detail: format!("{:?}", e.0),
         }
     };

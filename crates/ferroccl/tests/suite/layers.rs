@@ -1,7 +1,8 @@
-//! The layer rules of docs/ARCHITECTURE.md, checked on the source: every module of the
-//! library a file names — `crate::X`, a grouped `crate::{X, Y::..}`, a `super::` path
-//! that climbs to the crate root (`super::X` in `src/wire.rs`, `super::super::X` in
-//! `src/engine/pull.rs`, inline `mod`s counted), and items of the crate root that
+//! The layer rules of the book's Internals chapter (docs/book/src/internals.md), checked
+//! on the source: every module of the library a file names — `crate::X`, a grouped
+//! `crate::{X, Y::..}`, a `super::` path that climbs to the crate root (`super::X` in
+//! `src/wire.rs`, `super::super::X` in `src/engine/pull.rs`, inline `mod`s counted), and
+//! items of the crate root that
 //! re-export a module's (`crate::Result` is `error`'s) — must be a layer it may use.
 //! Comments, strings and character literals are skipped. A new import that breaks a
 //! rule fails here, naming the file, the line and the rule. The same holds for the
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Which top-level modules each top-level module may name, besides itself. Mirrors the
-/// table in docs/ARCHITECTURE.md.
+/// table in docs/book/src/internals.md.
 fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
     let mut m: BTreeMap<&'static str, &'static [&'static str]> = BTreeMap::new();
     // The element types and operators sit at the very bottom: the error enum names
@@ -530,7 +531,7 @@ fn the_checker_sees_a_violation() {
 }
 
 /// The floors of the `ferroccl-candle` package: which of its top-level modules each
-/// may name, besides itself. Mirrors its table in docs/ARCHITECTURE.md.
+/// may name, besides itself. Mirrors its table in docs/book/src/internals.md.
 fn candle_allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
     let mut m: BTreeMap<&'static str, &'static [&'static str]> = BTreeMap::new();
     m.insert("error", &[]);
