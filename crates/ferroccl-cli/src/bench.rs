@@ -23,7 +23,6 @@ use clap::Args;
 use ferroccl::transport::TransportKind;
 use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
 use std::fmt::Write as _;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// Arguments of `ferroccl bench` (the nccl-tests flags, plus ours).
@@ -204,15 +203,9 @@ pub struct Row {
     pub hosts: Option<(f64, f64)>,
 }
 
-pub fn main(a: BenchArgs) -> ExitCode {
-    match run(a) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("ferroccl bench: {e}");
-            ExitCode::from(2)
-        }
-    }
+/// The subcommand: `Ok(false)` when a result was wrong (`#wrong` above 0).
+pub fn main(a: BenchArgs) -> crate::error::Result<bool> {
+    Ok(run(a)?)
 }
 
 fn config_for(a: &BenchArgs, base: Config) -> Config {

@@ -81,7 +81,7 @@ fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
     let (name, r) = match cli.command {
-        Command::Bench(a) => return bench::main(a),
+        Command::Bench(a) => ("bench", bench::main(a)),
         Command::Launch(a) => ("launch", launch::main(a)),
         Command::Plan(a) => ("plan", plan::main(a)),
         Command::Plot(a) => ("plot", plot::main(a)),
@@ -89,7 +89,7 @@ fn main() -> ExitCode {
         Command::Trace(a) => ("trace", trace::main(a)),
         #[cfg(feature = "candle")]
         Command::Train(a) => ("train", train::main(a)),
-        Command::GpuCheck(a) => return gpu_check::main(a),
+        Command::GpuCheck(a) => ("gpu-check", gpu_check::main(a)),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
