@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The torch backend "ferroccl" on CUDA tensors, checked on a GPU host in one command:
-the acceptance check of the README's "CUDA tensors from PyTorch".
+the acceptance check of "CUDA tensors from PyTorch" (docs/book/src/python.md).
 
     tools/gpu-check torch [--json FILE]      (installs .gpu/wheel, then runs this)
 

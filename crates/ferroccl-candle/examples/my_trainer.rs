@@ -1,6 +1,6 @@
 //! The book's "DDP in your candle model" program, whole (docs/book/src/training/ddp.md
 //! includes it from its first `use` on): what a user pastes into `src/main.rs` of a new
-//! crate (with the page's Cargo.toml) and runs under a launcher. `tools/readme-crate`
+//! crate (with the page's Cargo.toml) and runs under a launcher. `tools/book-crate`
 //! builds it as such a crate and runs it on 2 ranks.
 //!
 //! ```sh

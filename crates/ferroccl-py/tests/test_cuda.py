@@ -3,7 +3,7 @@ here. The typed errors where CUDA is missing (the extension, and the backend on 
 ranks), the checks of a call's devices by name, and how an operation on CUDA tensors
 is ordered with torch's streams and kept from the caching allocator, with torch's CUDA
 calls and the extension's device op replaced by recording stand-ins. What only a GPU
-proves is ``tools/gpu-check torch`` (README: "CUDA tensors from PyTorch")."""
+proves is ``tools/gpu-check torch`` (docs/book/src/python.md, "CUDA tensors")."""
 
 import contextlib
 import threading

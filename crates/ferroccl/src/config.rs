@@ -48,7 +48,7 @@ pub const DEFAULT_SHM_RING_BYTES: usize = 4 << 20;
 /// (2 and 4 ranks), and at best the same (4 ranks, 4-16 MiB): the kernel pins the
 /// writer's pages on every call, and a writer waits for its reader on every frame
 /// instead of running ahead into the ring. Measure yours with `tools/ab-bench` (see the
-/// README) before turning it on.
+/// book's Performance chapter) before turning it on.
 pub const DEFAULT_SHM_SINGLE_COPY_MIN: usize = 0;
 /// Default for [`Tuning::trace_capacity`].
 pub const DEFAULT_TRACE_CAPACITY: usize = 2048;

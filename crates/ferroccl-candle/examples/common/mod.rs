@@ -1,5 +1,5 @@
 //! What the DDP examples share: the arguments, the data, the training loop of one
-//! rank (the code the README shows), ranks as threads, and the checks that n ranks of
+//! rank (the code the book's "DDP in your candle model" shows), ranks as threads, and the checks that n ranks of
 //! B/n samples reproduce one rank of B.
 
 use candle_core::{DType, Device, Module, Tensor, D};

@@ -111,7 +111,7 @@ impl Mesh {
         Ok(mine)
     }
 
-    /// `P × T × D`, as the README draws it.
+    /// `P × T × D`, as the book draws it (docs/book/src/training/tensor-parallel.md).
     pub fn name(&self) -> String {
         format!(
             "{} × {} × {} (pipeline × tensor × data)",

@@ -360,37 +360,34 @@ fn a_step_after_no_sync_alone_is_refused() {
     assert_eq!(out[0].1, out[1].1);
 }
 
-/// The README's "use DDP in your candle model" program is examples/my_trainer.rs from
-/// its first `use` on, verbatim, under the marker `tools/readme-crate` reads; its
+/// The book's "DDP in your candle model" page shows examples/my_trainer.rs from its
+/// first `use` to its end (the region `tools/book-crate` builds as a new crate), and its
 /// Cargo.toml names only ferroccl-candle. The examples' shared loop is the same loop.
 #[test]
-fn readme_shows_the_examples_code() {
+fn the_book_shows_the_examples_code() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("../../README.md")).expect("README");
+    let body = crate::book_shows("training/ddp.md", "examples/my_trainer.rs", "program");
     let program =
         std::fs::read_to_string(root.join("examples/my_trainer.rs")).expect("my_trainer.rs");
-    let body = &program[program.find("use ferroccl_candle").expect("a use line")..];
-    // The fenced block under the marker tools/readme-crate reads.
-    let block = |file: &str, lang: &str| {
-        readme
-            .split_once(&format!("<!-- readme-crate: {file} -->\n```{lang}\n"))
-            .and_then(|(_, rest)| rest.split_once("```\n"))
-            .map(|(b, _)| b)
-            .unwrap_or_else(|| panic!("the README's {file} block"))
-    };
-    assert_eq!(
-        block("src/main.rs", "rust"),
-        body,
-        "README's src/main.rs differs from examples/my_trainer.rs"
+    assert!(body.starts_with("use ferroccl_candle"), "{body}");
+    assert!(
+        program.trim_end().ends_with("// ANCHOR_END: program"),
+        "my_trainer.rs goes on after the program the book shows"
     );
-    let toml = block("Cargo.toml", "toml");
+    let page = std::fs::read_to_string(root.join("../../docs/book/src/training/ddp.md"))
+        .expect("the page");
+    let toml = page
+        .split_once("<!-- book-crate: Cargo.toml -->\n```toml\n")
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .map(|(b, _)| b)
+        .expect("the page's Cargo.toml block");
     assert!(
         toml.contains(
             "[dependencies]\nferroccl-candle = { path = \"../ferroccl/crates/ferroccl-candle\" }\n"
         ),
         "{toml}"
     );
-    // The examples' loop (examples/common) is the README's, but for the names the
+    // The examples' loop (examples/common) is the book's, but for the names the
     // examples take from their arguments.
     let src =
         std::fs::read_to_string(root.join("examples/common/mod.rs")).expect("examples/common");

@@ -68,24 +68,33 @@ fn refused_on_rank0(errs: &[Error]) -> (&std::path::Path, &str) {
     }
 }
 
-/// Fails unless README.md holds, dedented by four spaces, the lines of `example`
-/// (a path in this package) between `    // README:begin` and `    // README:end`.
+/// The lines of `example` (a path in this package) between `ANCHOR: anchor` and
+/// `ANCHOR_END: anchor`, as the book shows them, after checking that the book's `page`
+/// (under docs/book/src) includes exactly that region with `{{#include ...}}`.
 #[track_caller]
-fn readme_shows(example: &str) {
+fn book_shows(page: &str, example: &str, anchor: &str) -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = std::fs::read_to_string(root.join(example)).expect("the example");
-    let readme = std::fs::read_to_string(root.join("../../README.md")).expect("README");
-    let (_, rest) = src.split_once("// README:begin\n").expect("begin marker");
-    let (block, _) = rest.split_once("    // README:end").expect("end marker");
-    let dedented: String = block
-        .lines()
-        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
-        .collect();
-    assert!(block.lines().count() > 10);
-    assert!(
-        readme.contains(&dedented),
-        "README lacks the code of {example}:\n{dedented}"
+    let book = root.join("../../docs/book/src");
+    let text = std::fs::read_to_string(book.join(page)).expect("the book's page");
+    // The include path is relative to the page's folder.
+    let depth = page.matches('/').count() + 3;
+    let include = format!(
+        "{{{{#include {}crates/ferroccl-candle/{example}:{anchor}}}}}",
+        "../".repeat(depth)
     );
+    assert!(
+        text.contains(&include),
+        "{page} lacks {include}: it no longer shows {example}"
+    );
+    let src = std::fs::read_to_string(root.join(example)).expect("the example");
+    let (_, rest) = src
+        .split_once(&format!("// ANCHOR: {anchor}\n"))
+        .expect("the begin anchor");
+    let (region, _) = rest
+        .split_once(&format!("// ANCHOR_END: {anchor}"))
+        .expect("the end anchor");
+    assert!(region.lines().count() > 10, "{example}: a short region");
+    region.to_string()
 }
 
 /// Largest |a − b| over the largest |b|, per tensor; the worst tensor (weights by

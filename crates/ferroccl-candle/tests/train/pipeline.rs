@@ -555,8 +555,8 @@ fn a_stage_that_dies_mid_step_fails_every_other_stage() {
 }
 
 #[test]
-fn readme_shows_the_pipeline_examples_code() {
-    crate::readme_shows("examples/pipeline.rs");
+fn the_book_shows_the_pipeline_examples_code() {
+    crate::book_shows("training/large-models.md", "examples/pipeline.rs", "book");
 }
 
 #[test]

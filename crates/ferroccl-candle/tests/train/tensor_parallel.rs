@@ -435,6 +435,10 @@ fn the_trainer_with_tensor_parallel_ends_on_the_one_process_weights() {
 }
 
 #[test]
-fn readme_shows_the_tensor_parallel_examples_code() {
-    crate::readme_shows("examples/tensor_parallel.rs");
+fn the_book_shows_the_tensor_parallel_examples_code() {
+    crate::book_shows(
+        "training/tensor-parallel.md",
+        "examples/tensor_parallel.rs",
+        "book",
+    );
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod book;
 mod cuda_cli;
 mod emulated_cluster;
 mod fault_injection;

@@ -6,6 +6,7 @@ mod common;
 
 mod allreduce;
 mod auth;
+mod book;
 mod collectives;
 #[cfg(feature = "cuda")]
 mod cuda_device;
