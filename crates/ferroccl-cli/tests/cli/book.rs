@@ -1,6 +1,6 @@
-//! The book's "The command line" page (docs/book/src/cli.md) shows every subcommand's
-//! `--help` from docs/book/src/cli/<command>.txt: each file must be what the binary
-//! prints now. After a deliberate change to a flag or its text,
+//! The book's "The command line" pages (docs/book/src/cli/<command>.md) show every
+//! subcommand's `--help` from docs/book/src/cli/<command>.txt: each file must be what the
+//! binary prints now. After a deliberate change to a flag or its text,
 //! `FERROCCL_BLESS=1 cargo test -p ferroccl-cli --test cli book::` rewrites them.
 
 use std::path::Path;
@@ -11,7 +11,6 @@ use crate::common::proc::ferroccl;
 #[test]
 fn every_subcommands_help_is_the_books() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/book/src/cli");
-    let page = std::fs::read_to_string(dir.join("../cli.md")).expect("cli.md");
     let mut commands = vec![
         "bench",
         "launch",
@@ -31,9 +30,11 @@ fn every_subcommands_help_is_the_books() {
         assert!(out.status.success(), "{c} --help failed");
         let help = out.stdout;
         let file = dir.join(format!("{c}.txt"));
+        let page = std::fs::read_to_string(dir.join(format!("{c}.md")))
+            .unwrap_or_else(|e| panic!("the book has no page for {c}: {e}"));
         assert!(
-            page.contains(&format!("{{{{#include cli/{c}.txt}}}}")),
-            "cli.md does not show {c}'s help"
+            page.contains(&format!("{{{{#include {c}.txt}}}}")),
+            "cli/{c}.md does not show {c}'s help"
         );
         if bless {
             std::fs::write(&file, &help).expect("write the help");

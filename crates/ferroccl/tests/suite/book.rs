@@ -5,8 +5,9 @@
 //! - every `{{#include path:anchor}}` names a file that exists and, with an anchor, a
 //!   region `ANCHOR: anchor` … `ANCHOR_END: anchor` in it; every anchor in an example is
 //!   shown by some page (no region left to rot);
-//! - Rust code appears only through includes of compiled examples (a ```rust fence
-//!   holds one include and nothing else), so no page shows code that does not build;
+//! - Rust code appears only through includes of compiled examples (a ```rust,ignore
+//!   fence holds one include and nothing else), so no page shows code that does not
+//!   build;
 //! - the README's Rust lines are the quickstart example's, verbatim, and its links
 //!   into the book resolve.
 //!
@@ -181,9 +182,17 @@ fn rust_in_the_book_is_only_included_from_compiled_examples() {
         let text = read(&src().join(&page));
         let mut lines = text.lines().enumerate();
         while let Some((i, l)) = lines.next() {
-            if l.trim_start() != "```rust" {
+            if !l.trim_start().starts_with("```rust") {
                 continue;
             }
+            // mdbook would wrap other Rust in a `fn main` and `mdbook test` compile it
+            // alone; the examples are compiled (and run) by cargo test instead.
+            assert_eq!(
+                l.trim(),
+                "```rust,ignore",
+                "{page}:{}: an included example's block is rust,ignore",
+                i + 1
+            );
             let body: Vec<&str> = lines
                 .by_ref()
                 .map(|(_, l)| l)
