@@ -402,8 +402,48 @@ fn transport_from_env() -> ferroccl::Result<TransportKind> {
     }
 }
 
+/// What the arguments name, once `validate` has checked them.
+#[derive(Clone, Copy)]
+struct Checked {
+    coll: Coll,
+    dtype: DataType,
+    op: ReduceOp,
+    transport: TransportKind,
+}
+
 /// Returns whether every result checked out.
 fn run(a: BenchArgs) -> ferroccl::Result<bool> {
+    let v = validate(&a)?;
+    let launched = ferroccl::rendezvous::detect_env()?.is_some();
+    if let Some(dir) = &a.trace {
+        // Before any communicator: it sets FERROCCL_TRACE_DIR, for ranks started as
+        // processes too. A launcher's ranks share the directory: none clears it.
+        crate::trace::record_into(dir, !launched)?;
+    }
+    if launched {
+        return run_launched(&a, v);
+    }
+    if a.ranks == 0 {
+        return Err(ferroccl::Error::InvalidArgument(
+            "--ranks must be at least 1".into(),
+        ));
+    }
+    if a.root >= a.ranks {
+        return Err(ferroccl::Error::InvalidArgument(format!(
+            "-r {} is not a rank of {} ranks",
+            a.root, a.ranks
+        )));
+    }
+    match v.transport {
+        TransportKind::Local => run_threads(&a, v),
+        _ => run_processes(&a),
+    }
+}
+
+/// Every check of the arguments that needs no communicator, in the order the errors
+/// are reported: the names, `--law`, the sizes, the tuning flags, what this host can
+/// run, then the transport and the device this build and machine have.
+fn validate(a: &BenchArgs) -> ferroccl::Result<Checked> {
     let coll = Coll::parse(&a.collective)?;
     let dtype = DataType::parse(&a.dtype)?;
     let op = ReduceOp::parse(&a.op)?;
@@ -447,7 +487,7 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
         }
     }
     // The tuning flags, checked once here rather than by every rank it starts.
-    config_for(&a, Config::new(0, a.ranks.max(1), "127.0.0.1:1")).validate()?;
+    config_for(a, Config::new(0, a.ranks.max(1), "127.0.0.1:1")).validate()?;
     if let Some(k) = a.split {
         if k == 0 {
             return Err(ferroccl::Error::InvalidArgument(
@@ -455,8 +495,32 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             ));
         }
     }
-    // What this host can run (CPUs, processes, files) first, then the memory: every
-    // rank of this host holds its buffers at once.
+    check_host(a)?;
+    if a.iters == 0 {
+        return Err(ferroccl::Error::InvalidArgument(
+            "-n must be at least 1".into(),
+        ));
+    }
+
+    if !matches!(
+        transport,
+        TransportKind::Tcp | TransportKind::Local | TransportKind::Auto | TransportKind::Shm
+    ) {
+        // Say at once, once, when this build or machine lacks the transport.
+        ferroccl::transport::builtin(transport)?.probe(&Config::default())?;
+    }
+    check_device(a, transport)?;
+    Ok(Checked {
+        coll,
+        dtype,
+        op,
+        transport,
+    })
+}
+
+/// What this host can run (CPUs, processes, files) first, then the memory: every rank
+/// of this host holds its buffers at once.
+fn check_host(a: &BenchArgs) -> ferroccl::Result<()> {
     let local = if ferroccl::rendezvous::detect_env()?.is_some() {
         1
     } else {
@@ -478,107 +542,89 @@ fn run(a: BenchArgs) -> ferroccl::Result<bool> {
             have >> 20
         )));
     }
-    if a.iters == 0 {
-        return Err(ferroccl::Error::InvalidArgument(
-            "-n must be at least 1".into(),
-        ));
-    }
+    Ok(())
+}
 
-    if !matches!(
+/// This process is one rank of a job a launcher started.
+fn run_launched(a: &BenchArgs, v: Checked) -> ferroccl::Result<bool> {
+    let Checked {
+        coll,
+        dtype,
+        op,
         transport,
-        TransportKind::Tcp | TransportKind::Local | TransportKind::Auto | TransportKind::Shm
-    ) {
-        // Say at once, once, when this build or machine lacks the transport.
-        ferroccl::transport::builtin(transport)?.probe(&Config::default())?;
+    } = v;
+    let mut cfg = config_for(a, Config::from_env()?);
+    if transport != TransportKind::Local {
+        cfg.transport.kind = transport;
     }
-    check_device(&a, transport)?;
-    let launched = ferroccl::rendezvous::detect_env()?.is_some();
-    if let Some(dir) = &a.trace {
-        // Before any communicator: it sets FERROCCL_TRACE_DIR, for ranks started as
-        // processes too. A launcher's ranks share the directory: none clears it.
-        crate::trace::record_into(dir, !launched)?;
-    }
-    if launched {
-        let mut cfg = config_for(&a, Config::from_env()?);
-        if transport != TransportKind::Local {
-            cfg.transport.kind = transport;
-        }
-        if a.root >= cfg.job.world_size {
-            return Err(ferroccl::Error::InvalidArgument(format!(
-                "-r {} is not a rank of {} ranks",
-                a.root, cfg.job.world_size
-            )));
-        }
-        let comm = Communicator::init(cfg)?;
-        let r = on_group(&a, &comm, |c| {
-            rank_main(&a, coll, dtype, op, c, transport.name())
-        });
-        return crate::trace::finish(&comm, a.trace.as_deref(), r);
-    }
-    if a.ranks == 0 {
-        return Err(ferroccl::Error::InvalidArgument(
-            "--ranks must be at least 1".into(),
-        ));
-    }
-    if a.root >= a.ranks {
+    if a.root >= cfg.job.world_size {
         return Err(ferroccl::Error::InvalidArgument(format!(
             "-r {} is not a rank of {} ranks",
-            a.root, a.ranks
+            a.root, cfg.job.world_size
         )));
     }
-    match transport {
-        TransportKind::Local => {
-            let base = config_for(&a, Config::default());
-            let comms = Communicator::local_group(a.ranks, &base)?;
-            let results: Vec<ferroccl::Result<bool>> = std::thread::scope(|s| {
-                let hs: Vec<_> = comms
-                    .into_iter()
-                    .map(|c| {
-                        let a = &a;
-                        s.spawn(move || {
-                            let r = on_group(a, &c, |c| rank_main(a, coll, dtype, op, c, "local"));
-                            crate::trace::finish(&c, a.trace.as_deref(), r)
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(ferroccl::Error::InvalidArgument(
-                                "a rank thread panicked".into(),
-                            ))
-                        })
-                    })
-                    .collect()
-            });
-            let mut ok = true;
-            for r in results {
-                ok &= r?;
-            }
-            Ok(ok)
-        }
-        _ => {
-            // Re-run this very command once per rank under our own launcher.
-            let exe = std::env::current_exe()
-                .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
-            let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
-            cmd.extend(std::env::args_os().skip(1));
-            let opts = crate::launch::LaunchOptions {
-                bare_stdout_rank: Some(0),
-                max_restarts: a.max_restarts,
-                rank_needs: crate::args::RankNeeds::ferroccl(
-                    a.ranks,
-                    crate::args::bench_memory(a.max_bytes),
-                ),
-                ..Default::default()
-            };
-            match crate::launch::run(a.ranks, &cmd, &opts) {
-                Ok(()) => Ok(true),
-                Err(e) => {
-                    eprintln!("ferroccl bench: {e}");
-                    Ok(false)
-                }
-            }
+    let comm = Communicator::init(cfg)?;
+    let r = on_group(a, &comm, |c| {
+        rank_main(a, coll, dtype, op, c, transport.name())
+    });
+    crate::trace::finish(&comm, a.trace.as_deref(), r)
+}
+
+/// `--transport local`: every rank a thread of this process, over in-process links.
+fn run_threads(a: &BenchArgs, v: Checked) -> ferroccl::Result<bool> {
+    let Checked {
+        coll, dtype, op, ..
+    } = v;
+    let base = config_for(a, Config::default());
+    let comms = Communicator::local_group(a.ranks, &base)?;
+    let results: Vec<ferroccl::Result<bool>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let r = on_group(a, &c, |c| rank_main(a, coll, dtype, op, c, "local"));
+                    crate::trace::finish(&c, a.trace.as_deref(), r)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ferroccl::Error::InvalidArgument(
+                        "a rank thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut ok = true;
+    for r in results {
+        ok &= r?;
+    }
+    Ok(ok)
+}
+
+/// Every other transport: this very command again, once per rank, under our own
+/// launcher.
+fn run_processes(a: &BenchArgs) -> ferroccl::Result<bool> {
+    let exe = std::env::current_exe()
+        .map_err(|e| ferroccl::Error::io("locating the ferroccl binary", e))?;
+    let mut cmd: Vec<std::ffi::OsString> = vec![exe.into_os_string()];
+    cmd.extend(std::env::args_os().skip(1));
+    let opts = crate::launch::LaunchOptions {
+        bare_stdout_rank: Some(0),
+        max_restarts: a.max_restarts,
+        rank_needs: crate::args::RankNeeds::ferroccl(
+            a.ranks,
+            crate::args::bench_memory(a.max_bytes),
+        ),
+        ..Default::default()
+    };
+    match crate::launch::run(a.ranks, &cmd, &opts) {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            eprintln!("ferroccl bench: {e}");
+            Ok(false)
         }
     }
 }
