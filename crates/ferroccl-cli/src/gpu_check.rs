@@ -113,8 +113,36 @@ mod imp {
         );
         let mut ok = true;
         let mut rows = Vec::new();
+        ok &= check_kernels(&a, &red, &mut rows)?;
+        let copy_gbs = check_bandwidth(&a, &dev, &red, &mut rows)?;
+        ok &= check_ipc(&a, &dev, copy_gbs, &mut rows)?;
+        let doc = json!({
+            "device": {"ordinal": dev.ordinal, "name": dev.name, "cc": [dev.cc.0, dev.cc.1],
+                       "sm_count": dev.sm_count, "driver_version": p.driver_version},
+            "nvrtc": [vmaj, vmin],
+            "copy_gbs": copy_gbs,
+            "ipc_limit_formula": "busbw_max = B * 2(n-1) / (n (9n - 6)), B = device-to-device copy bandwidth",
+            "ok": ok,
+            "rows": rows,
+        });
+        std::fs::write(&a.json, serde_json::to_vec_pretty(&doc).unwrap_or_default())
+            .map_err(|e| Error::io(format!("writing {}", a.json.display()), e))?;
+        println!(
+            "# {} ; JSON in {}",
+            if ok { "OK" } else { "FAILED" },
+            a.json.display()
+        );
+        Ok(ok)
+    }
 
-        // 1. Kernel correctness.
+    /// Step 1, kernel correctness: every dtype × op against the CPU reference, one row
+    /// each. Returns whether no element was wrong.
+    fn check_kernels(
+        a: &GpuCheckArgs,
+        red: &DeviceReducer,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<bool> {
+        let mut ok = true;
         println!("#");
         println!("# 1. kernels vs the CPU f64 reference (output poisoned; {PAD} elements past the end checked)");
         println!(
@@ -131,7 +159,7 @@ mod imp {
                 for (i, &n) in counts.iter().enumerate() {
                     // Odd sizes also run one element in, so the scalar head path runs.
                     let offset = usize::from(i % 2 == 1);
-                    wrong += by_dtype(dt, &red, n, offset, op, 0x5eed + i as u64)?;
+                    wrong += by_dtype(dt, red, n, offset, op, 0x5eed + i as u64)?;
                 }
                 ok &= wrong == 0;
                 println!(
@@ -147,10 +175,19 @@ mod imp {
                 );
             }
         }
+        Ok(ok)
+    }
 
-        // 2. Bandwidth.
+    /// Step 2, bandwidth: each float type's sum kernel next to a device-to-device copy
+    /// of the same size. Returns the copy bandwidth (GB/s), the IPC limit's `B`.
+    fn check_bandwidth(
+        a: &GpuCheckArgs,
+        dev: &Arc<Device>,
+        red: &DeviceReducer,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<f64> {
         let bytes = a.max_bytes.max(1 << 20);
-        let copy_gbs = copy_bandwidth(&dev, bytes, a.iters)?;
+        let copy_gbs = copy_bandwidth(dev, bytes, a.iters)?;
         println!("#");
         println!(
             "# 2. bandwidth at {} B: dst = a + b moves 3 B per output byte, a copy 2",
@@ -161,7 +198,7 @@ mod imp {
             "type", "kernel GB/s", "copy GB/s", "vs copy", "target"
         );
         for dt in [DataType::F16, DataType::BF16, DataType::F32, DataType::F64] {
-            let k = kernel_bandwidth(&red, dt, bytes, a.iters)?;
+            let k = kernel_bandwidth(red, dt, bytes, a.iters)?;
             let target = if dt == DataType::F16 { ">=0.90" } else { "-" };
             println!(
                 "{:>9} {:>12.1} {:>12.1} {:>9.3} {:>8}{}",
@@ -181,8 +218,18 @@ mod imp {
                 "kernel_gbs": k, "copy_gbs": copy_gbs, "ratio": k / copy_gbs}),
             );
         }
+        Ok(copy_gbs)
+    }
 
-        // 3. CUDA-IPC all-reduce, n ranks on this one GPU.
+    /// Step 3, CUDA-IPC all-reduce: n ranks on this one GPU, for each n of
+    /// `--ipc-ranks`. Returns whether every run started and every result was right.
+    fn check_ipc(
+        a: &GpuCheckArgs,
+        dev: &Device,
+        copy_gbs: f64,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<bool> {
+        let mut ok = true;
         let ranks: Vec<usize> = a
             .ipc_ranks
             .split(',')
@@ -213,80 +260,78 @@ mod imp {
             );
         }
         for n in ranks {
-            let dir =
-                std::env::temp_dir().join(format!("ferroccl-gpu-check-{}-{n}", std::process::id()));
-            let out = dir.with_extension("json");
-            let exe = std::env::current_exe()
-                .map_err(|e| Error::io("locating the ferroccl binary", e))?;
-            let cmd: Vec<std::ffi::OsString> = vec![
-                exe.into_os_string(),
-                "gpu-check".into(),
-                "--ipc-worker".into(),
-                out.clone().into_os_string(),
-                "--gpu".into(),
-                dev.ordinal.to_string().into(),
-                "--max-bytes".into(),
-                a.max_bytes.to_string().into(),
-                "--iters".into(),
-                a.iters.to_string().into(),
-            ];
-            let opts = crate::launch::LaunchOptions::default();
-            if let Err(e) = crate::launch::run(n, &cmd, &opts) {
-                println!("{n:>4} CUDA-IPC all-reduce failed: {e}");
-                rows.push(json!({"check": "ipc_all_reduce", "ranks": n, "error": e.to_string()}));
-                ok = false;
-                continue;
-            }
-            let text = std::fs::read_to_string(&out)
-                .map_err(|e| Error::io(format!("reading {}", out.display()), e))?;
-            let _ = std::fs::remove_file(&out);
-            let worker_rows: Vec<serde_json::Value> = serde_json::from_str(&text)
-                .map_err(|e| Error::InvalidArgument(format!("worker JSON: {e}")))?;
-            let limit = copy_gbs * busbw_limit_fraction(n);
-            for mut r in worker_rows {
-                let busbw = r["busbw_gbs"].as_f64().unwrap_or(0.0);
-                let wrong = r["wrong"].as_u64().unwrap_or(u64::MAX);
-                let coll = r["coll"].as_str().unwrap_or("?").to_string();
-                ok &= wrong == 0;
-                // The limit is derived for the all-reduce ring only.
-                let (lim, of) = if coll == "all_reduce" {
-                    r["limit_gbs"] = json!(limit);
-                    (format!("{limit:.2}"), format!("{:.2}", busbw / limit))
-                } else {
-                    ("-".to_string(), "-".to_string())
-                };
-                println!(
-                    "{:>4} {:>15} {:>12} {:>10.1} {:>9.2} {:>9.2} {:>9} {:>7} {:>7}",
-                    n,
-                    coll,
-                    r["bytes"].as_u64().unwrap_or(0),
-                    r["time_us"].as_f64().unwrap_or(0.0),
-                    r["algbw_gbs"].as_f64().unwrap_or(0.0),
-                    busbw,
-                    lim,
-                    of,
-                    wrong
-                );
-                r["check"] = json!(format!("ipc_{coll}"));
-                rows.push(r);
-            }
+            ok &= ipc_ranks(a, dev, n, copy_gbs, rows)?;
         }
-        let doc = json!({
-            "device": {"ordinal": dev.ordinal, "name": dev.name, "cc": [dev.cc.0, dev.cc.1],
-                       "sm_count": dev.sm_count, "driver_version": p.driver_version},
-            "nvrtc": [vmaj, vmin],
-            "copy_gbs": copy_gbs,
-            "ipc_limit_formula": "busbw_max = B * 2(n-1) / (n (9n - 6)), B = device-to-device copy bandwidth",
-            "ok": ok,
-            "rows": rows,
-        });
-        std::fs::write(&a.json, serde_json::to_vec_pretty(&doc).unwrap_or_default())
-            .map_err(|e| Error::io(format!("writing {}", a.json.display()), e))?;
-        println!(
-            "# {} ; JSON in {}",
-            if ok { "OK" } else { "FAILED" },
-            a.json.display()
-        );
+        Ok(ok)
+    }
+
+    /// Runs the IPC workers as `n` processes under `ferroccl launch` and prints their
+    /// rows, each all-reduce row against the limit. Returns whether they ran and every
+    /// result was right.
+    fn ipc_ranks(
+        a: &GpuCheckArgs,
+        dev: &Device,
+        n: usize,
+        copy_gbs: f64,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<bool> {
+        let mut ok = true;
+        let dir =
+            std::env::temp_dir().join(format!("ferroccl-gpu-check-{}-{n}", std::process::id()));
+        let out = dir.with_extension("json");
+        let exe =
+            std::env::current_exe().map_err(|e| Error::io("locating the ferroccl binary", e))?;
+        let cmd: Vec<std::ffi::OsString> = vec![
+            exe.into_os_string(),
+            "gpu-check".into(),
+            "--ipc-worker".into(),
+            out.clone().into_os_string(),
+            "--gpu".into(),
+            dev.ordinal.to_string().into(),
+            "--max-bytes".into(),
+            a.max_bytes.to_string().into(),
+            "--iters".into(),
+            a.iters.to_string().into(),
+        ];
+        let opts = crate::launch::LaunchOptions::default();
+        if let Err(e) = crate::launch::run(n, &cmd, &opts) {
+            println!("{n:>4} CUDA-IPC all-reduce failed: {e}");
+            rows.push(json!({"check": "ipc_all_reduce", "ranks": n, "error": e.to_string()}));
+            return Ok(false);
+        }
+        let text = std::fs::read_to_string(&out)
+            .map_err(|e| Error::io(format!("reading {}", out.display()), e))?;
+        let _ = std::fs::remove_file(&out);
+        let worker_rows: Vec<serde_json::Value> = serde_json::from_str(&text)
+            .map_err(|e| Error::InvalidArgument(format!("worker JSON: {e}")))?;
+        let limit = copy_gbs * busbw_limit_fraction(n);
+        for mut r in worker_rows {
+            let busbw = r["busbw_gbs"].as_f64().unwrap_or(0.0);
+            let wrong = r["wrong"].as_u64().unwrap_or(u64::MAX);
+            let coll = r["coll"].as_str().unwrap_or("?").to_string();
+            ok &= wrong == 0;
+            // The limit is derived for the all-reduce ring only.
+            let (lim, of) = if coll == "all_reduce" {
+                r["limit_gbs"] = json!(limit);
+                (format!("{limit:.2}"), format!("{:.2}", busbw / limit))
+            } else {
+                ("-".to_string(), "-".to_string())
+            };
+            println!(
+                "{:>4} {:>15} {:>12} {:>10.1} {:>9.2} {:>9.2} {:>9} {:>7} {:>7}",
+                n,
+                coll,
+                r["bytes"].as_u64().unwrap_or(0),
+                r["time_us"].as_f64().unwrap_or(0.0),
+                r["algbw_gbs"].as_f64().unwrap_or(0.0),
+                busbw,
+                lim,
+                of,
+                wrong
+            );
+            r["check"] = json!(format!("ipc_{coll}"));
+            rows.push(r);
+        }
         Ok(ok)
     }
 
@@ -513,10 +558,42 @@ mod imp {
         let dev = Device::shared(a.gpu)?;
         let stream = dev.stream().clone();
         let (n, r) = (comm.world_size(), comm.rank());
+        let mut rows = Vec::new();
+        let mut ok = ipc_all_reduce(a, &comm, &stream, &mut rows)?;
+        // Reduce-scatter and all-gather over the same IPC ring: exact results and
+        // busbw (factor (n-1)/n, S the full gathered size), at 1 MiB-ish per rank
+        // (uneven) and at the largest size.
+        let mut per_rank: Vec<usize> = vec![(1 << 18) + 3];
+        if a.max_bytes / 4 / n > per_rank[0] {
+            per_rank.push(a.max_bytes / 4 / n);
+        }
+        for count in per_rank {
+            let total = count * n;
+            let send: Vec<f32> = (0..total).map(|i| ((i * 7 + r * 13) % 17) as f32).collect();
+            let iters = a.iters.clamp(1, 5);
+            ok &= ipc_reduce_scatter(&comm, &stream, &send, count, iters, &mut rows)?;
+            ok &= ipc_all_gather(&comm, &stream, count, iters, &mut rows)?;
+            ok &= ipc_chains(&comm, &stream, &send, iters, &mut rows)?;
+        }
+        if r == 0 {
+            std::fs::write(out, serde_json::to_vec(&rows).unwrap_or_default())
+                .map_err(|e| Error::io(format!("writing {}", out.display()), e))?;
+        }
+        Ok(ok)
+    }
+
+    /// The worker's all-reduces, one row per size. Returns whether every result was
+    /// right.
+    fn ipc_all_reduce(
+        a: &GpuCheckArgs,
+        comm: &Communicator,
+        stream: &Arc<CudaStream>,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<bool> {
+        let (n, r) = (comm.world_size(), comm.rank());
         let mut sizes: Vec<usize> = vec![4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20];
         sizes.retain(|&s| s <= a.max_bytes);
         sizes.push(4 * ((1 << 20) + 3)); // not divisible by n
-        let mut rows = Vec::new();
         let mut ok = true;
         for bytes in sizes {
             let count = bytes / 4;
@@ -560,107 +637,131 @@ mod imp {
                 "busbw_gbs": algbw * 2.0 * (n as f64 - 1.0) / n as f64, "wrong": w[0] as u64}),
             );
         }
-        // Reduce-scatter and all-gather over the same IPC ring: exact results and
-        // busbw (factor (n-1)/n, S the full gathered size), at 1 MiB-ish per rank
-        // (uneven) and at the largest size.
-        let mut per_rank: Vec<usize> = vec![(1 << 18) + 3];
-        if a.max_bytes / 4 / n > per_rank[0] {
-            per_rank.push(a.max_bytes / 4 / n);
-        }
-        for count in per_rank {
-            let total = count * n;
-            let send: Vec<f32> = (0..total).map(|i| ((i * 7 + r * 13) % 17) as f32).collect();
-            let ds = stream.clone_htod(&send).map_err(drv("cuMemcpyHtoD"))?;
-            let mut dr = stream
-                .clone_htod(&vec![0f32; count])
-                .map_err(drv("cuMemcpyHtoD"))?;
-            let iters = a.iters.clamp(1, 5);
+        Ok(ok)
+    }
+
+    /// The worker's reduce-scatter of `send` (`count` elements per rank), one row.
+    /// Returns whether its result was right.
+    fn ipc_reduce_scatter(
+        comm: &Communicator,
+        stream: &Arc<CudaStream>,
+        send: &[f32],
+        count: usize,
+        iters: usize,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<bool> {
+        let (n, r) = (comm.world_size(), comm.rank());
+        let total = count * n;
+        let ds = stream.clone_htod(send).map_err(drv("cuMemcpyHtoD"))?;
+        let mut dr = stream
+            .clone_htod(&vec![0f32; count])
+            .map_err(drv("cuMemcpyHtoD"))?;
+        comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)?;
+        comm.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
             comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)?;
-            comm.barrier()?;
-            let t0 = Instant::now();
-            for _ in 0..iters {
-                comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)?;
-            }
-            let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
-            comm.all_reduce(&mut t, ReduceOp::Max)?;
-            let got: Vec<f32> = stream.clone_dtoh(&dr).map_err(drv("cuMemcpyDtoH"))?;
-            let wrong = got
-                .iter()
-                .enumerate()
-                .filter(|&(k, &g)| {
-                    let i = r * count + k;
-                    let want: usize = (0..n).map(|q| (i * 7 + q * 13) % 17).sum();
-                    g != want as f32
-                })
-                .count();
-            rows.push(row(&comm, "reduce_scatter", total * 4, t[0], wrong)?);
-            ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
-
-            let mine: Vec<f32> = (0..count).map(|k| ((k * 3 + r * 5) % 11) as f32).collect();
-            let dm = stream.clone_htod(&mine).map_err(drv("cuMemcpyHtoD"))?;
-            let mut dg = stream
-                .clone_htod(&vec![0f32; total])
-                .map_err(drv("cuMemcpyHtoD"))?;
-            comm.all_gather_device(&dm, &mut dg)?;
-            comm.barrier()?;
-            let t0 = Instant::now();
-            for _ in 0..iters {
-                comm.all_gather_device(&dm, &mut dg)?;
-            }
-            let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
-            comm.all_reduce(&mut t, ReduceOp::Max)?;
-            let got: Vec<f32> = stream.clone_dtoh(&dg).map_err(drv("cuMemcpyDtoH"))?;
-            let wrong = got
-                .iter()
-                .enumerate()
-                .filter(|&(i, &g)| g != ((i % count * 3 + i / count * 5) % 11) as f32)
-                .count();
-            rows.push(row(&comm, "all_gather", total * 4, t[0], wrong)?);
-            ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
-
-            // Broadcast and reduce (chains), root n-1, of the whole `total` elements.
-            let root = n - 1;
-            for coll in ["broadcast", "reduce"] {
-                let mut db = stream.clone_htod(&send).map_err(drv("cuMemcpyHtoD"))?;
-                let run = |db: &mut cuda::cudarc::driver::CudaSlice<f32>| match coll {
-                    "broadcast" => comm.broadcast_device(db, root),
-                    _ => comm.reduce_device(db, ReduceOp::Sum, root),
-                };
-                comm.barrier()?;
-                let t0 = Instant::now();
-                for _ in 0..iters {
-                    run(&mut db)?;
-                }
-                let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
-                comm.all_reduce(&mut t, ReduceOp::Max)?;
-                stream
-                    .memcpy_htod(&send, &mut db)
-                    .map_err(drv("cuMemcpyHtoD"))?;
-                run(&mut db)?;
-                let got: Vec<f32> = stream.clone_dtoh(&db).map_err(drv("cuMemcpyDtoH"))?;
-                let wrong = if coll == "broadcast" {
-                    got.iter()
-                        .enumerate()
-                        .filter(|&(i, &g)| g != ((i * 7 + root * 13) % 17) as f32)
-                        .count()
-                } else if r == root {
-                    got.iter()
-                        .enumerate()
-                        .filter(|&(i, &g)| {
-                            let want: usize = (0..n).map(|q| (i * 7 + q * 13) % 17).sum();
-                            g != want as f32
-                        })
-                        .count()
-                } else {
-                    0
-                };
-                rows.push(row(&comm, coll, total * 4, t[0], wrong)?);
-                ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
-            }
         }
-        if r == 0 {
-            std::fs::write(out, serde_json::to_vec(&rows).unwrap_or_default())
-                .map_err(|e| Error::io(format!("writing {}", out.display()), e))?;
+        let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
+        comm.all_reduce(&mut t, ReduceOp::Max)?;
+        let got: Vec<f32> = stream.clone_dtoh(&dr).map_err(drv("cuMemcpyDtoH"))?;
+        let wrong = got
+            .iter()
+            .enumerate()
+            .filter(|&(k, &g)| {
+                let i = r * count + k;
+                let want: usize = (0..n).map(|q| (i * 7 + q * 13) % 17).sum();
+                g != want as f32
+            })
+            .count();
+        rows.push(row(comm, "reduce_scatter", total * 4, t[0], wrong)?);
+        Ok(rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0))
+    }
+
+    /// The worker's all-gather of `count` elements per rank, one row. Returns whether
+    /// its result was right.
+    fn ipc_all_gather(
+        comm: &Communicator,
+        stream: &Arc<CudaStream>,
+        count: usize,
+        iters: usize,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<bool> {
+        let (n, r) = (comm.world_size(), comm.rank());
+        let total = count * n;
+        let mine: Vec<f32> = (0..count).map(|k| ((k * 3 + r * 5) % 11) as f32).collect();
+        let dm = stream.clone_htod(&mine).map_err(drv("cuMemcpyHtoD"))?;
+        let mut dg = stream
+            .clone_htod(&vec![0f32; total])
+            .map_err(drv("cuMemcpyHtoD"))?;
+        comm.all_gather_device(&dm, &mut dg)?;
+        comm.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            comm.all_gather_device(&dm, &mut dg)?;
+        }
+        let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
+        comm.all_reduce(&mut t, ReduceOp::Max)?;
+        let got: Vec<f32> = stream.clone_dtoh(&dg).map_err(drv("cuMemcpyDtoH"))?;
+        let wrong = got
+            .iter()
+            .enumerate()
+            .filter(|&(i, &g)| g != ((i % count * 3 + i / count * 5) % 11) as f32)
+            .count();
+        rows.push(row(comm, "all_gather", total * 4, t[0], wrong)?);
+        Ok(rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0))
+    }
+
+    /// The worker's broadcast and reduce (chains), root n-1, of the whole `send`, one
+    /// row each. Returns whether both results were right.
+    fn ipc_chains(
+        comm: &Communicator,
+        stream: &Arc<CudaStream>,
+        send: &[f32],
+        iters: usize,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<bool> {
+        let (n, r) = (comm.world_size(), comm.rank());
+        let total = send.len();
+        let mut ok = true;
+        // Broadcast and reduce (chains), root n-1, of the whole `total` elements.
+        let root = n - 1;
+        for coll in ["broadcast", "reduce"] {
+            let mut db = stream.clone_htod(send).map_err(drv("cuMemcpyHtoD"))?;
+            let run = |db: &mut cuda::cudarc::driver::CudaSlice<f32>| match coll {
+                "broadcast" => comm.broadcast_device(db, root),
+                _ => comm.reduce_device(db, ReduceOp::Sum, root),
+            };
+            comm.barrier()?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                run(&mut db)?;
+            }
+            let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
+            comm.all_reduce(&mut t, ReduceOp::Max)?;
+            stream
+                .memcpy_htod(send, &mut db)
+                .map_err(drv("cuMemcpyHtoD"))?;
+            run(&mut db)?;
+            let got: Vec<f32> = stream.clone_dtoh(&db).map_err(drv("cuMemcpyDtoH"))?;
+            let wrong = if coll == "broadcast" {
+                got.iter()
+                    .enumerate()
+                    .filter(|&(i, &g)| g != ((i * 7 + root * 13) % 17) as f32)
+                    .count()
+            } else if r == root {
+                got.iter()
+                    .enumerate()
+                    .filter(|&(i, &g)| {
+                        let want: usize = (0..n).map(|q| (i * 7 + q * 13) % 17).sum();
+                        g != want as f32
+                    })
+                    .count()
+            } else {
+                0
+            };
+            rows.push(row(comm, coll, total * 4, t[0], wrong)?);
+            ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
         }
         Ok(ok)
     }

@@ -8,7 +8,9 @@
 //! against the same exact expectation as the host bench). Times are per operation,
 //! each operation returning with its result on the device, max over ranks.
 
-use super::{count_wrong, fill, max_over_ranks, sizes, BenchArgs, Coll};
+use super::check::{count_wrong, fill};
+use super::typed::max_over_ranks;
+use super::{sizes, BenchArgs, Coll};
 use ferroccl::cuda::{self, cudarc::driver::DeviceRepr, Device};
 use ferroccl::{Communicator, DataType, Element, ReduceOp};
 use std::time::Instant;
