@@ -78,50 +78,6 @@ pub fn size(s: &str) -> Result<usize, String> {
     }
 }
 
-fn real(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number"))?;
-    if v.is_finite() {
-        Ok(v)
-    } else {
-        Err(format!("{s} is not a finite number"))
-    }
-}
-
-/// A finite number above 0 (a learning rate).
-pub fn positive(s: &str) -> Result<f64, String> {
-    match real(s)? {
-        v if v > 0.0 => Ok(v),
-        _ => Err(format!("{s} must be above 0")),
-    }
-}
-
-/// A finite number of 0 or more (a weight decay).
-pub fn non_negative(s: &str) -> Result<f32, String> {
-    match real(s)? {
-        v if v >= 0.0 && v <= f32::MAX as f64 => Ok(v as f32),
-        _ => Err(format!("{s} must be 0 or more")),
-    }
-}
-
-/// A momentum: 0 <= m < 1 (at 1 or above, velocity never decays).
-pub fn momentum(s: &str) -> Result<f32, String> {
-    match real(s)? {
-        v if (0.0..1.0).contains(&v) => Ok(v as f32),
-        _ => Err(format!("{s} must be from 0 up to, not including, 1")),
-    }
-}
-
-/// A share of something: 0 <= f < 1.
-pub fn fraction(s: &str) -> Result<f64, String> {
-    match real(s)? {
-        v if (0.0..1.0).contains(&v) => Ok(v),
-        _ => Err(format!("{s} must be from 0 up to, not including, 1")),
-    }
-}
-
 /// An iteration count: 0..=[`MAX_ITERS`].
 pub fn iters(s: &str) -> Result<usize, String> {
     let v: u64 = s
@@ -134,39 +90,91 @@ pub fn iters(s: &str) -> Result<usize, String> {
     Ok(v as usize)
 }
 
-/// The largest staleness bound a flag takes in steps (beyond it, say `inf`).
-pub const MAX_STALENESS: u64 = 1_000_000;
-/// The largest straggler slowdown a flag takes.
-pub const MAX_SLOW_FACTOR: f64 = 1000.0;
+#[cfg_attr(not(feature = "candle"), allow(unused_imports))]
+pub use training::*;
 
-/// A staleness bound in steps, `None` for `inf` (fully asynchronous).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StalenessBound(pub Option<u64>);
-
-/// A staleness bound: a whole number of steps, 0..=[`MAX_STALENESS`], or `inf`.
-pub fn staleness(s: &str) -> Result<StalenessBound, String> {
-    let t = s.trim();
-    if t == "inf" || t == "async" {
-        return Ok(StalenessBound(None));
+/// The training flags' parsers (`ferroccl train`, built with the `candle` feature; the
+/// tests below check them in every build).
+#[cfg_attr(not(feature = "candle"), allow(dead_code))]
+mod training {
+    pub(super) fn real(s: &str) -> Result<f64, String> {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a number"))?;
+        if v.is_finite() {
+            Ok(v)
+        } else {
+            Err(format!("{s} is not a finite number"))
+        }
     }
-    let v: u64 = t.parse().map_err(|_| {
-        format!("{s:?} is not a staleness bound (a whole number of steps from 0, or inf)")
-    })?;
-    if v > MAX_STALENESS {
-        return Err(format!(
-            "{v} steps is above the most allowed, {MAX_STALENESS} (say inf for no bound)"
-        ));
-    }
-    Ok(StalenessBound(Some(v)))
-}
 
-/// A straggler's slowdown: finite, 1..=[`MAX_SLOW_FACTOR`] (1: not slow).
-pub fn slow_factor(s: &str) -> Result<f64, String> {
-    match real(s)? {
-        v if (1.0..=MAX_SLOW_FACTOR).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "{s} must be from 1 (not slow) to {MAX_SLOW_FACTOR}"
-        )),
+    /// A finite number above 0 (a learning rate).
+    pub fn positive(s: &str) -> Result<f64, String> {
+        match real(s)? {
+            v if v > 0.0 => Ok(v),
+            _ => Err(format!("{s} must be above 0")),
+        }
+    }
+
+    /// A finite number of 0 or more (a weight decay).
+    pub fn non_negative(s: &str) -> Result<f32, String> {
+        match real(s)? {
+            v if v >= 0.0 && v <= f32::MAX as f64 => Ok(v as f32),
+            _ => Err(format!("{s} must be 0 or more")),
+        }
+    }
+
+    /// A momentum: 0 <= m < 1 (at 1 or above, velocity never decays).
+    pub fn momentum(s: &str) -> Result<f32, String> {
+        match real(s)? {
+            v if (0.0..1.0).contains(&v) => Ok(v as f32),
+            _ => Err(format!("{s} must be from 0 up to, not including, 1")),
+        }
+    }
+
+    /// A share of something: 0 <= f < 1.
+    pub fn fraction(s: &str) -> Result<f64, String> {
+        match real(s)? {
+            v if (0.0..1.0).contains(&v) => Ok(v),
+            _ => Err(format!("{s} must be from 0 up to, not including, 1")),
+        }
+    }
+
+    /// The largest staleness bound a flag takes in steps (beyond it, say `inf`).
+    pub const MAX_STALENESS: u64 = 1_000_000;
+    /// The largest straggler slowdown a flag takes.
+    pub const MAX_SLOW_FACTOR: f64 = 1000.0;
+
+    /// A staleness bound in steps, `None` for `inf` (fully asynchronous).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct StalenessBound(pub Option<u64>);
+
+    /// A staleness bound: a whole number of steps, 0..=[`MAX_STALENESS`], or `inf`.
+    pub fn staleness(s: &str) -> Result<StalenessBound, String> {
+        let t = s.trim();
+        if t == "inf" || t == "async" {
+            return Ok(StalenessBound(None));
+        }
+        let v: u64 = t.parse().map_err(|_| {
+            format!("{s:?} is not a staleness bound (a whole number of steps from 0, or inf)")
+        })?;
+        if v > MAX_STALENESS {
+            return Err(format!(
+                "{v} steps is above the most allowed, {MAX_STALENESS} (say inf for no bound)"
+            ));
+        }
+        Ok(StalenessBound(Some(v)))
+    }
+
+    /// A straggler's slowdown: finite, 1..=[`MAX_SLOW_FACTOR`] (1: not slow).
+    pub fn slow_factor(s: &str) -> Result<f64, String> {
+        match real(s)? {
+            v if (1.0..=MAX_SLOW_FACTOR).contains(&v) => Ok(v),
+            _ => Err(format!(
+                "{s} must be from 1 (not slow) to {MAX_SLOW_FACTOR}"
+            )),
+        }
     }
 }
 
