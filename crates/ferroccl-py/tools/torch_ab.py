@@ -2,12 +2,22 @@
 
     python3 crates/ferroccl-py/tools/torch_ab.py binding [--ranks 2,4] [--reps 3]
     python3 crates/ferroccl-py/tools/torch_ab.py ddp [--ranks 2] [--reps 3] [--steps 20]
+    python3 crates/ferroccl-py/tools/torch_ab.py layers [--ranks 2] [--iters 300]
 
 ``binding``: the binding's cost. In-place all-reduce of float32 torch tensors through
 ``dist.all_reduce`` on the backend ``"ferroccl"``, against ``ferroccl bench``'s in-place
 column (the same library from Rust, same sizes, warm-up and iterations), the two run
 one after the other ``--reps`` times; per size the medians, torch/native busbw and the
 difference in microseconds.
+
+``layers``: where a ``dist.all_reduce`` spends its time, layer by layer, in one job: the
+communicator torch's group runs on, called directly on the tensor
+(``ferroccl.torch.communicator()``, the binding alone); the backend's ``allreduce``
+method and its Work's ``wait()`` (ferroccl's Python layer); the ``ProcessGroup``'s
+``allreduce`` and ``wait()`` (torch's dispatch into a Python backend; these two rows
+on torch 2.x only, where a direct call can say it is synchronous); and
+``dist.all_reduce`` (torch's Python function). Each is the median of 5 timings of
+``--iters`` calls, at 1 KiB and 512 KiB, on rank 0.
 
 ``ddp``: ``examples/ddp_resnet.py`` over ferroccl and over gloo, alternating; the medians
 of communication time per step, images/s and the largest difference between the loss
@@ -58,6 +68,66 @@ def rank_main(a) -> None:
         with open(a.out, "w") as f:
             json.dump({"rows": rows}, f)
     dist.destroy_process_group()
+
+
+def layers_rank(a) -> None:
+    """One rank of ``layers``."""
+    import ferroccl.torch
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("ferroccl")
+    pg = dist.group.WORLD
+    get = getattr(pg, "_get_backend", None)
+    backend = get(torch.device("cpu")) if get is not None else pg
+    comm = ferroccl.torch.communicator()
+    opts = dist.AllreduceOptions()
+    # torch 2.x says a call is synchronous in opts.asyncOp, as dist.all_reduce(t) does;
+    # torch 1.13 only in the calling function's frame, which a direct call does not
+    # have (it would run in the background): there, only the two ends are timed.
+    sync = hasattr(opts, "asyncOp")
+    if sync:
+        opts.asyncOp = False
+    rows = []
+    for size in (1024, 512 << 10):
+        t = torch.ones(size // 4)
+        layer = [("binding (communicator)", lambda t=t: comm.all_reduce(t))]
+        if sync:
+            layer.append(
+                ("+ ferroccl's Python backend", lambda t=t: backend.allreduce([t], opts).wait())
+            )
+            layer.append(
+                ("+ torch's ProcessGroup dispatch", lambda t=t: pg.allreduce([t], opts).wait())
+            )
+        layer.append(("+ dist.all_reduce", lambda t=t: dist.all_reduce(t)))
+        for name, call in layer:
+            for _ in range(a.warmup * 4):
+                call()
+            dist.barrier()
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(a.iters):
+                    call()
+                times.append((time.perf_counter() - start) / a.iters * 1e6)
+            rows.append((size, name, statistics.median(times)))
+    if dist.get_rank() == 0:
+        print(f"# torch {torch.__version__}, {dist.get_world_size()} ranks, in-place float32")
+        print(f"# {'size':>7} {'layer':32} {'us':>7} {'+us':>6}")
+        last = {}
+        for size, name, us in rows:
+            extra = us - last[size] if size in last else 0.0
+            last[size] = us
+            print(f"  {size:>7} {name:32} {us:7.1f} {extra:6.1f}")
+    dist.destroy_process_group()
+
+
+def layers(a) -> None:
+    for n in a.ranks:
+        cmd = [a.ferroccl, "launch", "-n", str(n), "--", sys.executable, __file__]
+        out = run([*cmd, "_layers", "--iters", str(a.iters), "--warmup", str(a.warmup)])
+        print("\n".join(ln.split("] ", 1)[-1] for ln in out.splitlines() if ln.startswith("[0]")))
 
 
 def run(cmd, env=None):
@@ -176,7 +246,7 @@ def ddp(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=["binding", "ddp", "_rank"])
+    p.add_argument("mode", choices=["binding", "ddp", "layers", "_rank", "_layers"])
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
@@ -196,7 +266,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     a = p.parse_args()
     a.ranks = [int(x) for x in a.ranks.split(",")]
-    {"binding": binding, "ddp": ddp, "_rank": rank_main}[a.mode](a)
+    modes = {"binding": binding, "ddp": ddp, "layers": layers}
+    modes.update({"_rank": rank_main, "_layers": layers_rank})
+    modes[a.mode](a)
 
 
 if __name__ == "__main__":
