@@ -139,8 +139,14 @@ def run(cmd, env=None):
 
 def binding(a) -> None:
     sizes = ["-b", "1K", "-e", "64M", "-f", "8", "-n", str(a.iters), "-w", "5"]
-    print(f"# in-place all-reduce, float32, {a.reps} interleaved repetitions, medians")
-    print(f"# {'n':>2} {'size':>9} {'native us':>10} {'torch us':>10} {'busbw x':>8} {'+us':>8}")
+    print(
+        f"# in-place all-reduce, float32, {a.reps} interleaved repetitions: medians, and "
+        "each side's min-max over the repetitions"
+    )
+    print(
+        f"# {'n':>2} {'size':>9} {'native us':>10} {'torch us':>10} {'busbw x':>8} {'+us':>8}"
+        f"   {'native min-max':>17} {'torch min-max':>17}"
+    )
     for n in a.ranks:
         native, ours = {}, {}
         with tempfile.TemporaryDirectory() as tmp:
@@ -176,7 +182,12 @@ def binding(a) -> None:
                 statistics.median(native[size]),
                 statistics.median(ours.get(size, [0])),
             )
-            print(f"  {n:>2} {size:>9} {nt:>10.1f} {tt:>10.1f} {nt / tt:>8.2f} {tt - nt:>8.1f}")
+            nr = f"{min(native[size]):.1f}-{max(native[size]):.1f}"
+            tr = f"{min(ours[size]):.1f}-{max(ours[size]):.1f}"
+            print(
+                f"  {n:>2} {size:>9} {nt:>10.1f} {tt:>10.1f} {nt / tt:>8.2f} {tt - nt:>8.1f}"
+                f"   {nr:>17} {tr:>17}"
+            )
 
 
 def ddp(a) -> None:
