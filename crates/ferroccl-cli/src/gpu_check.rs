@@ -41,10 +41,22 @@ pub struct GpuCheckArgs {
     /// Timed iterations per bandwidth and all-reduce measurement.
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
+    /// All-reduce algorithms for the CUDA-IPC check, each a run of its own
+    /// (comma-separated: auto, ring, one-shot, two-shot; as `FERROCCL_ALGO`). The
+    /// other collectives run with the first only.
+    #[arg(long = "ipc-algos", default_value = "auto")]
+    pub ipc_algos: String,
+    /// Only the CUDA-IPC check (and the copy bandwidth its limit needs): no kernel
+    /// check, no kernel bandwidth. For a second pass under MPS, say.
+    #[arg(long = "ipc-only")]
+    pub ipc_only: bool,
     /// Internal: run as one rank of the CUDA-IPC all-reduce check (under `ferroccl
     /// launch`), rank 0 writing its rows as JSON here.
     #[arg(long = "ipc-worker", hide = true)]
     pub ipc_worker: Option<PathBuf>,
+    /// Internal: the worker runs its all-reduces only.
+    #[arg(long = "ipc-all-reduce-only", hide = true)]
+    pub ipc_all_reduce_only: bool,
 }
 
 /// The subcommand: `Ok(false)` when a check found wrong results.
@@ -65,6 +77,7 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::GpuCheckArgs;
+    use ferroccl::config::AllReduceAlgo;
     use ferroccl::cuda::cudarc::driver::{result, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
     use ferroccl::cuda::{self, mem, nvrtc, Device, DeviceReducer};
     use ferroccl::reduce::{check_op, finish_avg, reduce_into};
@@ -113,8 +126,16 @@ mod imp {
         );
         let mut ok = true;
         let mut rows = Vec::new();
-        ok &= check_kernels(&a, &red, &mut rows)?;
-        let copy_gbs = check_bandwidth(&a, &dev, &red, &mut rows)?;
+        let copy_gbs = if a.ipc_only {
+            let bytes = a.max_bytes.max(1 << 20);
+            let copy_gbs = copy_bandwidth(&dev, bytes, a.iters)?;
+            println!("#");
+            println!("# device-to-device copy at {bytes} B: {copy_gbs:.1} GB/s");
+            copy_gbs
+        } else {
+            ok &= check_kernels(&a, &red, &mut rows)?;
+            check_bandwidth(&a, &dev, &red, &mut rows)?
+        };
         ok &= check_ipc(&a, &dev, copy_gbs, &mut rows)?;
         let doc = json!({
             "device": {"ordinal": dev.ordinal, "name": dev.name, "cc": [dev.cc.0, dev.cc.1],
@@ -237,6 +258,16 @@ mod imp {
             .map(|s| s.trim().parse::<usize>())
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| Error::InvalidArgument(format!("--ipc-ranks: {e}")))?;
+        let algos: Vec<String> = a
+            .ipc_algos
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        for algo in &algos {
+            algo.parse::<AllReduceAlgo>()
+                .map_err(|e| Error::InvalidArgument(format!("--ipc-algos: {e}")))?;
+        }
         if !ranks.is_empty() {
             println!("#");
             println!(
@@ -247,9 +278,10 @@ mod imp {
                 "#    limit = B * 2(n-1)/(n(9n-6)), B = copy bandwidth above = {copy_gbs:.1} GB/s"
             );
             println!(
-                "#{:>3} {:>15} {:>12} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7}",
+                "#{:>3} {:>15} {:>15} {:>12} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7}",
                 "n",
                 "collective",
+                "algorithm",
                 "size (B)",
                 "time (us)",
                 "algbw",
@@ -260,18 +292,24 @@ mod imp {
             );
         }
         for n in ranks {
-            ok &= ipc_ranks(a, dev, n, copy_gbs, rows)?;
+            for (i, algo) in algos.iter().enumerate() {
+                ok &= ipc_ranks(a, dev, n, algo, i > 0, copy_gbs, rows)?;
+            }
         }
         Ok(ok)
     }
 
-    /// Runs the IPC workers as `n` processes under `ferroccl launch` and prints their
-    /// rows, each all-reduce row against the limit. Returns whether they ran and every
-    /// result was right.
+    /// Runs the IPC workers as `n` processes under `ferroccl launch`, all-reduce
+    /// algorithm `algo` (the all-reduces alone when `all_reduce_only`), and prints
+    /// their rows, each all-reduce row against the limit. Returns whether they ran and
+    /// every result was right.
+    #[allow(clippy::too_many_arguments)]
     fn ipc_ranks(
         a: &GpuCheckArgs,
         dev: &Device,
         n: usize,
+        algo: &str,
+        all_reduce_only: bool,
         copy_gbs: f64,
         rows: &mut Vec<serde_json::Value>,
     ) -> Result<bool> {
@@ -281,7 +319,7 @@ mod imp {
         let out = dir.with_extension("json");
         let exe =
             std::env::current_exe().map_err(|e| Error::io("locating the ferroccl binary", e))?;
-        let cmd: Vec<std::ffi::OsString> = vec![
+        let mut cmd: Vec<std::ffi::OsString> = vec![
             exe.into_os_string(),
             "gpu-check".into(),
             "--ipc-worker".into(),
@@ -292,11 +330,16 @@ mod imp {
             a.max_bytes.to_string().into(),
             "--iters".into(),
             a.iters.to_string().into(),
+            "--ipc-algos".into(),
+            algo.into(),
         ];
+        if all_reduce_only {
+            cmd.push("--ipc-all-reduce-only".into());
+        }
         let opts = crate::launch::LaunchOptions::default();
         if let Err(e) = crate::launch::run(n, &cmd, &opts) {
-            println!("{n:>4} CUDA-IPC all-reduce failed: {e}");
-            rows.push(json!({"check": "ipc_all_reduce", "ranks": n, "error": e.to_string()}));
+            println!("{n:>4} CUDA-IPC all-reduce ({algo}) failed: {e}");
+            rows.push(json!({"check": "ipc_all_reduce", "ranks": n, "algo": algo, "error": e.to_string()}));
             return Ok(false);
         }
         let text = std::fs::read_to_string(&out)
@@ -318,9 +361,10 @@ mod imp {
                 ("-".to_string(), "-".to_string())
             };
             println!(
-                "{:>4} {:>15} {:>12} {:>10.1} {:>9.2} {:>9.2} {:>9} {:>7} {:>7}",
+                "{:>4} {:>15} {:>15} {:>12} {:>10.1} {:>9.2} {:>9.2} {:>9} {:>7} {:>7}",
                 n,
                 coll,
+                r["ran"].as_str().unwrap_or("-"),
                 r["bytes"].as_u64().unwrap_or(0),
                 r["time_us"].as_f64().unwrap_or(0.0),
                 r["algbw_gbs"].as_f64().unwrap_or(0.0),
@@ -554,12 +598,19 @@ mod imp {
     fn ipc_worker(a: &GpuCheckArgs, out: &std::path::Path) -> Result<bool> {
         let mut cfg = Config::from_env()?;
         cfg.transport.kind = TransportKind::CudaIpc;
+        cfg.tuning.all_reduce_algo = a
+            .ipc_algos
+            .parse()
+            .map_err(|e| Error::InvalidArgument(format!("--ipc-algos: {e}")))?;
         let comm = Communicator::init(cfg)?;
         let dev = Device::shared(a.gpu)?;
         let stream = dev.stream().clone();
         let (n, r) = (comm.world_size(), comm.rank());
         let mut rows = Vec::new();
         let mut ok = ipc_all_reduce(a, &comm, &stream, &mut rows)?;
+        if a.ipc_all_reduce_only {
+            return write_rows(r, out, &rows).map(|()| ok);
+        }
         // Reduce-scatter and all-gather over the same IPC ring: exact results and
         // busbw (factor (n-1)/n, S the full gathered size), at 1 MiB-ish per rank
         // (uneven) and at the largest size.
@@ -575,11 +626,17 @@ mod imp {
             ok &= ipc_all_gather(&comm, &stream, count, iters, &mut rows)?;
             ok &= ipc_chains(&comm, &stream, &send, iters, &mut rows)?;
         }
-        if r == 0 {
-            std::fs::write(out, serde_json::to_vec(&rows).unwrap_or_default())
+        write_rows(r, out, &rows)?;
+        Ok(ok)
+    }
+
+    /// Rank 0 writes the worker's rows to `out`.
+    fn write_rows(rank: usize, out: &std::path::Path, rows: &[serde_json::Value]) -> Result<()> {
+        if rank == 0 {
+            std::fs::write(out, serde_json::to_vec(rows).unwrap_or_default())
                 .map_err(|e| Error::io(format!("writing {}", out.display()), e))?;
         }
-        Ok(ok)
+        Ok(())
     }
 
     /// The worker's all-reduces, one row per size. Returns whether every result was
@@ -633,6 +690,7 @@ mod imp {
             let algbw = bytes as f64 / t[0] / 1e9;
             rows.push(
                 json!({"coll": "all_reduce", "ranks": n, "bytes": bytes, "dtype": "float", "op": "sum",
+                "algo": a.ipc_algos, "ran": comm.device_all_reduce_algorithm(bytes).name(),
                 "time_us": t[0] * 1e6, "algbw_gbs": algbw,
                 "busbw_gbs": algbw * 2.0 * (n as f64 - 1.0) / n as f64, "wrong": w[0] as u64}),
             );

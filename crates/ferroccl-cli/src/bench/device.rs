@@ -71,7 +71,7 @@ fn typed<T: Element + DeviceRepr>(
             "# in place; busbw = algbw x bus factor (nccl-tests); #wrong checked on a fresh run"
         );
         println!(
-            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}",
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}  algo",
             "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
         );
         println!(
@@ -82,6 +82,7 @@ fn typed<T: Element + DeviceRepr>(
     let op_name = if coll.reduces() { op.name() } else { "none" };
     let root_col: i64 = if coll.rooted() { root as i64 } else { -1 };
     let mut total_wrong = 0u64;
+    let mut rows = Vec::new();
     for &bytes in &sizes {
         let count = bytes / esize;
         let in_count = match coll {
@@ -141,10 +142,16 @@ fn typed<T: Element + DeviceRepr>(
             0
         };
         total_wrong += wrong;
+        // The all-reduce's algorithm (over CUDA IPC: one-shot, two-shot or the ring by
+        // size; staged: the host's); the others run their ring or chain.
+        let algo = match coll {
+            Coll::AllReduce => c.device_all_reduce_algorithm(bytes).name(),
+            _ => "-",
+        };
         if rank == 0 {
             let algbw = bytes as f64 / secs / 1e9;
             println!(
-                "{:>12} {:>12} {:>8} {:>6} {:>6}   {:>9.1} {:>8.2} {:>8.2} {:>6}",
+                "{:>12} {:>12} {:>8} {:>6} {:>6}   {:>9.1} {:>8.2} {:>8.2} {:>6}  {algo}",
                 bytes,
                 count,
                 T::DTYPE.name(),
@@ -155,7 +162,21 @@ fn typed<T: Element + DeviceRepr>(
                 algbw * coll.bus_factor(n),
                 wrong
             );
+            rows.push(serde_json::json!({
+                "bytes": bytes, "count": count, "ip_time_us": secs * 1e6,
+                "ip_algbw_gbs": algbw, "ip_busbw_gbs": algbw * coll.bus_factor(n),
+                "ip_wrong": wrong, "algo": algo,
+            }));
         }
+    }
+    if let Some(path) = a.json.as_ref().filter(|_| rank == 0) {
+        let doc = serde_json::json!({
+            "tool": "ferroccl bench", "collective": coll.name(), "ranks": n,
+            "transport": tname, "device": "cuda", "dtype": T::DTYPE.name(), "op": op_name,
+            "root": root_col, "bus_factor": coll.bus_factor(n), "rows": rows,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap_or_default())
+            .map_err(|e| ferroccl::Error::io(format!("writing {}", path.display()), e))?;
     }
     if rank == 0 {
         println!(

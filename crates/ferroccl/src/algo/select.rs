@@ -41,10 +41,11 @@ pub enum AllReduceAlgo {
     /// ranks on every host; otherwise an all-reduce fails with `Error::Unavailable`.
     Hierarchical,
     /// One-shot on symmetric memory (every rank of the job on one host, over `shm` or
-    /// `auto`): each rank reduces all `n` buffers itself. Elsewhere the ring.
+    /// `auto`) and on device memory over CUDA IPC: each rank reduces all `n` buffers
+    /// itself. Elsewhere the ring.
     OneShot,
-    /// Two-shot on symmetric memory: each rank reduces `1/n`, then all copy. Elsewhere
-    /// the ring.
+    /// Two-shot on symmetric memory and on device memory over CUDA IPC: each rank
+    /// reduces `1/n`, then all copy. Elsewhere the ring.
     TwoShot,
 }
 
@@ -99,6 +100,71 @@ pub(crate) fn sym_two_shot_max(_n: usize) -> usize {
 /// 906/1177/1348, 2 MiB level, 8 MiB level (2.7–3.0 ms against 2.4–3.5).
 pub(crate) fn two_shot_block(n: usize, es: usize, segment: usize) -> usize {
     (n.max(1) * segment / es.max(1)).max(n.max(1))
+}
+
+/// Up to how many bytes an all-reduce of `n` ranks' device memory over CUDA IPC runs
+/// one-shot rather than two-shot ([`device_all_reduce`]). One-shot hands over between
+/// ranks once (every rank's copy-in, then each reads all the others), two-shot twice
+/// (the chunks' reductions, then the copies); on a GPU each hand-over is an
+/// interprocess event wait on the stream after the host saw the peer's counter, and it
+/// costs more than the extra memory one-shot moves — all ranks together `n(3n-1)·S`
+/// bytes against two-shot's `(7n-6)·S` — up to a few MiB. Measured on one H100 under
+/// MPS (`ferroccl bench --device cuda --transport cuda-ipc --algo …`, 20 iterations,
+/// one sitting), one-shot / two-shot / ring: 2 ranks 4 KiB 29 / 47 / 54 µs, 4 MiB 32 /
+/// 47 / 57, 16 MiB 70 / 73 / 98; 4 ranks 4 KiB 74 / 121 / 181, 4 MiB 89 / 125 / 193,
+/// 16 MiB 374 / 175 / 280; 8 ranks 4 KiB 197 / 341 / 651, 1 MiB 204 / 359 / 668, 4 MiB
+/// 322 / 391 / 736, 16 MiB 1117 / 499 / 839. So 4 MiB up to 8 ranks; beyond, where
+/// nothing was measured and one-shot's traffic grows as `n²`, 1 MiB.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn device_one_shot_max(n: usize) -> usize {
+    if n <= 8 {
+        4 << 20
+    } else {
+        1 << 20
+    }
+}
+
+/// The algorithm an all-reduce of `bytes` bytes of device memory runs on memory peers
+/// that are device memory (CUDA IPC), where `forced` is the configured one. Every
+/// hand-over between ranks costs a GPU-side event wait, so `auto` takes the algorithms
+/// with fewest: one-shot up to [`device_one_shot_max`], two-shot above it — in one
+/// block, not the host's cache-sized blocks, since each block is two more hand-overs,
+/// and with `(7n-6)·S` bytes of memory traffic over all ranks against the ring's
+/// `(9n-6)·S` (`transport::cuda_ipc`). On the H100 under MPS two-shot at 256 MiB
+/// reached 352 GB/s busbw at 2 ranks against the ring's 229, and 102 against 79 at 8. Forced one-shot, two-shot (hierarchical: every
+/// rank is on one host) and the ring hold; the others stream over links, which device
+/// memory has none of, and run the ring as before.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn device_all_reduce(n: usize, bytes: usize, forced: AllReduceAlgo) -> Algorithm {
+    match forced {
+        _ if n <= 1 => Algorithm::Ring,
+        AllReduceAlgo::OneShot => Algorithm::OneShot,
+        AllReduceAlgo::TwoShot | AllReduceAlgo::Hierarchical => Algorithm::TwoShot,
+        AllReduceAlgo::Auto if bytes <= device_one_shot_max(n) => Algorithm::OneShot,
+        AllReduceAlgo::Auto => Algorithm::TwoShot,
+        _ => Algorithm::Ring,
+    }
+}
+
+/// The pieces (element ranges, in order, covering `count` elements of `es` bytes
+/// once) in which a reduction of device memory is staged through host memory over a
+/// host transport: each piece comes to the host, is reduced by a host collective of its
+/// own and goes back, while the stream copies the next piece down and the previous one
+/// up, so that the copies overlap the wire. One piece up to 2 MiB (nothing to overlap
+/// with); above, a quarter of the buffer, at least 1 MiB and at most 16 MiB, so that
+/// the first piece's copy — the one nothing hides — is short against the whole and each
+/// piece's collective is long against its fixed cost.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn staged_pieces(count: usize, es: usize) -> Vec<std::ops::Range<usize>> {
+    let es = es.max(1);
+    let bytes = count.saturating_mul(es);
+    if bytes <= 2 << 20 {
+        return std::iter::once(0..count).collect();
+    }
+    let per = count.div_ceil(4).clamp((1 << 20) / es, (16 << 20) / es);
+    (0..count.div_ceil(per))
+        .map(|k| k * per..((k + 1) * per).min(count))
+        .collect()
 }
 
 /// A collective other than all-reduce on host memory, for [`Policy::pulls`].
@@ -788,5 +854,92 @@ mod tests {
         // A configured segment below the floor is kept; pulled chains are `n` deep.
         assert_eq!(chain_segment(false, 1 << 20, 8, 4, 4096), 4096);
         assert_eq!(chain_segment(true, 1 << 20, 8, 4, configured), 1 << 17);
+    }
+
+    #[test]
+    fn device_all_reduce_takes_the_fewest_hand_overs() {
+        for n in 2..=16 {
+            let m = device_one_shot_max(n);
+            assert!(m >= 4 << 10, "n={n}");
+            if n > 2 {
+                assert!(
+                    m <= device_one_shot_max(n - 1),
+                    "n={n}: one-shot grows with n"
+                );
+            }
+            let auto = |b| device_all_reduce(n, b, AllReduceAlgo::Auto);
+            for b in [0, 1, 4 << 10, m] {
+                assert_eq!(auto(b), Algorithm::OneShot, "n={n} {b}");
+            }
+            for b in [m + 1, 16 << 20, 1 << 30, usize::MAX] {
+                assert_eq!(auto(b), Algorithm::TwoShot, "n={n} {b}");
+            }
+            for (forced, want) in [
+                (AllReduceAlgo::Ring, Algorithm::Ring),
+                (AllReduceAlgo::OneShot, Algorithm::OneShot),
+                (AllReduceAlgo::TwoShot, Algorithm::TwoShot),
+                (AllReduceAlgo::Hierarchical, Algorithm::TwoShot),
+                (AllReduceAlgo::RecursiveDoubling, Algorithm::Ring),
+                (AllReduceAlgo::Rabenseifner, Algorithm::Ring),
+                (AllReduceAlgo::Tree, Algorithm::Ring),
+            ] {
+                for b in [4, 1 << 20, 1 << 30] {
+                    assert_eq!(
+                        device_all_reduce(n, b, forced),
+                        want,
+                        "n={n} {forced:?} {b}"
+                    );
+                }
+            }
+        }
+        // One rank has nothing to hand over: the ring's empty plan, whatever is forced.
+        for forced in [
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::OneShot,
+            AllReduceAlgo::TwoShot,
+        ] {
+            assert_eq!(device_all_reduce(1, 1 << 20, forced), Algorithm::Ring);
+        }
+    }
+
+    #[test]
+    fn staged_pieces_cover_the_buffer_once_in_bounded_pieces() {
+        for es in [1, 2, 4, 8] {
+            for count in [
+                0,
+                1,
+                7,
+                (2 << 20) / es,
+                (2 << 20) / es + 1,
+                (4 << 20) / es + 3,
+                (64 << 20) / es,
+                (1 << 30) / es + 5,
+            ] {
+                let p = staged_pieces(count, es);
+                assert_eq!(p.first().map(|r| r.start), Some(0), "{count}x{es}");
+                assert_eq!(p.last().map(|r| r.end), Some(count), "{count}x{es}");
+                assert!(p.windows(2).all(|w| w[0].end == w[1].start), "{count}x{es}");
+                if count * es <= 2 << 20 {
+                    assert_eq!(p.len(), 1, "{count}x{es}: small buffers are one piece");
+                    continue;
+                }
+                assert!(
+                    p.len() >= 2 && p.iter().all(|r| !r.is_empty()),
+                    "{count}x{es}"
+                );
+                // Every piece but the last the same size, 1 to 16 MiB.
+                let first = p[0].len() * es;
+                assert!(
+                    ((1 << 20)..=16 << 20).contains(&first),
+                    "{count}x{es}: {first}"
+                );
+                assert!(p[..p.len() - 1].iter().all(|r| r.len() == p[0].len()));
+                assert!(
+                    p.len() <= 4 || first == 16 << 20,
+                    "{count}x{es}: {}",
+                    p.len()
+                );
+            }
+        }
     }
 }

@@ -14,7 +14,6 @@ use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
 use crate::transport::Channel;
 use crate::wire::{Fingerprint, OpKind};
-use std::mem::size_of;
 use std::ops::Range;
 
 /// Runs the in-place collective `plan_of` on `b` (elements of `dtype`, combined with
@@ -68,15 +67,30 @@ impl Communicator {
 
     pub(super) fn job_all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<JobFn> {
         self.check_op::<T>(op)?;
-        let (algo, layout) = self.all_reduce_choice(std::mem::size_of_val(buf))?;
-        let fp = self.fingerprint(OpKind::AllReduce, T::DTYPE, Some(op), buf.len(), None, algo);
+        let run = self.all_reduce_bytes(T::DTYPE, buf.len(), buf.len(), op)?;
+        Ok(job_over(buf, run))
+    }
+
+    /// An in-place all-reduce of `count` elements of `dtype` as bytes, as host buffers
+    /// run it: the algorithm for its size, its fingerprint (with `fp_count` elements:
+    /// the whole call's, where this is a piece of it), read from the memory peers or
+    /// streamed over the links. Staged device buffers run their pieces through it too.
+    pub(super) fn all_reduce_bytes(
+        &self,
+        dtype: DataType,
+        count: usize,
+        fp_count: usize,
+        op: ReduceOp,
+    ) -> Result<impl FnOnce(&mut Engine, &mut [u8]) -> Result<()> + Send + 'static> {
+        let es = dtype.size();
+        let bytes = count * es;
+        let (algo, layout) = self.all_reduce_choice(bytes)?;
+        let fp = self.fingerprint(OpKind::AllReduce, dtype, Some(op), fp_count, None, algo);
         let (n, seg, pull) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy()
-                .all_reduce_pulls(algo, std::mem::size_of_val(buf)),
+            self.policy().all_reduce_pulls(algo, bytes),
         );
-        let (count, es) = (buf.len(), size_of::<T>());
         let shot = match algo {
             Algorithm::OneShot => Some(Shot::One),
             Algorithm::TwoShot => Some(Shot::Two {
@@ -84,9 +98,9 @@ impl Communicator {
             }),
             _ => None,
         };
-        Ok(job_over(buf, move |e, b| {
+        Ok(move |e: &mut Engine, b: &mut [u8]| {
             if let Some(shot) = shot.filter(|_| pull) {
-                let call = PullCall::on_host(b, T::DTYPE, Some(op), n);
+                let call = PullCall::on_host(b, dtype, Some(op), n);
                 return e.pull_shot(&fp, shot, &call);
             }
             let plan_of = move |q: usize, pulled: bool| {
@@ -96,8 +110,8 @@ impl Communicator {
                     all_reduce_plan(algo, q, n, count, es, seg, &layout)
                 }
             };
-            execute(e, &fp, pull, &plan_of, b, T::DTYPE, Some(op))
-        }))
+            execute(e, &fp, pull, &plan_of, b, dtype, Some(op))
+        })
     }
 
     /// Reduce-scatter in place over `chunks` (element ranges of `buf`, one per rank).

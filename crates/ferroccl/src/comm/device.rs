@@ -6,12 +6,15 @@
 //! `gather_device_raw` and `scatter_device_raw`). The slice forms are the raw ones on
 //! the slice's address.
 //!
-//! Over CUDA IPC (`TransportKind::CudaIpc`) the engine's pull executor runs the call's
-//! plan on the device: every rank reads its neighbours' device memory directly, nothing
-//! is staged. Over any other transport the buffer is staged through pinned host memory
-//! and the ordinary plan runs on it, every reduction on the device
-//! (`crate::cuda::staging`); all-to-all, gather and scatter are always staged (they move
-//! data, and run the host collectives on the pinned copies). Either way the call goes
+//! Over CUDA IPC (`TransportKind::CudaIpc`) the engine's pull executor runs the call on
+//! the device: every rank reads its peers' device memory directly, nothing is staged.
+//! An all-reduce there runs one-shot or two-shot (`engine/shot.rs`; the fewest
+//! hand-overs between ranks, `algo::select::device_all_reduce`), the other collectives
+//! their ring or chain plans. Over any other transport the buffer is staged through
+//! pinned host memory and the ordinary host plan runs on it, reductions included
+//! (`crate::cuda::staging`), a large reduction in pieces whose copies overlap the wire;
+//! all-to-all, gather and scatter are always staged (they move data, and run the host
+//! collectives on the pinned copies). Either way the call goes
 //! through the engine's run wrapper: it is fingerprinted (a mismatched call is
 //! [`crate::Error::Mismatch`]), it waits under the communicator's timeout and abort
 //! handle, and a failure — a CUDA error included — poisons the communicator.
@@ -28,18 +31,17 @@
 //! refused argument does, so peers do not wait for this rank.
 
 use super::Communicator;
-use crate::algo::all_reduce_plan;
-use crate::algo::select::chain_segment;
+use crate::algo::select::{chain_segment, device_all_reduce, staged_pieces};
 use crate::algo::{chain, ring, schedule, Algorithm, Plan};
 use crate::cuda::mem::{dtod, dtoh, htod, DeviceAlloc};
-use crate::cuda::staging::{with_pinned, DeviceCombine};
-use crate::cuda::{Device, DeviceBuf, DeviceReducer};
-use crate::engine::{Data, Engine, PullCall};
+use crate::cuda::staging::with_pinned;
+use crate::cuda::{drv, Device, DeviceBuf};
+use crate::engine::{Data, Engine, PullCall, Shot};
 use crate::error::{Error, Result};
-use crate::reduce::{check_op, DataType, Element, NoCombine, ReduceOp};
+use crate::reduce::{check_op, DataType, Element, HostCombine, NoCombine, ReduceOp};
 use crate::transport::{CallMem, Channel};
 use crate::wire::{Fingerprint, OpKind};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -77,6 +79,14 @@ macro_rules! by_dtype {
             }
         }
     };
+}
+
+/// One staged piece's collective on its host bytes ([`Communicator::staged_reduce`]).
+type PieceRun = Box<dyn FnOnce(&mut Engine, &mut [u8]) -> Result<()>>;
+
+/// A new event recording what `stream` has queued so far.
+fn cuda_event(stream: &CudaStream) -> Result<CudaEvent> {
+    stream.record_event(None).map_err(drv("cuEventRecord"))
 }
 
 /// An all-to-all's `(send_counts, send_displs, recv_counts, recv_displs)`.
@@ -187,7 +197,48 @@ impl Communicator {
         op: Option<ReduceOp>,
         plan_of: &dyn Fn(usize) -> Plan,
     ) -> Result<()> {
-        let call = PullCall {
+        let call = self.pull_call(ordinal, io, dtype, op);
+        self.run_now(|e| e.pull(fp, plan_of, &call))
+    }
+
+    /// The algorithm an all-reduce of `bytes` bytes of device memory uses on this
+    /// communicator: over CUDA IPC the one `algo::select` picks for device memory
+    /// (one-shot for small buffers, two-shot above, or what `FERROCCL_ALGO` forces);
+    /// staged through host memory, the host's for the pieces it is staged in
+    /// ([`Communicator::all_reduce_algorithm`] of the first piece's size).
+    pub fn device_all_reduce_algorithm(&self, bytes: usize) -> Algorithm {
+        if self.device_pull {
+            device_all_reduce(self.world_size, bytes, self.cfg.tuning.all_reduce_algo)
+        } else {
+            let piece = staged_pieces(bytes, 1).first().map_or(0, |p| p.len());
+            self.all_reduce_algorithm(piece)
+        }
+    }
+
+    /// Runs the one-shot or two-shot all-reduce `shot` on the transport's memory peers
+    /// over device memory.
+    fn shot_device(
+        &self,
+        fp: &Fingerprint,
+        shot: Shot,
+        ordinal: usize,
+        io: DeviceIo,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let call = self.pull_call(ordinal, io, dtype, Some(op));
+        self.run_now(|e| e.pull_shot(fp, shot, &call))
+    }
+
+    /// The pull executor's view of a call on device memory of GPU `ordinal`.
+    fn pull_call(
+        &self,
+        ordinal: usize,
+        io: DeviceIo,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+    ) -> PullCall {
+        PullCall {
             mem: CallMem {
                 space: ordinal,
                 input: io.input.0,
@@ -201,36 +252,52 @@ impl Communicator {
             bytes: io.bytes,
             input_at: io.input_at,
             output_at: io.output_at,
-        };
-        self.run_now(|e| e.pull(fp, plan_of, &call))
+        }
     }
 
-    /// Runs `plan` over the links on `buf` in place, staged through pinned host memory,
-    /// combining on the device with `op`.
+    /// Reduces `buf` in place over the links, staged through pinned host memory in the
+    /// pieces `algo::select::staged_pieces` cuts: every piece's copy to the host is
+    /// queued at once, each followed by an event; piece `k`'s host collective starts
+    /// when its event has passed, and its copy back is queued behind it, so the stream
+    /// moves the other pieces while the wire carries this one. `piece(c)` is the
+    /// collective of a piece of `c` elements (fingerprinted when it is made), which
+    /// runs on the pinned copy exactly as on host buffers, reductions included. A CUDA
+    /// failure poisons the communicator (peers wait for the next piece otherwise).
     fn staged_reduce(
         &self,
         dev: &Arc<Device>,
         buf: DeviceBuf,
-        op: ReduceOp,
-        fp: &Fingerprint,
-        plan: impl FnOnce(&Engine) -> Plan,
+        piece: &dyn Fn(usize) -> Result<PieceRun>,
     ) -> Result<()> {
-        let red = DeviceReducer::new(dev.clone()).map_err(|e| self.refuse(e))?;
+        let es = buf.dtype.size();
+        let pieces = staged_pieces(buf.len, es);
         let stream = dev.stream().clone();
-        let n = self.world_size;
-        with_pinned(dev, buf.bytes(), |h| {
-            // SAFETY: `buf` holds h.len() bytes (the contract); synchronized before use.
-            unsafe { dtoh(&stream, h, buf.addr)? };
-            dev.synchronize()?;
-            self.run_now(|e| {
-                let plan = plan(e);
-                let mut comb = DeviceCombine::new(&red, buf.dtype, op, n)?;
-                e.stream(Channel::Collective, fp, &plan, Data::Write(h), &mut comb)
-            })?;
-            // SAFETY: as above; `h` outlives the synchronize.
-            unsafe { htod(&stream, buf.addr, h)? };
-            dev.synchronize()
-        })
+        let r = with_pinned(dev, buf.bytes(), |h| {
+            let cuda = |r: Result<()>| r.map_err(|e| self.refuse(e));
+            let mut down = Vec::with_capacity(pieces.len());
+            for p in &pieces {
+                let at = p.start * es..p.end * es;
+                // SAFETY: `buf` holds these bytes (the contract); `h` stays untouched
+                // until the piece's event has passed (below).
+                cuda(unsafe { dtoh(&stream, &mut h[at.clone()], buf.addr + at.start as u64) })?;
+                down.push(cuda_event(&stream).map_err(|e| self.refuse(e))?);
+            }
+            for (p, ev) in pieces.iter().zip(&down) {
+                let at = p.start * es..p.end * es;
+                cuda(ev.synchronize().map_err(drv("cuEventSynchronize")))?;
+                let run = piece(p.len())?;
+                self.run_now(|e| run(e, &mut h[at.clone()]))?;
+                // SAFETY: as above; `h` outlives the synchronize below.
+                cuda(unsafe { htod(&stream, buf.addr + at.start as u64, &h[at]) })?;
+            }
+            cuda(dev.synchronize())
+        });
+        if r.is_err() {
+            // Copies may still be queued on the pinned buffer, which the next staged
+            // call of this thread reuses.
+            let _ = dev.synchronize();
+        }
+        r
     }
 
     /// Runs `f` on host copies of device buffers, in one pinned staging buffer: `ins`
@@ -281,24 +348,27 @@ impl Communicator {
         let (n, count, es) = (self.world_size, buf.len, buf.dtype.size());
         let bytes = buf.bytes();
         if self.device_pull {
-            let fp = self.fingerprint(
-                OpKind::AllReduce,
-                buf.dtype,
-                Some(op),
-                count,
-                None,
-                Algorithm::Ring,
-            );
+            let algo = self.device_all_reduce_algorithm(bytes);
+            let fp = self.fingerprint(OpKind::AllReduce, buf.dtype, Some(op), count, None, algo);
             let io = DeviceIo::in_place(buf.addr, bytes);
-            return self.pull_device(&fp, dev.ordinal, io, buf.dtype, Some(op), &|q| {
-                ring::all_reduce(q, n, count, es, count.max(1))
-            });
+            let shot = match algo {
+                Algorithm::OneShot => Shot::One,
+                // One block: each block is two more hand-overs between ranks.
+                Algorithm::TwoShot => Shot::Two { block: 0 },
+                _ => {
+                    return self.pull_device(&fp, dev.ordinal, io, buf.dtype, Some(op), &|q| {
+                        ring::all_reduce(q, n, count, es, count.max(1))
+                    })
+                }
+            };
+            return self.shot_device(&fp, shot, dev.ordinal, io, buf.dtype, op);
         }
-        let (algo, layout) = self.all_reduce_choice(bytes)?;
-        let fp = self.fingerprint(OpKind::AllReduce, buf.dtype, Some(op), count, None, algo);
-        let seg = self.cfg.tuning.segment_bytes;
-        self.staged_reduce(&dev, buf, op, &fp, |e| {
-            all_reduce_plan(algo, e.rank, n, count, es, seg, &layout)
+        // Each piece is an all-reduce of its own, by the algorithm for its size; every
+        // piece's fingerprint carries the whole call's count, so calls of different
+        // lengths never match piece by piece.
+        self.staged_reduce(&dev, buf, &|c| {
+            let run: PieceRun = Box::new(self.all_reduce_bytes(buf.dtype, c, count, op)?);
+            Ok(run)
         })
     }
 
@@ -348,7 +418,6 @@ impl Communicator {
                 ring::reduce_scatter(q, n, &chunks, es, whole)
             });
         }
-        let red = DeviceReducer::new(dev.clone()).map_err(|e| self.refuse(e))?;
         let seg = self.cfg.tuning.segment_bytes;
         let stream = dev.stream().clone();
         with_pinned(&dev, send.bytes(), |h| {
@@ -358,7 +427,11 @@ impl Communicator {
             self.run_now(|e| {
                 let plan =
                     ring::reduce_scatter(rank, n, &chunks, es, ring::seg_elems(&chunks, es, seg));
-                let mut comb = DeviceCombine::new(&red, send.dtype, op, n)?;
+                let mut comb = HostCombine {
+                    dtype: send.dtype,
+                    op,
+                    world_size: n,
+                };
                 e.stream(Channel::Collective, &fp, &plan, Data::Write(h), &mut comb)
             })?;
             let mine = &h[chunks[rank].start * es..chunks[rank].end * es];
@@ -494,25 +567,40 @@ impl Communicator {
         check_op(buf.dtype, op).map_err(|e| self.refuse(e))?;
         self.check_root("reduce", root)?;
         let dev = self.device_for("reduce", &[(&buf, "buffer")])?;
-        let fp = self.fingerprint(
-            OpKind::Reduce,
-            buf.dtype,
-            Some(op),
-            buf.len,
-            Some(root),
-            Algorithm::Chain,
-        );
+        let fp = || {
+            self.fingerprint(
+                OpKind::Reduce,
+                buf.dtype,
+                Some(op),
+                buf.len,
+                Some(root),
+                Algorithm::Chain,
+            )
+        };
         let (n, es) = (self.world_size, buf.dtype.size());
         let bytes = buf.bytes();
         if self.device_pull {
             let io = DeviceIo::in_place(buf.addr, bytes);
-            return self.pull_device(&fp, dev.ordinal, io, buf.dtype, Some(op), &|q| {
+            return self.pull_device(&fp(), dev.ordinal, io, buf.dtype, Some(op), &|q| {
                 chain::reduce(q, n, root, bytes, chain_segment(true, bytes, n, es, 0))
             });
         }
-        let seg = chain_segment(false, bytes, n, es, self.cfg.tuning.segment_bytes);
-        self.staged_reduce(&dev, buf, op, &fp, |e| {
-            chain::reduce(e.rank, n, root, bytes, seg)
+        // Each piece a reduce of its own to `root` (the whole call's count in each
+        // fingerprint, as the all-reduce's).
+        let cfg_seg = self.cfg.tuning.segment_bytes;
+        self.staged_reduce(&dev, buf, &|c| {
+            let (b, fp) = (c * es, fp());
+            let seg = chain_segment(false, b, n, es, cfg_seg);
+            let mut comb = HostCombine {
+                dtype: buf.dtype,
+                op,
+                world_size: n,
+            };
+            let run: PieceRun = Box::new(move |e, h| {
+                let plan = chain::reduce(e.rank, n, root, b, seg);
+                e.stream(Channel::Collective, &fp, &plan, Data::Write(h), &mut comb)
+            });
+            Ok(run)
         })
     }
 
