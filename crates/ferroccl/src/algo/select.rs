@@ -84,9 +84,17 @@ pub(crate) fn one_shot_max(_n: usize) -> usize {
 /// 0.74–1.12 ms against 1.16–1.56, 8 MiB 2.66–3.21 against 2.24–3.37, 16 MiB 5.2–7.0
 /// against 5.7–6.6 (and at 64 MiB the rings 1.2–1.8× faster in two other sittings). A
 /// ring's segments pass through a 4 MiB ring that stays in the caches; two-shot's
-/// workspaces of that size do not.
-pub(crate) fn sym_two_shot_max(_n: usize) -> usize {
-    4 << 20
+/// workspaces of that size do not. With many ranks the ring's `2(n-1)` steps cost more
+/// than the caches save: on a 16-core host (an H100 machine's Xeon, 300 MiB L3; one
+/// sitting, `tools/many-ranks`, medians of 20) 16 MiB took 8.5 ms two-shot against the
+/// ring's 10.4 at n = 8, and 14.4 against 34.3 at n = 16; so 16 MiB from 8 ranks
+/// (above it nothing was measured; between 5 and 7 ranks neither).
+pub(crate) fn sym_two_shot_max(n: usize) -> usize {
+    if n >= 8 {
+        16 << 20
+    } else {
+        4 << 20
+    }
 }
 
 /// Elements per block of a two-shot all-reduce on `n` ranks (elements of `es` bytes,
@@ -940,6 +948,24 @@ mod tests {
                     p.len()
                 );
             }
+        }
+    }
+
+    #[test]
+    fn many_ranks_keep_two_shot_up_to_16_mib_on_symmetric_memory() {
+        for n in 2..=16 {
+            let auto = Policy {
+                host_pull: true,
+                sym: true,
+                pull_max: 1 << 30,
+                ..policy(n, None)
+            };
+            let hi = if n >= 8 { 16 << 20 } else { 4 << 20 };
+            assert_eq!(sym_two_shot_max(n), hi, "n={n}");
+            assert_eq!(auto.all_reduce(hi), Algorithm::TwoShot, "n={n}");
+            assert!(auto.all_reduce_pulls(Algorithm::TwoShot, hi), "n={n}");
+            assert_eq!(auto.all_reduce(hi + 1), Algorithm::Ring, "n={n}");
+            assert!(!auto.all_reduce_pulls(Algorithm::Ring, hi + 1), "n={n}");
         }
     }
 }
