@@ -32,9 +32,7 @@ def main():
     if not dev or not host:
         print(f"gpu-check staging: no bench output in {d}", file=sys.stderr)
         return 2
-    print(
-        "# staging: device buffers over shm against host buffers over shm, 2 ranks, in place"
-    )
+    print("# staging: device buffers over shm against host buffers over shm, 2 ranks, in place")
     print(
         f"#{'size (B)':>11} {'device GB/s':>12} {'host GB/s':>10} {'ratio':>6} {'target':>7} {'#wrong':>7}  reps (device / host)"
     )
@@ -48,9 +46,7 @@ def main():
         wrong += w
         ratio = max(dv) / max(max(hv), 1e-12)
         miss = "" if ratio >= TARGET else "  MISSED"
-        reps = (
-            " ".join(f"{x:.2f}" for x in dv) + " / " + " ".join(f"{x:.2f}" for x in hv)
-        )
+        reps = " ".join(f"{x:.2f}" for x in dv) + " / " + " ".join(f"{x:.2f}" for x in hv)
         print(
             f"{b:>12} {max(dv):>12.2f} {max(hv):>10.2f} {ratio:>6.2f} {'>=0.80':>7} {w:>7}  {reps}{miss}"
         )

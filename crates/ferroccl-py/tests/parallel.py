@@ -221,6 +221,23 @@ def mesh_facts(rank, n, how, tmp):
     return out
 
 
+def class_route(rank, n, how, tmp):
+    """Which object torch calls: whether the default group is ferroccl's class (the
+    ProcessGroup route) or torch's ProcessGroup over ferroccl's Backend; and one
+    all-reduce and a monitored_barrier through it."""
+    from ferroccl.torch import ProcessGroupFerroccl
+
+    init(rank, n, how, tmp)
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    if monitored_barrier_is_open():
+        dist.monitored_barrier(timeout=timedelta(seconds=30))
+    out = {"is_ours": isinstance(pg, ProcessGroupFerroccl), "sum": t.tolist()}
+    dist.destroy_process_group()
+    return out
+
+
 def monitored_barrier_late(rank, n, how, tmp):
     """The last rank never reaches monitored_barrier: rank 0 names it within the
     barrier's timeout."""

@@ -91,3 +91,34 @@ def test_a_mesh_laid_out_differently_on_each_rank_is_a_mismatch_not_a_hang():
         assert got["type"] == "MismatchError", (r, got)
         assert "mismatched new group" in got["msg"], (r, got)
         assert got["after"] < 30, (r, got)
+
+
+@pytest.mark.parametrize("route", ["process-group", "backend"])
+def test_both_routes_into_torch_run_the_mesh_and_the_barrier(route):
+    """FERROCCL_TORCH_CLASS: ferroccl's class is torch's ProcessGroup by default, a
+    Backend under torch's own ProcessGroup when asked where torch has Python backends;
+    DeviceMesh, monitored_barrier and async checkpoints work either way."""
+    from ferroccl.torch import _python_backends
+
+    env = {"FERROCCL_TORCH_CLASS": route}
+    res = ranks.run(2, "class_route", module="parallel", timeout=120, env=env)
+    want_ours = route == "process-group" or not _python_backends()
+    for got in res:
+        assert got["is_ours"] == want_ours, (route, got)
+        assert got["sum"] == [3.0] * 4, got
+    res = ranks.run(4, "mesh_facts", module="parallel", timeout=180, env=env)
+    for got in res:
+        assert got["b_sum"] == 2.0 and got["loaded"] == [0.0, 1.0, 2.0, 3.0], (route, got)
+
+
+def test_an_unknown_route_is_refused_by_name():
+    import subprocess
+    import sys
+
+    code = "import ferroccl.torch"
+    env = dict(__import__("os").environ, FERROCCL_TORCH_CLASS="pg")
+    p = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
+    )
+    assert p.returncode != 0
+    assert "FERROCCL_TORCH_CLASS='pg'" in p.stderr and "process-group or backend" in p.stderr

@@ -36,6 +36,7 @@ reach it by either).
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -216,9 +217,22 @@ def _python_backends() -> bool:
     return bool(seen)
 
 
-# What the backend is: a c10d Backend under torch's ProcessGroup where torch calls
-# Python ones; otherwise the ProcessGroup itself (torch 1.13 has nothing else).
-_AS_BACKEND = _python_backends()
+def _as_backend() -> bool:
+    """What the backend is (``FERROCCL_TORCH_CLASS``): by default the ProcessGroup
+    itself, on every torch (1.13 has nothing else), its methods called by
+    torch.distributed directly; ``backend`` makes it a c10d Backend under torch's own
+    ProcessGroup where torch calls Python ones (2.15's PyBackend), as gloo's is. Both
+    run every test; torch's dispatch through PyBackend cost 5.5-7 us per call on 2.15
+    (the book's binding section), more than all of ferroccl's Python."""
+    choice = os.environ.get("FERROCCL_TORCH_CLASS", "").strip() or "process-group"
+    if choice not in ("process-group", "backend"):
+        raise InvalidArgumentError(
+            f"FERROCCL_TORCH_CLASS={choice!r}: expected process-group or backend"
+        )
+    return choice == "backend" and _python_backends()
+
+
+_AS_BACKEND = _as_backend()
 _Base = _C10D.Backend if _AS_BACKEND else dist.ProcessGroup
 
 
@@ -760,8 +774,10 @@ class ProcessGroupFerroccl(_Base):
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
         """gloo's ``monitored_barrier``: every rank reports to rank 0, which waits at
         most the timeout for each and names the ranks that did not come (the first,
-        or all with ``wait_all_ranks``), then releases the others."""
-        timeout = getattr(opts, "timeout", None)
+        or all with ``wait_all_ranks``), then releases the others. ``opts`` is torch's
+        ``BarrierOptions`` when torch calls a backend, the timeout itself when it
+        calls the group (``dist.monitored_barrier`` on torch 2.x)."""
+        timeout = opts if isinstance(opts, timedelta) else getattr(opts, "timeout", None)
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else None
         me, n = self.rank(), self.size()
         c = self._n
