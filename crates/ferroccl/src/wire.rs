@@ -275,6 +275,9 @@ impl fmt::Display for Fingerprint {
         }
         match (self.kind, self.root) {
             (OpKind::SendRecv, Some(tag)) => write!(f, ", tag {tag}")?,
+            (OpKind::AllReduce, Some(left)) => {
+                write!(f, ", a staged piece with {left} more after it")?
+            }
             (_, Some(root)) => write!(f, ", root {root}")?,
             _ => {}
         }
@@ -655,6 +658,15 @@ mod tests {
             child.to_string(),
             "all_reduce #17 (bfloat16, 1099511627776 elements, max, ring) on communicator \
              0x00000000000000ab"
+        );
+        // A piece of a staged device all-reduce differs from a whole host call.
+        let mut piece = header().fp;
+        piece.root = Some(2);
+        assert_ne!(piece, header().fp);
+        assert_eq!(
+            piece.to_string(),
+            "all_reduce #17 (bfloat16, 1099511627776 elements, max, a staged piece with 2 \
+             more after it, ring)"
         );
     }
 

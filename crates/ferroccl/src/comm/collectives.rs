@@ -67,25 +67,28 @@ impl Communicator {
 
     pub(super) fn job_all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<JobFn> {
         self.check_op::<T>(op)?;
-        let run = self.all_reduce_bytes(T::DTYPE, buf.len(), buf.len(), op)?;
+        let run = self.all_reduce_bytes(T::DTYPE, buf.len(), op, None)?;
         Ok(job_over(buf, run))
     }
 
     /// An in-place all-reduce of `count` elements of `dtype` as bytes, as host buffers
-    /// run it: the algorithm for its size, its fingerprint (with `fp_count` elements:
-    /// the whole call's, where this is a piece of it), read from the memory peers or
-    /// streamed over the links. Staged device buffers run their pieces through it too.
+    /// run it: the algorithm for its size, its fingerprint, read from the memory peers
+    /// or streamed over the links. Staged device buffers run their pieces through it
+    /// too, each piece's fingerprint saying how many pieces follow it (`piece_of`, in
+    /// the root's place, which an all-reduce has no use for), so that calls of
+    /// different lengths, or a piece against a whole host buffer, fail as mismatched at
+    /// their first piece, never match piece by piece.
     pub(super) fn all_reduce_bytes(
         &self,
         dtype: DataType,
         count: usize,
-        fp_count: usize,
         op: ReduceOp,
+        piece_of: Option<usize>,
     ) -> Result<impl FnOnce(&mut Engine, &mut [u8]) -> Result<()> + Send + 'static> {
         let es = dtype.size();
         let bytes = count * es;
         let (algo, layout) = self.all_reduce_choice(bytes)?;
-        let fp = self.fingerprint(OpKind::AllReduce, dtype, Some(op), fp_count, None, algo);
+        let fp = self.fingerprint(OpKind::AllReduce, dtype, Some(op), count, piece_of, algo);
         let (n, seg, pull) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,

@@ -259,18 +259,24 @@ impl Communicator {
     /// pieces `algo::select::staged_pieces` cuts: every piece's copy to the host is
     /// queued at once, each followed by an event; piece `k`'s host collective starts
     /// when its event has passed, and its copy back is queued behind it, so the stream
-    /// moves the other pieces while the wire carries this one. `piece(c)` is the
-    /// collective of a piece of `c` elements (fingerprinted when it is made), which
-    /// runs on the pinned copy exactly as on host buffers, reductions included. A CUDA
-    /// failure poisons the communicator (peers wait for the next piece otherwise).
+    /// moves the other pieces while the wire carries this one. `piece(c, left)` is the
+    /// collective of a piece of `c` elements with `left` more after it (fingerprinted
+    /// when it is made), which runs on the pinned copy exactly as on host buffers,
+    /// reductions included; with `split` false the buffer is one piece. A CUDA failure
+    /// poisons the communicator (peers wait for the next piece otherwise).
     fn staged_reduce(
         &self,
         dev: &Arc<Device>,
         buf: DeviceBuf,
-        piece: &dyn Fn(usize) -> Result<PieceRun>,
+        split: bool,
+        piece: &dyn Fn(usize, usize) -> Result<PieceRun>,
     ) -> Result<()> {
         let es = buf.dtype.size();
-        let pieces = staged_pieces(buf.len, es);
+        let pieces = if split {
+            staged_pieces(buf.len, es)
+        } else {
+            std::iter::once(0..buf.len).collect()
+        };
         let stream = dev.stream().clone();
         let r = with_pinned(dev, buf.bytes(), |h| {
             let cuda = |r: Result<()>| r.map_err(|e| self.refuse(e));
@@ -282,10 +288,10 @@ impl Communicator {
                 cuda(unsafe { dtoh(&stream, &mut h[at.clone()], buf.addr + at.start as u64) })?;
                 down.push(cuda_event(&stream).map_err(|e| self.refuse(e))?);
             }
-            for (p, ev) in pieces.iter().zip(&down) {
+            for (k, (p, ev)) in pieces.iter().zip(&down).enumerate() {
                 let at = p.start * es..p.end * es;
                 cuda(ev.synchronize().map_err(drv("cuEventSynchronize")))?;
-                let run = piece(p.len())?;
+                let run = piece(p.len(), pieces.len() - 1 - k)?;
                 self.run_now(|e| run(e, &mut h[at.clone()]))?;
                 // SAFETY: as above; `h` outlives the synchronize below.
                 cuda(unsafe { htod(&stream, buf.addr + at.start as u64, &h[at]) })?;
@@ -363,11 +369,13 @@ impl Communicator {
             };
             return self.shot_device(&fp, shot, dev.ordinal, io, buf.dtype, op);
         }
-        // Each piece is an all-reduce of its own, by the algorithm for its size; every
-        // piece's fingerprint carries the whole call's count, so calls of different
-        // lengths never match piece by piece.
-        self.staged_reduce(&dev, buf, &|c| {
-            let run: PieceRun = Box::new(self.all_reduce_bytes(buf.dtype, c, count, op)?);
+        // Each piece is an all-reduce of its own, by the algorithm for its size; a
+        // buffer of several pieces says so in each one's fingerprint (a buffer of one
+        // is fingerprinted as host buffers are, so peers may pass either).
+        let several = staged_pieces(count, es).len() > 1;
+        self.staged_reduce(&dev, buf, true, &|c, left| {
+            let left = several.then_some(left);
+            let run: PieceRun = Box::new(self.all_reduce_bytes(buf.dtype, c, op, left)?);
             Ok(run)
         })
     }
@@ -585,10 +593,10 @@ impl Communicator {
                 chain::reduce(q, n, root, bytes, chain_segment(true, bytes, n, es, 0))
             });
         }
-        // Each piece a reduce of its own to `root` (the whole call's count in each
-        // fingerprint, as the all-reduce's).
+        // One piece: the root's place in the fingerprint is taken, and a reduce to
+        // one rank is not what staging is measured by.
         let cfg_seg = self.cfg.tuning.segment_bytes;
-        self.staged_reduce(&dev, buf, &|c| {
+        self.staged_reduce(&dev, buf, false, &|c, _| {
             let (b, fp) = (c * es, fp());
             let seg = chain_segment(false, b, n, es, cfg_seg);
             let mut comb = HostCombine {

@@ -1,13 +1,14 @@
 //! Device buffers over a host transport (TCP, shared memory, local pipes, RDMA): staged
 //! through page-locked host memory.
 //!
-//! The device buffer is copied into a pinned host buffer, the ordinary host plan runs
-//! on it — the same ring, recursive doubling or chain, with the same fingerprints and
-//! the same host reductions, so peers may even mix host and device calls — and the
-//! result is copied back. A reduction of a large buffer goes in pieces
-//! (`algo::select::staged_pieces`), each a host collective of its own, so that the
-//! stream copies the other pieces while the wire carries one
-//! (`Communicator::staged_reduce`).
+//! The device buffer is copied into a pinned host buffer, the ordinary host collective
+//! runs on it — the same ring, recursive doubling, chain or symmetric-memory shot, with
+//! the same host reductions — and the result is copied back. An all-reduce of more than
+//! 2 MiB goes in pieces (`algo::select::staged_pieces`), each a host collective of its
+//! own, so that the stream copies the other pieces while the wire carries one
+//! (`Communicator::staged_reduce`); each piece's fingerprint says how many follow it.
+//! Up to 2 MiB the fingerprints are a host buffer's, so peers may mix host and device
+//! buffers in one call; above, a peer that passes a host buffer gets a mismatch.
 //!
 //! The reductions run on the host, on the pinned copy. Reducing on the device instead
 //! meant, for every arriving segment, copying both operands up, a kernel, the result
