@@ -13,9 +13,12 @@
 //! 3. **CUDA-IPC all-reduce** with 2, 4 and 8 ranks as processes on one GPU: exact
 //!    results (small integers in f32), busbw, and the limit the GPU's memory bandwidth
 //!    implies: `busbw_max = B·2(n-1)/(n·(9n-6))` with `B` the copy bandwidth measured in
-//!    step 2 (derivation: [`ferroccl::transport::cuda_ipc`]). Reduce-scatter,
-//!    all-gather, broadcast and reduce over the same IPC ring are checked and timed too
-//!    (no limit derived for them).
+//!    step 2 (derivation: [`ferroccl::transport::cuda_ipc`]; it is the ring's, which
+//!    one-shot and two-shot — what `auto` runs on device memory — can pass). Each
+//!    algorithm of `--ipc-algos` is a run of its own, the table naming the one that
+//!    ran. Reduce-scatter, all-gather, broadcast and reduce over the same IPC ring are
+//!    checked and timed too (no limit derived for them). `--ipc-only` skips steps 1
+//!    and 2 but for the copy bandwidth (a second pass under MPS, say).
 //!
 //! Prints one table and writes the same rows as JSON (`--json`). Exit status 0 only if
 //! nothing was wrong (bandwidth targets are reported, not enforced).
