@@ -4,18 +4,9 @@
 /// type this binary does not know.
 macro_rules! with_dtype {
     ($dtype:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
-        match $dtype {
-            ferroccl::DataType::F32 => $f::<f32>($($arg),*),
-            ferroccl::DataType::F64 => $f::<f64>($($arg),*),
-            ferroccl::DataType::F16 => $f::<half::f16>($($arg),*),
-            ferroccl::DataType::BF16 => $f::<half::bf16>($($arg),*),
-            ferroccl::DataType::I32 => $f::<i32>($($arg),*),
-            ferroccl::DataType::I64 => $f::<i64>($($arg),*),
-            ferroccl::DataType::U8 => $f::<u8>($($arg),*),
-            other => Err(ferroccl::Error::InvalidArgument(format!(
-                "unsupported dtype {other}"
-            ))),
-        }
+        ferroccl::reduce::by_dtype!($dtype, T => $f::<T>($($arg),*), other => Err(
+            ferroccl::Error::InvalidArgument(format!("unsupported dtype {other}"))
+        ))
     };
 }
 

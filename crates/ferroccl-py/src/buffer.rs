@@ -109,42 +109,13 @@ pub(crate) fn same_type(bufs: &[Buf]) -> PyResult<DataType> {
     Ok(dt)
 }
 
-/// Runs `$body` with `$T` the Rust type of `$dt`.
+/// Runs `$body` with `$T` the Rust type of `$dt` (the library's dispatch), an error
+/// for a dtype the binding has no type for.
 macro_rules! typed {
     ($dt:expr, $T:ident => $body:expr) => {
-        match $dt {
-            ::ferroccl::DataType::F32 => {
-                type $T = f32;
-                $body
-            }
-            ::ferroccl::DataType::F64 => {
-                type $T = f64;
-                $body
-            }
-            ::ferroccl::DataType::F16 => {
-                type $T = ::ferroccl::half::f16;
-                $body
-            }
-            ::ferroccl::DataType::BF16 => {
-                type $T = ::ferroccl::half::bf16;
-                $body
-            }
-            ::ferroccl::DataType::I32 => {
-                type $T = i32;
-                $body
-            }
-            ::ferroccl::DataType::I64 => {
-                type $T = i64;
-                $body
-            }
-            ::ferroccl::DataType::U8 => {
-                type $T = u8;
-                $body
-            }
-            other => Err(::ferroccl::Error::InvalidArgument(format!(
-                "ferroccl's Python binding has no element type {other}"
-            ))),
-        }
+        ::ferroccl::reduce::by_dtype!($dt, $T => $body, other => Err(::ferroccl::Error::InvalidArgument(
+            format!("ferroccl's Python binding has no element type {other}")
+        )))
     };
 }
 pub(crate) use typed;

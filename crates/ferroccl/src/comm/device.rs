@@ -45,40 +45,9 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, 
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Runs `$body` with `$T` the element type of `$dt`.
-macro_rules! by_dtype {
-    ($dt:expr, $T:ident => $body:expr) => {
-        match $dt {
-            DataType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DataType::F64 => {
-                type $T = f64;
-                $body
-            }
-            DataType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            DataType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            DataType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DataType::I64 => {
-                type $T = i64;
-                $body
-            }
-            DataType::U8 => {
-                type $T = u8;
-                $body
-            }
-        }
-    };
+/// The error for a dtype with no element type in this build.
+fn untyped(dt: DataType) -> Error {
+    Error::InvalidArgument(format!("{dt}: no element type for it in this build"))
 }
 
 /// One staged piece's collective on its host bytes ([`Communicator::staged_reduce`]).
@@ -647,13 +616,13 @@ impl Communicator {
         counts: Option<Counts<'_>>,
     ) -> Result<()> {
         self.staged_move("all_to_all", send, recv, true, |s, r| {
-            by_dtype!(send.dtype, T => {
+            crate::reduce::by_dtype!(send.dtype, T => {
                 let (s, r) = (elems::<T>(s)?, elems_mut::<T>(r)?);
                 match counts {
                     None => self.all_to_all(s, r),
                     Some((sc, sd, rc, rd)) => self.all_to_allv(s, sc, sd, r, rc, rd),
                 }
-            })
+            }, other => Err(untyped(other)))
         })
     }
 
@@ -669,7 +638,8 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.staged_move("gather", send, recv, false, |s, r| {
-            by_dtype!(send.dtype, T => self.gather(elems::<T>(s)?, elems_mut::<T>(r)?, root))
+            crate::reduce::by_dtype!(send.dtype, T => self.gather(elems::<T>(s)?, elems_mut::<T>(r)?, root),
+                other => Err(untyped(other)))
         })
     }
 
@@ -685,7 +655,8 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.staged_move("scatter", send, recv, false, |s, r| {
-            by_dtype!(send.dtype, T => self.scatter(elems::<T>(s)?, elems_mut::<T>(r)?, root))
+            crate::reduce::by_dtype!(send.dtype, T => self.scatter(elems::<T>(s)?, elems_mut::<T>(r)?, root),
+                other => Err(untyped(other)))
         })
     }
 

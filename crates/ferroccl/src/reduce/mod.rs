@@ -17,7 +17,9 @@
 //! - `Min`/`Max` on floats follow IEEE `minNum`/`maxNum` (`f32::min`): a NaN loses to a number.
 
 use crate::error::{Error, Result};
-use half::{bf16, f16};
+/// The 16-bit floats' Rust types, as `by_dtype!` names them.
+#[doc(hidden)]
+pub use half::{bf16, f16};
 use std::fmt;
 
 pub use crate::dtype::{DataType, ReduceOp};
@@ -89,6 +91,53 @@ pub trait Element:
     /// Rounds (floats) or wraps after truncation (integers) from f64.
     fn from_f64(v: f64) -> Self;
 }
+
+/// Runs `$body` with `$T` the Rust element type of the [`DataType`] `$dt` (`f32` …
+/// `u8`, `half`'s `f16` and `bf16`); a dtype with no Rust type here — a variant added
+/// after the caller was written, `DataType` being non-exhaustive — binds `$other` and
+/// runs `$fallback`. The one dispatch from a dtype to a type, for the library, its
+/// Python binding and its command line.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __by_dtype {
+    ($dt:expr, $T:ident => $body:expr, $other:ident => $fallback:expr) => {{
+        #[allow(unreachable_patterns)]
+        let out = match $dt {
+            $crate::reduce::DataType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::reduce::DataType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::reduce::DataType::F16 => {
+                type $T = $crate::reduce::f16;
+                $body
+            }
+            $crate::reduce::DataType::BF16 => {
+                type $T = $crate::reduce::bf16;
+                $body
+            }
+            $crate::reduce::DataType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::reduce::DataType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::reduce::DataType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $other => $fallback,
+        };
+        out
+    }};
+}
+#[doc(hidden)]
+pub use __by_dtype as by_dtype;
 
 macro_rules! element {
     ($t:ty, $dt:expr, |$a:ident| $to:expr, |$v:ident| $from:expr) => {
