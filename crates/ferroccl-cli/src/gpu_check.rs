@@ -662,18 +662,14 @@ mod imp {
             for _ in 0..2 {
                 comm.all_reduce_device(&mut d, ReduceOp::Sum)?;
             }
-            comm.barrier()?;
             let iters = if bytes >= 64 << 20 {
                 a.iters.min(5)
             } else {
                 a.iters
             };
-            let t0 = Instant::now();
-            for _ in 0..iters.max(1) {
-                comm.all_reduce_device(&mut d, ReduceOp::Sum)?;
-            }
-            let mut t = [t0.elapsed().as_secs_f64() / iters.max(1) as f64];
-            comm.all_reduce(&mut t, ReduceOp::Max)?;
+            let t = per_call(comm, iters, || {
+                comm.all_reduce_device(&mut d, ReduceOp::Sum)
+            })?;
             stream
                 .memcpy_htod(&input, &mut d)
                 .map_err(drv("cuMemcpyHtoD"))?;
@@ -690,15 +686,33 @@ mod imp {
             let mut w = [wrong as f64];
             comm.all_reduce(&mut w, ReduceOp::Sum)?;
             ok &= w[0] == 0.0;
-            let algbw = bytes as f64 / t[0] / 1e9;
+            let algbw = bytes as f64 / t / 1e9;
             rows.push(
                 json!({"coll": "all_reduce", "ranks": n, "bytes": bytes, "dtype": "float", "op": "sum",
                 "algo": a.ipc_algos, "ran": comm.device_all_reduce_algorithm(bytes).name(),
-                "time_us": t[0] * 1e6, "algbw_gbs": algbw,
+                "time_us": t * 1e6, "algbw_gbs": algbw,
                 "busbw_gbs": algbw * 2.0 * (n as f64 - 1.0) / n as f64, "wrong": w[0] as u64}),
             );
         }
         Ok(ok)
+    }
+
+    /// Seconds per call of `run`, called `iters` times (at least once) after a barrier:
+    /// the slowest rank's.
+    fn per_call(
+        comm: &Communicator,
+        iters: usize,
+        mut run: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        let iters = iters.max(1);
+        comm.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            run()?;
+        }
+        let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
+        comm.all_reduce(&mut t, ReduceOp::Max)?;
+        Ok(t[0])
     }
 
     /// The worker's reduce-scatter of `send` (`count` elements per rank), one row.
@@ -718,13 +732,9 @@ mod imp {
             .clone_htod(&vec![0f32; count])
             .map_err(drv("cuMemcpyHtoD"))?;
         comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)?;
-        comm.barrier()?;
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)?;
-        }
-        let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
-        comm.all_reduce(&mut t, ReduceOp::Max)?;
+        let t = per_call(comm, iters, || {
+            comm.reduce_scatter_device(&ds, &mut dr, ReduceOp::Sum)
+        })?;
         let got: Vec<f32> = stream.clone_dtoh(&dr).map_err(drv("cuMemcpyDtoH"))?;
         let wrong = got
             .iter()
@@ -735,7 +745,7 @@ mod imp {
                 g != want as f32
             })
             .count();
-        rows.push(row(comm, "reduce_scatter", total * 4, t[0], wrong)?);
+        rows.push(row(comm, "reduce_scatter", total * 4, t, wrong)?);
         Ok(rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0))
     }
 
@@ -756,20 +766,14 @@ mod imp {
             .clone_htod(&vec![0f32; total])
             .map_err(drv("cuMemcpyHtoD"))?;
         comm.all_gather_device(&dm, &mut dg)?;
-        comm.barrier()?;
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            comm.all_gather_device(&dm, &mut dg)?;
-        }
-        let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
-        comm.all_reduce(&mut t, ReduceOp::Max)?;
+        let t = per_call(comm, iters, || comm.all_gather_device(&dm, &mut dg))?;
         let got: Vec<f32> = stream.clone_dtoh(&dg).map_err(drv("cuMemcpyDtoH"))?;
         let wrong = got
             .iter()
             .enumerate()
             .filter(|&(i, &g)| g != ((i % count * 3 + i / count * 5) % 11) as f32)
             .count();
-        rows.push(row(comm, "all_gather", total * 4, t[0], wrong)?);
+        rows.push(row(comm, "all_gather", total * 4, t, wrong)?);
         Ok(rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0))
     }
 
@@ -793,13 +797,7 @@ mod imp {
                 "broadcast" => comm.broadcast_device(db, root),
                 _ => comm.reduce_device(db, ReduceOp::Sum, root),
             };
-            comm.barrier()?;
-            let t0 = Instant::now();
-            for _ in 0..iters {
-                run(&mut db)?;
-            }
-            let mut t = [t0.elapsed().as_secs_f64() / iters as f64];
-            comm.all_reduce(&mut t, ReduceOp::Max)?;
+            let t = per_call(comm, iters, || run(&mut db))?;
             stream
                 .memcpy_htod(send, &mut db)
                 .map_err(drv("cuMemcpyHtoD"))?;
@@ -821,7 +819,7 @@ mod imp {
             } else {
                 0
             };
-            rows.push(row(comm, coll, total * 4, t[0], wrong)?);
+            rows.push(row(comm, coll, total * 4, t, wrong)?);
             ok &= rows.last().and_then(|v| v["wrong"].as_u64()) == Some(0);
         }
         Ok(ok)
