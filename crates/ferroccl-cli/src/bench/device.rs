@@ -59,25 +59,7 @@ fn typed<T: Element + DeviceRepr>(
     let unit = if coll.blocked() { esize * n } else { esize };
     let sizes = sizes(a, unit);
     if rank == 0 {
-        println!(
-            "# ferroccl bench: {} on device buffers ({} sm_{}{}, rank 0 on GPU {}), {n} ranks, transport {tname}",
-            coll.name(),
-            dev.name,
-            dev.cc.0,
-            dev.cc.1,
-            dev.ordinal
-        );
-        println!(
-            "# in place; busbw = algbw x bus factor (nccl-tests); #wrong checked on a fresh run"
-        );
-        println!(
-            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}  algo",
-            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
-        );
-        println!(
-            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}",
-            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
-        );
+        print_header(coll, &dev, n, tname);
     }
     let op_name = if coll.reduces() { op.name() } else { "none" };
     let root_col: i64 = if coll.rooted() { root as i64 } else { -1 };
@@ -170,13 +152,8 @@ fn typed<T: Element + DeviceRepr>(
         }
     }
     if let Some(path) = a.json.as_ref().filter(|_| rank == 0) {
-        let doc = serde_json::json!({
-            "tool": "ferroccl bench", "collective": coll.name(), "ranks": n,
-            "transport": tname, "device": "cuda", "dtype": T::DTYPE.name(), "op": op_name,
-            "root": root_col, "bus_factor": coll.bus_factor(n), "rows": rows,
-        });
-        std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap_or_default())
-            .map_err(|e| ferroccl::Error::io(format!("writing {}", path.display()), e))?;
+        let meta = (coll, n, tname, T::DTYPE, op_name, root_col);
+        write_json(path, meta, rows)?;
     }
     if rank == 0 {
         println!(
@@ -185,4 +162,41 @@ fn typed<T: Element + DeviceRepr>(
         );
     }
     Ok(total_wrong == 0)
+}
+
+/// The table's header (rank 0).
+fn print_header(coll: Coll, dev: &Device, n: usize, tname: &str) {
+    println!(
+        "# ferroccl bench: {} on device buffers ({} sm_{}{}, rank 0 on GPU {}), {n} ranks, transport {tname}",
+        coll.name(),
+        dev.name,
+        dev.cc.0,
+        dev.cc.1,
+        dev.ordinal
+    );
+    println!("# in place; busbw = algbw x bus factor (nccl-tests); #wrong checked on a fresh run");
+    println!(
+        "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}  algo",
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
+    );
+    println!(
+        "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>8} {:>8} {:>6}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+}
+
+/// `--json`: the rows and what they measured, `(collective, ranks, transport, dtype,
+/// op, root)`, as the host bench writes them (in-place columns only).
+fn write_json(
+    path: &std::path::Path,
+    (coll, n, tname, dtype, op_name, root_col): (Coll, usize, &str, DataType, &str, i64),
+    rows: Vec<serde_json::Value>,
+) -> ferroccl::Result<()> {
+    let doc = serde_json::json!({
+        "tool": "ferroccl bench", "collective": coll.name(), "ranks": n,
+        "transport": tname, "device": "cuda", "dtype": dtype.name(), "op": op_name,
+        "root": root_col, "bus_factor": coll.bus_factor(n), "rows": rows,
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap_or_default())
+        .map_err(|e| ferroccl::Error::io(format!("writing {}", path.display()), e))
 }

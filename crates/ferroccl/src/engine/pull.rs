@@ -118,6 +118,63 @@ fn uncovered(whole: Range<usize>, mut parts: Vec<Range<usize>>) -> Vec<Range<usi
     out
 }
 
+/// A pulled call's start on this rank: its input copied into its workspace where the
+/// plan reads it before anything arrives (what it sends without forwarding a receive,
+/// and what receives combine with), and the bytes no receive changes written to the
+/// output. (A broadcast's non-roots copy nothing in: every byte they send arrived
+/// first.)
+fn copy_in(mem: &mut dyn MemPeers, me: &Plan, call: &PullCall) -> Result<()> {
+    let mut read: Vec<Range<usize>> = me
+        .outs
+        .iter()
+        .filter(|o| o.after_recv.is_none())
+        .map(|o| o.off..o.off + o.len)
+        .chain(
+            me.ins
+                .iter()
+                .filter(|i| matches!(i.land, Land::Reduce { .. }))
+                .map(In::range),
+        )
+        .collect();
+    read.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<usize>> = Vec::new();
+    for r in read.into_iter().filter(|r| !r.is_empty()) {
+        match merged.last_mut() {
+            Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    for r in merged {
+        let w = intersect(&r, &call.input());
+        if !w.is_empty() {
+            mem.copy(
+                Region::Mine(w.start),
+                Region::Input(w.start - call.input_at),
+                w.len(),
+            )?;
+        }
+    }
+    // Write out what is final already (bytes no receive changes).
+    let finals: Vec<Range<usize>> = me
+        .ins
+        .iter()
+        .filter(|i| i.is_final())
+        .map(In::range)
+        .collect();
+    for r in uncovered(call.output(), finals) {
+        let from = intersect(&r, &call.input());
+        if from.is_empty() || call.in_place(&from) {
+            continue;
+        }
+        mem.copy(
+            Region::Output(from.start - call.output_at),
+            Region::Input(from.start - call.input_at),
+            from.len(),
+        )?;
+    }
+    Ok(())
+}
+
 /// Idle rounds of a progress wait between two looks at whether the peer still exists
 /// ([`MemPeers::gone`]).
 const GONE_EVERY: u32 = 64;
@@ -194,57 +251,7 @@ impl Engine {
             mem.order_after(q)?;
         }
 
-        // Copy in what this rank's plan reads before anything arrives: what it sends
-        // without forwarding a receive, and what receives combine with. (A broadcast's
-        // non-roots copy nothing in: every byte they send arrived first.)
-        let mut read: Vec<Range<usize>> = me
-            .outs
-            .iter()
-            .filter(|o| o.after_recv.is_none())
-            .map(|o| o.off..o.off + o.len)
-            .chain(
-                me.ins
-                    .iter()
-                    .filter(|i| matches!(i.land, Land::Reduce { .. }))
-                    .map(In::range),
-            )
-            .collect();
-        read.sort_by_key(|r| r.start);
-        let mut merged: Vec<Range<usize>> = Vec::new();
-        for r in read.into_iter().filter(|r| !r.is_empty()) {
-            match merged.last_mut() {
-                Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
-                _ => merged.push(r),
-            }
-        }
-        for r in merged {
-            let w = intersect(&r, &call.input());
-            if !w.is_empty() {
-                mem.copy(
-                    Region::Mine(w.start),
-                    Region::Input(w.start - call.input_at),
-                    w.len(),
-                )?;
-            }
-        }
-        // Write out what is final already (bytes no receive changes).
-        let finals: Vec<Range<usize>> = me
-            .ins
-            .iter()
-            .filter(|i| i.is_final())
-            .map(In::range)
-            .collect();
-        for r in uncovered(call.output(), finals) {
-            let from = intersect(&r, &call.input());
-            if from.is_empty() || call.in_place(&from) {
-                continue;
-            }
-            mem.copy(
-                Region::Output(from.start - call.output_at),
-                Region::Input(from.start - call.input_at),
-                from.len(),
-            )?;
-        }
+        copy_in(mem, &me, call)?;
         mem.publish(base + 1)?;
 
         for (idx, i) in me.ins.iter().enumerate() {
