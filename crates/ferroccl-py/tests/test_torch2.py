@@ -118,7 +118,12 @@ def test_an_unknown_route_is_refused_by_name():
     code = "import ferroccl.torch"
     env = dict(__import__("os").environ, FERROCCL_TORCH_CLASS="pg")
     p = subprocess.run(
-        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
+        [sys.executable, "-c", code],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert p.returncode != 0
     assert "FERROCCL_TORCH_CLASS='pg'" in p.stderr and "process-group or backend" in p.stderr
