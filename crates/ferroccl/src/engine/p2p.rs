@@ -38,13 +38,13 @@
 //! communicator (notices to every peer, links shut), so every other operation, now or
 //! later, fails with [`Error::Poisoned`].
 
-use super::pacer::frame_error;
+use super::pacer::p2p_frame_error;
 use super::{Engine, Pacer};
 use crate::algo;
 use crate::error::{Error, Result};
 use crate::trace::{now_ns, PeerCounts, RecHead};
 use crate::transport::Channel;
-use crate::wire::{take_notice, Fingerprint, FrameError, FrameHeader, InFrame, OutFrame};
+use crate::wire::{find_notice, Fingerprint, FrameError, FrameHeader, InFrame, OutFrame};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -531,7 +531,7 @@ impl Engine {
                 let bytes = a.op.buf.read();
                 let (m, sent) = frame
                     .progress(link, &bytes[r])
-                    .map_err(|e| frame_error(rank, e, link, peer, &a.op.fp))?;
+                    .map_err(|e| p2p_frame_error(rank, e, link, peer, &a.op.fp))?;
                 moved |= m > 0;
                 if !sent {
                     return Ok(moved);
@@ -566,7 +566,7 @@ impl Engine {
             let link = self.link(RECEIPTS, peer)?;
             let (m, sent) = frame
                 .progress(link, &[])
-                .map_err(|e| frame_error(rank, e, link, peer, &h.fp))?;
+                .map_err(|e| p2p_frame_error(rank, e, link, peer, &h.fp))?;
             moved |= m > 0;
             if !sent {
                 break;
@@ -581,7 +581,7 @@ impl Engine {
             let link = self.link(RECEIPTS, peer)?;
             let (m, got) = frame
                 .progress(link, &mut [])
-                .map_err(|e| frame_error(rank, e, link, peer, &fp))?;
+                .map_err(|e| p2p_frame_error(rank, e, link, peer, &fp))?;
             moved |= m > 0;
             if !got {
                 break;
@@ -601,7 +601,7 @@ impl Engine {
     fn notice_of(&mut self, peer: usize, fp: &Fingerprint) -> Option<Error> {
         let rank = self.rank;
         let data = self.try_link(Channel::P2p, peer).ok()??;
-        match take_notice(data, fp)? {
+        match find_notice(data)? {
             FrameError::Notice { origin, cause } => Some(Error::PeerFailed {
                 rank,
                 peer,
@@ -631,7 +631,7 @@ impl Engine {
                 let bytes = a.op.buf.write();
                 let (m, got) = frame
                     .progress(link, &mut bytes[r])
-                    .map_err(|e| frame_error(rank, e, link, peer, &a.op.fp))?;
+                    .map_err(|e| p2p_frame_error(rank, e, link, peer, &a.op.fp))?;
                 moved |= m > 0;
                 if !got {
                     return Ok(moved);

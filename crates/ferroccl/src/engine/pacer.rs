@@ -4,7 +4,7 @@ use super::{Health, MAX_WAIT_SLICE};
 use crate::config::{Clock, Tuning};
 use crate::error::{Error, Result};
 use crate::transport::{LinkError, Waiter};
-use crate::wire::{take_notice, Fingerprint, FrameError, Peer};
+use crate::wire::{find_notice, take_notice, Fingerprint, FrameError, Peer};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +36,30 @@ pub(crate) fn frame_error(
         FrameError::Link(_) => take_notice(link, fp).unwrap_or(e),
         e => e,
     };
+    typed(rank, e, peer, fp)
+}
+
+/// [`frame_error`] for a point-to-point message: what a failed peer left unread on the
+/// link before its notice are its own messages to this rank, of any sequence number,
+/// not a call to compare `fp` with, so they are skipped ([`find_notice`]). (Taken for
+/// one, a send that failed because its receiver died was reported as a mismatch
+/// between the send and the first message the dead rank had sent this way.)
+pub(crate) fn p2p_frame_error(
+    rank: usize,
+    e: FrameError,
+    link: &mut Peer,
+    peer: usize,
+    fp: &Fingerprint,
+) -> Error {
+    let e = match e {
+        FrameError::Link(_) => find_notice(link).unwrap_or(e),
+        e => e,
+    };
+    typed(rank, e, peer, fp)
+}
+
+/// A frame-level failure (a notice already looked for) as the crate error.
+fn typed(rank: usize, e: FrameError, peer: usize, fp: &Fingerprint) -> Error {
     match e {
         FrameError::Notice { origin, cause } => Error::PeerFailed {
             rank,

@@ -284,3 +284,37 @@ fn a_mismatch_reaches_every_rank_with_its_origin() {
         }
     }
 }
+
+/// Rank 0 sends rank 1 messages it never receives, then dies while rank 1 is sending
+/// to it. Rank 1's send fails, and while looking for rank 0's last word on their link
+/// it finds those unread messages first: they are traffic, not a call of rank 0's to
+/// compare with its send, so rank 1 names rank 0's death, never a mismatch. (Under
+/// load, a parameter server's worker reported "send/recv #772 against #712" here.)
+#[test]
+fn a_failed_send_names_the_dead_peer_not_the_messages_it_left_unread() {
+    for net in NETS {
+        let sending = Arc::new(AtomicUsize::new(0));
+        let s = sending.clone();
+        let out = run_all(2, net, &test_config(), Duration::from_secs(30), move |c| {
+            if c.rank() == 0 {
+                for i in 0..100u32 {
+                    c.send(&[i as f32; 16], 1, 7)?;
+                }
+                wait_for(&s, 1);
+                // Long enough that rank 1's send is mid-flight when the links close.
+                std::thread::sleep(Duration::from_millis(200));
+                return Ok(None);
+            }
+            s.fetch_add(1, Ordering::SeqCst);
+            Ok(c.send(&vec![1.0f32; 16 << 20], 0, 9).err())
+        });
+        let e = out[1]
+            .as_ref()
+            .unwrap_or_else(|| panic!("{net:?}: rank 1 hung"))
+            .as_ref()
+            .expect("ran")
+            .as_ref()
+            .unwrap_or_else(|| panic!("{net:?}: a send to a dead rank succeeded"));
+        assert_eq!(origin(e), Some(0), "{net:?}: {e}");
+    }
+}
