@@ -11,8 +11,8 @@ use crate::error::Result;
 use crate::reduce::{Element, ReduceOp};
 use crate::sync::{lock, wait};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// A job the engine runs: built by the collectives (validated, fingerprinted, with its
 /// buffer captured) and run on the caller's thread or the background worker.
@@ -23,12 +23,35 @@ pub(super) type JobFn = Box<dyn FnOnce(&mut Engine) -> Result<()> + Send + 'stat
 pub(super) struct Completion {
     state: Mutex<Option<Result<()>>>,
     cv: Condvar,
+    /// Threads asleep on `cv` (changed under `state`'s lock): an outcome nobody
+    /// sleeps for is set without a notify, which is a system call (a caller that
+    /// served its own operation never sleeps).
+    sleepers: AtomicUsize,
 }
 
 impl Completion {
     pub(super) fn set(&self, r: Result<()>) {
-        *lock(&self.state) = Some(r);
-        self.cv.notify_all();
+        let mut st = lock(&self.state);
+        *st = Some(r);
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Sleeps until notified, holding `st` (this completion's state) around it.
+    fn sleep<'a>(
+        &self,
+        st: MutexGuard<'a, Option<Result<()>>>,
+    ) -> MutexGuard<'a, Option<Result<()>>> {
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
+        let st = wait(&self.cv, st);
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        st
+    }
+
+    /// Whether the outcome is set (and not taken yet).
+    pub(super) fn is_set(&self) -> bool {
+        lock(&self.state).is_some()
     }
 
     /// Blocks until the outcome is set and takes it (once; a second take blocks).
@@ -38,7 +61,7 @@ impl Completion {
             if let Some(r) = st.take() {
                 return r;
             }
-            st = wait(&self.cv, st);
+            st = self.sleep(st);
         }
     }
 }
@@ -177,7 +200,7 @@ impl Communicator {
         // Vec.
         let p = self.prepare(true, buf.as_ptr().cast_mut(), buf.len(), peer, tag)?;
         Ok(Pending {
-            done: self.post_one(p),
+            done: self.post_one(p, false),
             buf: Some(buf),
         })
     }
@@ -193,7 +216,7 @@ impl Communicator {
     ) -> Result<Pending<T>> {
         let p = self.prepare(false, buf.as_mut_ptr(), buf.len(), peer, tag)?;
         Ok(Pending {
-            done: self.post_one(p),
+            done: self.post_one(p, false),
             buf: Some(buf),
         })
     }
@@ -218,7 +241,7 @@ impl<T> Pending<T> {
                 *st = Some(Ok(()));
                 return r;
             }
-            st = wait(&self.done.cv, st);
+            st = self.done.sleep(st);
         }
     }
 
@@ -299,7 +322,7 @@ impl<'s, T> Handle<'s, T> {
                 // this handle (consumed here) was its only holder.
                 return r.map(|()| unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) });
             }
-            st = wait(&self.done.cv, st);
+            st = self.done.sleep(st);
         }
     }
 
@@ -388,7 +411,7 @@ impl<'s, 'c> Scope<'s, 'c> {
             .comm
             .prepare(true, buf.as_ptr().cast_mut(), buf.len(), peer, tag)?;
         Ok(Handle {
-            done: self.comm.post_one(p),
+            done: self.comm.post_one(p, false),
             ptr: std::ptr::NonNull::dangling().as_ptr(),
             len: 0,
             _buf: PhantomData,
@@ -406,7 +429,7 @@ impl<'s, 'c> Scope<'s, 'c> {
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         let p = self.comm.prepare(false, ptr, len, peer, tag)?;
         Ok(Handle {
-            done: self.comm.post_one(p),
+            done: self.comm.post_one(p, false),
             ptr,
             len,
             _buf: PhantomData,

@@ -229,15 +229,36 @@ impl Engine {
     /// engine's peers and shuts its links. `receipts`: this engine's collective
     /// channel is free for them (see the module docs).
     pub(crate) fn serve_p2p(&mut self, src: &dyn P2pSource, receipts: bool) {
+        self.serve_p2p_until(src, receipts, &|| false);
+    }
+
+    /// [`Engine::serve_p2p`], returning early once `until` holds after a round that
+    /// failed nothing: a blocking caller serves until its own operations are told,
+    /// and leaves whatever else is in flight to the point-to-point thread. Returns
+    /// whether something is still in flight.
+    pub(crate) fn serve_p2p_until(
+        &mut self,
+        src: &dyn P2pSource,
+        receipts: bool,
+        until: &dyn Fn() -> bool,
+    ) -> bool {
         let mut st = std::mem::take(&mut self.p2p_state);
         if st.q.len() != self.world_size {
             st.q = (0..self.world_size).map(|_| Queues::default()).collect();
         }
-        self.serve_queues(&mut st.q, src, receipts);
+        self.serve_queues(&mut st.q, src, receipts, until);
+        let left = st.q.iter().any(Queues::busy);
         self.p2p_state = st;
+        left
     }
 
-    fn serve_queues(&mut self, q: &mut [Queues], src: &dyn P2pSource, receipts: bool) {
+    fn serve_queues(
+        &mut self,
+        q: &mut [Queues],
+        src: &dyn P2pSource,
+        receipts: bool,
+        until: &dyn Fn() -> bool,
+    ) {
         let mut posted = Vec::new();
         let mut pacer: Option<Pacer> = None;
         loop {
@@ -269,6 +290,9 @@ impl Engine {
                 if !matches!(round, Round::Failed(..)) {
                     return;
                 }
+            }
+            if !matches!(round, Round::Failed(..)) && until() {
+                return;
             }
             let pc =
                 pacer.get_or_insert_with(|| Pacer::new(&self.cfg, self.health.clone(), self.spin));

@@ -742,6 +742,63 @@ fn owned_p2p_overlaps_collectives() {
     .unwrap();
 }
 
+/// A blocking call serves its own messages on the caller's thread, and returns once
+/// they are done even while another operation is in flight that only a later message
+/// of this rank lets finish: the point-to-point thread takes that one over (had the
+/// caller stayed until everything was done, both ranks would wait for ever). Then
+/// the same with the thread busy first (the caller leaves its messages to it).
+#[test]
+fn a_blocking_call_returns_with_other_operations_left_to_the_thread() {
+    for net in [Net::Local, Net::Tcp, Net::Shm] {
+        run(2, net, &test_config(), Duration::from_secs(30), |c| {
+            for round in 0..20i64 {
+                if c.rank() == 0 {
+                    let rx = c.recv_start(vec![0i64; 64], 1, 1)?;
+                    let out = [round; 8];
+                    c.p2p_batch(|b| {
+                        b.send(&out, 1, 2);
+                    })?;
+                    c.send(&[round; 4], 1, 3)?;
+                    ensure(rx.wait()? == vec![round; 64], || "in flight".into())?;
+                } else {
+                    let mut a = [0i64; 8];
+                    c.recv(&mut a, 0, 2)?;
+                    let mut b = [0i64; 4];
+                    c.recv(&mut b, 0, 3)?;
+                    ensure(a == [round; 8] && b == [round; 4], || "blocking".into())?;
+                    c.send(&[round; 64], 0, 1)?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{net:?}: {e}"));
+        // A receive from rank 2 that the thread waits on (holding the engine), blocking
+        // exchanges between ranks 0 and 1 meanwhile, then rank 2's message.
+        run(3, net, &test_config(), Duration::from_secs(30), |c| {
+            let r = c.rank();
+            if r == 2 {
+                c.barrier()?;
+                c.send(&vec![7u8; 1 << 16], 0, 9)?;
+                return c.send(&vec![7u8; 1 << 16], 1, 9);
+            }
+            let peer = 1 - r;
+            let late = c.recv_start(vec![0u8; 1 << 16], 2, 9)?;
+            for i in 0..50i32 {
+                let (out, mut got) = ([i, r as i32], [0i32; 2]);
+                c.p2p_batch(|b| {
+                    b.send(&out, peer, 4).recv(&mut got, peer, 4);
+                })?;
+                ensure(got == [i, peer as i32], || format!("exchange {i}"))?;
+            }
+            c.barrier()?;
+            ensure(late.wait()?.iter().all(|&x| x == 7), || {
+                "the late one".into()
+            })
+        })
+        .unwrap_or_else(|e| panic!("{net:?}: {e}"));
+    }
+}
+
 // ---- misuse: typed errors in the same call ----
 
 /// Lists that disagree fail on every rank with a mismatch, and the parent stays
