@@ -643,19 +643,25 @@ impl Communicator {
 
     /// Blocks until every background collective has finished (not point-to-point
     /// operations, which run apart).
-    fn wait_collectives(&self) {
+    /// Waits for the background collectives; whether there were any.
+    fn wait_collectives(&self) -> bool {
         let mut q = lock(&self.shared.queue);
+        let waited = q.pending > 0;
         while q.pending > 0 {
             q = wait(&self.shared.cv, q);
         }
+        waited
     }
 
     /// Runs a job on this thread, after any background ones, inside the engine's run
     /// wrapper (poison check before, poisoning on failure).
     fn run_now(&self, job: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
         let issued = now_ns();
-        self.wait_collectives();
-        lock(&self.shared.engine).run(issued, job)
+        if self.wait_collectives() {
+            lock(&self.shared.engine).run(issued, job)
+        } else {
+            lock(&self.shared.engine).run_started(issued, job)
+        }
     }
 
     /// Fails the call and poisons the communicator: this rank will not take part, so
