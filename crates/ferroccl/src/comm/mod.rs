@@ -642,8 +642,7 @@ impl Communicator {
     }
 
     /// Blocks until every background collective has finished (not point-to-point
-    /// operations, which run apart).
-    /// Waits for the background collectives; whether there were any.
+    /// operations, which run apart); whether there were any.
     fn wait_collectives(&self) -> bool {
         let mut q = lock(&self.shared.queue);
         let waited = q.pending > 0;

@@ -16,6 +16,13 @@
 //! a collective and then receive; a batch's sends complete only once their receiver
 //! has them, so two ranks that disagree in a batch both fail in it.
 //!
+//! Who moves them: the communicator's point-to-point thread, which serves its engine
+//! whenever something is posted; but a blocking call (`send`, `recv`, a batch) whose
+//! engine is free serves its own messages on the caller's thread, up to the moment
+//! they are done, and hands what is still in flight (another thread's started
+//! operations) back to the thread. A small exchange then costs no thread switch: at
+//! 1 KiB between 2 ranks on shared memory, 2.2 µs instead of 6.1.
+//!
 //! With itself a rank exchanges messages too, as MPI does: a send to itself is eager
 //! (it completes at once, its bytes kept until the matching receive takes them), so it
 //! never waits; a blocking receive from itself that no earlier send to itself can
