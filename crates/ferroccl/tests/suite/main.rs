@@ -22,6 +22,7 @@ mod jobs;
 mod layers;
 mod memsim;
 mod order;
+mod p2p;
 mod rdma_proto;
 mod rdma_sim;
 mod rendezvous;
