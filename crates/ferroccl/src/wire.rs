@@ -85,25 +85,20 @@ fn finish_notice(peer: &mut Peer, origin: usize, len: usize, first: &[u8]) -> Fr
     }
 }
 
-/// After a link failed: what the peer left on it before it closed, if this side was
-/// between frames (so the next bytes are a header): a notice saying why it gave up,
-/// or a frame of a call other than `fp` (a mismatch it saw first, or that this rank
-/// would have seen had its own write not failed first). Frames of `fp` itself are
-/// skipped, a bounded number of them ([`of_call`]: whatever pair count they carry).
-pub(crate) fn take_notice(peer: &mut Peer, fp: &Fingerprint) -> Option<FrameError> {
-    read_notice(peer, Some(fp))
-}
-
-/// [`take_notice`] for a peer that is gone while this rank waited on its memory:
-/// frames of any call are skipped (it may have been a call ahead), only a notice is
-/// returned.
+/// [`read_notice`] for a peer that is gone while this rank waited on its memory, or
+/// whose point-to-point messages may be queued ahead of its notice: frames of any call
+/// are skipped, only a notice is returned.
 pub(crate) fn find_notice(peer: &mut Peer) -> Option<FrameError> {
     read_notice(peer, None)
 }
 
-/// The notice on `peer`'s link, skipping frames of `fp` (of any call when `None`;
-/// a frame of another call is returned as unexpected otherwise).
-fn read_notice(peer: &mut Peer, fp: Option<&Fingerprint>) -> Option<FrameError> {
+/// After a link failed: what the peer left on it before it closed, if this side was
+/// between frames (so the next bytes are a header): a notice saying why it gave up,
+/// or, with `fp`, a frame of a call other than `fp` (a mismatch it saw first, or that
+/// this rank would have seen had its own write not failed first). Frames of `fp`
+/// itself are skipped, a bounded number of them ([`of_call`]: whatever pair count they
+/// carry); with `None`, frames of any call.
+pub(crate) fn read_notice(peer: &mut Peer, fp: Option<&Fingerprint>) -> Option<FrameError> {
     if peer.in_mid {
         return None;
     }

@@ -4,7 +4,7 @@ use super::{Health, MAX_WAIT_SLICE};
 use crate::config::{Clock, Tuning};
 use crate::error::{Error, Result};
 use crate::transport::{LinkError, Waiter};
-use crate::wire::{find_notice, take_notice, Fingerprint, FrameError, Peer};
+use crate::wire::{read_notice, Fingerprint, FrameError, Peer};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,18 +32,14 @@ pub(crate) fn frame_error(
     peer: usize,
     fp: &Fingerprint,
 ) -> Error {
-    let e = match e {
-        FrameError::Link(_) => take_notice(link, fp).unwrap_or(e),
-        e => e,
-    };
-    typed(rank, e, peer, fp)
+    with_notice(rank, e, link, peer, fp, Some(fp))
 }
 
 /// [`frame_error`] for a point-to-point message: what a failed peer left unread on the
 /// link before its notice are its own messages to this rank, of any sequence number,
-/// not a call to compare `fp` with, so they are skipped ([`find_notice`]). (Taken for
-/// one, a send that failed because its receiver died was reported as a mismatch
-/// between the send and the first message the dead rank had sent this way.)
+/// not a call to compare `fp` with, so they are skipped. (Taken for one, a send that
+/// failed because its receiver died was reported as a mismatch between the send and
+/// the first message the dead rank had sent this way.)
 pub(crate) fn p2p_frame_error(
     rank: usize,
     e: FrameError,
@@ -51,8 +47,21 @@ pub(crate) fn p2p_frame_error(
     peer: usize,
     fp: &Fingerprint,
 ) -> Error {
+    with_notice(rank, e, link, peer, fp, None)
+}
+
+/// `e`, or for a failed link the notice on it ([`read_notice`], skipping frames of
+/// `of_call`, of any call when `None`), as the crate error.
+fn with_notice(
+    rank: usize,
+    e: FrameError,
+    link: &mut Peer,
+    peer: usize,
+    fp: &Fingerprint,
+    of_call: Option<&Fingerprint>,
+) -> Error {
     let e = match e {
-        FrameError::Link(_) => find_notice(link).unwrap_or(e),
+        FrameError::Link(_) => read_notice(link, of_call).unwrap_or(e),
         e => e,
     };
     typed(rank, e, peer, fp)
