@@ -229,16 +229,17 @@ impl Communicator {
     /// queued at once, each followed by an event; piece `k`'s host collective starts
     /// when its event has passed, and its copy back is queued behind it, so the stream
     /// moves the other pieces while the wire carries this one. `piece(c, left)` is the
-    /// collective of a piece of `c` elements with `left` more after it (fingerprinted
-    /// when it is made), which runs on the pinned copy exactly as on host buffers,
-    /// reductions included; with `split` false the buffer is one piece. A CUDA failure
+    /// collective of a piece of `c` elements with `left` more after it (`None`: the
+    /// buffer is one piece), fingerprinted when it is made, which runs on the pinned
+    /// copy exactly as on host buffers, reductions included; with `split` false the
+    /// buffer is one piece. A CUDA failure
     /// poisons the communicator (peers wait for the next piece otherwise).
     fn staged_reduce(
         &self,
         dev: &Arc<Device>,
         buf: DeviceBuf,
         split: bool,
-        piece: &dyn Fn(usize, usize) -> Result<PieceRun>,
+        piece: &dyn Fn(usize, Option<usize>) -> Result<PieceRun>,
     ) -> Result<()> {
         let es = buf.dtype.size();
         let pieces = if split {
@@ -260,7 +261,8 @@ impl Communicator {
             for (k, (p, ev)) in pieces.iter().zip(&down).enumerate() {
                 let at = p.start * es..p.end * es;
                 cuda(ev.synchronize().map_err(drv("cuEventSynchronize")))?;
-                let run = piece(p.len(), pieces.len() - 1 - k)?;
+                let left = (pieces.len() > 1).then_some(pieces.len() - 1 - k);
+                let run = piece(p.len(), left)?;
                 self.run_now(|e| run(e, &mut h[at.clone()]))?;
                 // SAFETY: as above; `h` outlives the synchronize below.
                 cuda(unsafe { htod(&stream, buf.addr + at.start as u64, &h[at]) })?;
@@ -341,9 +343,7 @@ impl Communicator {
         // Each piece is an all-reduce of its own, by the algorithm for its size; a
         // buffer of several pieces says so in each one's fingerprint (a buffer of one
         // is fingerprinted as host buffers are, so peers may pass either).
-        let several = staged_pieces(count, es).len() > 1;
         self.staged_reduce(&dev, buf, true, &|c, left| {
-            let left = several.then_some(left);
             let run: PieceRun = Box::new(self.all_reduce_bytes(buf.dtype, c, op, left)?);
             Ok(run)
         })
