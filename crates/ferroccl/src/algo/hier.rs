@@ -31,6 +31,7 @@
 
 use super::schedule::{self, balanced_chunks};
 use super::{ring, In, Land, Lanes, Out, Plan};
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// Which ranks share a host: hosts in the order of their lowest rank, each host's
@@ -169,6 +170,13 @@ fn append(plan: &mut Plan, part: Plan, members: &[usize], step_base: usize, fini
         }
         plan.ins.push(i);
     }
+}
+
+/// `layout`, or every rank on its own host where there is none (the hierarchical
+/// plans always get one from [`super::select::Policy::runnable`]; the flat layout only
+/// keeps a caller without one from failing).
+pub(crate) fn or_flat(layout: Option<&HostLayout>, n: usize) -> Cow<'_, HostLayout> {
+    layout.map_or_else(|| Cow::Owned(HostLayout::flat(n)), Cow::Borrowed)
 }
 
 /// The hierarchical all-reduce plan of `rank` over `layout` (which must have a

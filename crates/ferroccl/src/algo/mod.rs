@@ -438,12 +438,13 @@ pub(crate) fn all_reduce_plan(
     count: usize,
     esize: usize,
     segment_bytes: usize,
-    layout: &HostLayout,
+    layout: Option<&HostLayout>,
 ) -> Plan {
     match algo {
         Algorithm::Hierarchical => {
+            let layout = hier::or_flat(layout, n);
             debug_assert_eq!(layout.world_size(), n);
-            hier::plan(rank, layout, count, esize, segment_bytes)
+            hier::plan(rank, &layout, count, esize, segment_bytes)
         }
         Algorithm::RecursiveDoubling => doubling::plan(rank, n, count * esize),
         Algorithm::Rabenseifner => {

@@ -417,11 +417,13 @@ impl Policy<'_> {
             .and_then(hierarchical_shape)
     }
 
-    /// `(algo, the layout it runs on)`, or why the hierarchical algorithm cannot run
-    /// here when `algo` is it.
-    pub fn runnable(&self, algo: Algorithm) -> Result<(Algorithm, HostLayout), String> {
+    /// `(algo, the host layout it runs on)`, or why the hierarchical algorithm cannot
+    /// run here when `algo` is it. Only the hierarchical algorithm has a layout; every
+    /// other one runs flat, and builds none (a small call's whole cost is counted in
+    /// allocations: the flat layout of every call was three of them at 2 ranks).
+    pub fn runnable(&self, algo: Algorithm) -> Result<(Algorithm, Option<HostLayout>), String> {
         if algo != Algorithm::Hierarchical {
-            return Ok((algo, HostLayout::flat(self.world_size)));
+            return Ok((algo, None));
         }
         match (self.layout, self.host_pull) {
             (_, true) => {
@@ -438,7 +440,7 @@ impl Policy<'_> {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
-            (Some(l), _) => Ok((algo, l.clone())),
+            (Some(l), _) => Ok((algo, Some(l.clone()))),
         }
     }
 }
@@ -574,9 +576,12 @@ mod tests {
         assert_eq!(pulled.all_reduce(1 << 20), Algorithm::TwoShot);
         assert!(pulled.runnable(Algorithm::Hierarchical).is_err());
         // Any other algorithm runs flat.
+        assert_eq!(pulled.runnable(Algorithm::Ring).unwrap().1, None);
         assert_eq!(
-            pulled.runnable(Algorithm::Ring).unwrap().1,
-            HostLayout::flat(4)
+            policy(4, Some(&even))
+                .runnable(Algorithm::Hierarchical)
+                .unwrap(),
+            (Algorithm::Hierarchical, Some(even.clone()))
         );
     }
 

@@ -61,10 +61,10 @@ pub fn all_reduce_time(
         return None;
     }
     let layout = match algo {
-        Algorithm::Hierarchical => hierarchical_layout(n, net)?,
-        _ => HostLayout::flat(n),
+        Algorithm::Hierarchical => Some(hierarchical_layout(n, net)?),
+        _ => None,
     };
-    let plan_of = |r| all_reduce_plan(algo, r, n, count, esize, segment_bytes, &layout);
+    let plan_of = |r| all_reduce_plan(algo, r, n, count, esize, segment_bytes, layout.as_ref());
     if net.burst <= 0.0 {
         return Some(simulate(n, plan_of, net).into_iter().fold(0.0, f64::max));
     }
@@ -687,10 +687,9 @@ mod tests {
             let count = 240 * n * p;
             let bytes = count * 4;
             for algo in [Algorithm::RecursiveDoubling, Algorithm::Rabenseifner] {
-                let flat = HostLayout::flat(n);
                 let sim = simulate(
                     n,
-                    |r| all_reduce_plan(algo, r, n, count, 4, bytes, &flat),
+                    |r| all_reduce_plan(algo, r, n, count, 4, bytes, None),
                     &net,
                 )
                 .into_iter()

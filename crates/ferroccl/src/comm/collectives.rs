@@ -9,7 +9,7 @@ use super::scope::{job_over, JobFn};
 use super::Communicator;
 use crate::algo::select::{chain_segment, two_shot_block, HostCall};
 use crate::algo::{all_reduce_plan, chain, doubling, hier, ring, schedule, tree, Algorithm, Plan};
-use crate::engine::{Data, Engine, PullCall, Shot};
+use crate::engine::{Data, Engine, PlanKey, PullCall, Shot};
 use crate::error::Result;
 use crate::reduce::{DataType, Element, HostCombine, NoCombine, ReduceOp};
 use crate::transport::Channel;
@@ -20,12 +20,15 @@ use std::ops::Range;
 /// `op` when it reduces): read from memory peers when the transport reads host
 /// memory, streamed over the links otherwise. `plan_of(rank, pulled)` is any rank's
 /// plan of the call, `pulled` asking for the shape the pull executor wants (whole
-/// chunks instead of pipelining segments).
+/// chunks instead of pipelining segments). `key`: the call's shape, where the plan is
+/// a function of it alone (kept for the next call of that shape, [`Engine::planned`]).
+#[allow(clippy::too_many_arguments)]
 fn execute(
     e: &mut Engine,
     fp: &Fingerprint,
     pull: bool,
     plan_of: &dyn Fn(usize, bool) -> Plan,
+    key: Option<PlanKey>,
     b: &mut [u8],
     dtype: DataType,
     op: Option<ReduceOp>,
@@ -35,27 +38,31 @@ fn execute(
         let call = PullCall::on_host(b, dtype, op, n);
         return e.pull(fp, &|q| plan_of(q, true), &call);
     }
-    let plan = plan_of(e.rank, false);
-    match op {
-        Some(op) => e.stream(
-            Channel::Collective,
-            fp,
-            &plan,
-            Data::Write(b),
-            &mut HostCombine {
-                dtype,
-                op,
-                world_size: n,
-            },
-        ),
-        None => e.stream(
-            Channel::Collective,
-            fp,
-            &plan,
-            Data::Write(b),
-            &mut NoCombine,
-        ),
-    }
+    let rank = e.rank;
+    e.planned(
+        key,
+        || plan_of(rank, false),
+        |e, plan| match op {
+            Some(op) => e.stream(
+                Channel::Collective,
+                fp,
+                plan,
+                Data::Write(b),
+                &mut HostCombine {
+                    dtype,
+                    op,
+                    world_size: n,
+                },
+            ),
+            None => e.stream(
+                Channel::Collective,
+                fp,
+                plan,
+                Data::Write(b),
+                &mut NoCombine,
+            ),
+        },
+    )
 }
 
 impl Communicator {
@@ -110,10 +117,18 @@ impl Communicator {
                 if pulled {
                     ring::all_reduce(q, n, count, es, count.max(1))
                 } else {
-                    all_reduce_plan(algo, q, n, count, es, seg, &layout)
+                    all_reduce_plan(algo, q, n, count, es, seg, layout.as_ref())
                 }
             };
-            execute(e, &fp, pull, &plan_of, b, dtype, Some(op))
+            // The hierarchical plan also depends on the host layout: not kept.
+            let key = (algo != Algorithm::Hierarchical).then_some(PlanKey {
+                kind: OpKind::AllReduce,
+                algo,
+                count,
+                es,
+                seg,
+            });
+            execute(e, &fp, pull, &plan_of, key, b, dtype, Some(op))
         })
     }
 
@@ -175,17 +190,21 @@ impl Communicator {
                     ring::seg_elems(&chunks, es, seg)
                 };
                 match (algo, op.is_some()) {
-                    (Algorithm::Hierarchical, true) if !pulled => {
-                        hier::reduce_scatter(q, &layout, &chunks, es, seg)
-                    }
+                    (Algorithm::Hierarchical, true) if !pulled => hier::reduce_scatter(
+                        q,
+                        &hier::or_flat(layout.as_ref(), n),
+                        &chunks,
+                        es,
+                        seg,
+                    ),
                     (Algorithm::Hierarchical, false) if !pulled => {
-                        hier::all_gather(q, &layout, &chunks, es, seg)
+                        hier::all_gather(q, &hier::or_flat(layout.as_ref(), n), &chunks, es, seg)
                     }
                     (_, true) => ring::reduce_scatter(q, n, &chunks, es, s),
                     (_, false) => ring::all_gather(q, n, &chunks, es, s),
                 }
             };
-            execute(e, &fp, pull, &plan_of, b, T::DTYPE, op)
+            execute(e, &fp, pull, &plan_of, None, b, T::DTYPE, op)
         }))
     }
 
@@ -216,7 +235,7 @@ impl Communicator {
                     _ => chain::broadcast(q, n, root, len, s),
                 }
             };
-            execute(e, &fp, pull, &plan_of, b, T::DTYPE, None)
+            execute(e, &fp, pull, &plan_of, None, b, T::DTYPE, None)
         }))
     }
 
@@ -253,7 +272,7 @@ impl Communicator {
                     _ => chain::reduce(q, n, root, len, s),
                 }
             };
-            execute(e, &fp, pull, &plan_of, b, T::DTYPE, Some(op))
+            execute(e, &fp, pull, &plan_of, None, b, T::DTYPE, Some(op))
         }))
     }
 
@@ -267,14 +286,27 @@ impl Communicator {
             Algorithm::RecursiveDoubling,
         );
         // No data: always over the links, whatever the transport reads.
+        let key = PlanKey {
+            kind: OpKind::Barrier,
+            algo: Algorithm::RecursiveDoubling,
+            count: 0,
+            es: 0,
+            seg: 0,
+        };
         Box::new(move |e: &mut Engine| {
-            let plan = doubling::plan(e.rank, e.world_size, 0);
-            e.stream(
-                Channel::Collective,
-                &fp,
-                &plan,
-                Data::Write(&mut []),
-                &mut NoCombine,
+            let (rank, n) = (e.rank, e.world_size);
+            e.planned(
+                Some(key),
+                || doubling::plan(rank, n, 0),
+                |e, plan| {
+                    e.stream(
+                        Channel::Collective,
+                        &fp,
+                        plan,
+                        Data::Write(&mut []),
+                        &mut NoCombine,
+                    )
+                },
             )
         })
     }

@@ -609,7 +609,7 @@ impl Communicator {
     /// [`Self::all_reduce_algorithm`], refusing the call (and poisoning, as every rank
     /// does alike: the layout is the same everywhere) when it is the hierarchical one
     /// and the hosts cannot run it.
-    fn all_reduce_choice(&self, bytes: usize) -> Result<(Algorithm, HostLayout)> {
+    fn all_reduce_choice(&self, bytes: usize) -> Result<(Algorithm, Option<HostLayout>)> {
         self.hierarchical_choice(self.all_reduce_algorithm(bytes), "hierarchical all-reduce")
     }
 
@@ -619,7 +619,7 @@ impl Communicator {
         &self,
         algo: Algorithm,
         what: &str,
-    ) -> Result<(Algorithm, HostLayout)> {
+    ) -> Result<(Algorithm, Option<HostLayout>)> {
         self.policy().runnable(algo).map_err(|why| {
             self.refuse(Error::Unavailable {
                 what: what.into(),

@@ -22,12 +22,14 @@
 
 mod p2p;
 mod pacer;
+mod plans;
 mod pull;
 mod shot;
 mod stream;
 
 pub(crate) use p2p::{Done, OpBuffer, P2pOp, P2pSource};
 pub(crate) use pacer::Pacer;
+pub(crate) use plans::PlanKey;
 pub(crate) use pull::PullCall;
 pub(crate) use shot::Shot;
 pub(crate) use stream::Data;
@@ -142,6 +144,8 @@ pub(crate) struct Engine {
     pull: pull::PullState,
     /// The point-to-point executor's state between calls.
     p2p_state: p2p::P2pState,
+    /// The plans of recent call shapes ([`Engine::planned`]).
+    plans: plans::PlanCache,
     /// The flight recorder, and what it is told about the operation in flight.
     pub rec: Arc<Recorder>,
     track: Option<OpTrack>,
@@ -243,6 +247,7 @@ impl Engine {
             mem: links.mem,
             pull: pull::PullState::default(),
             p2p_state: p2p::P2pState::default(),
+            plans: plans::PlanCache::default(),
             rec,
             track: None,
             enqueued_ns: 0,
@@ -431,6 +436,23 @@ impl Engine {
             .flatten()
             .map(|p| p.link.raw_counts())
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// Runs `run` over the plan of a call of shape `key`: the one kept from an earlier
+    /// call of that shape, else `make`'s, kept afterwards. Without a key (a plan that
+    /// depends on more than its shape), `make`'s, not kept.
+    pub(crate) fn planned(
+        &mut self,
+        key: Option<PlanKey>,
+        make: impl FnOnce() -> crate::algo::Plan,
+        run: impl FnOnce(&mut Engine, &crate::algo::Plan) -> Result<()>,
+    ) -> Result<()> {
+        let plan = key.and_then(|k| self.plans.take(&k)).unwrap_or_else(make);
+        let r = run(self, &plan);
+        if let Some(k) = key {
+            self.plans.keep(k, plan);
+        }
+        r
     }
 
     /// Runs one operation: fails fast if poisoned, and poisons on any failure (the

@@ -179,6 +179,13 @@ impl Pacer {
         self.spins = 0;
     }
 
+    /// Whether the idle rounds since the last progress are still the pure spin (no
+    /// clock read, no system call): a caller that times its waits may leave the clock
+    /// alone until this turns false or progress comes.
+    pub fn spinning(&self) -> bool {
+        self.busy_poll > Duration::ZERO && self.spins < self.spin_rounds
+    }
+
     /// Fails if aborted or past the deadline; otherwise says whether this is still
     /// the busy-poll window and how long the deadline allows sleeping.
     fn check(
@@ -231,7 +238,7 @@ impl Pacer {
         fp: &Fingerprint,
         waiting_for: impl FnOnce() -> String,
     ) -> Result<()> {
-        if self.busy_poll > Duration::ZERO && self.spins < self.spin_rounds {
+        if self.spinning() {
             self.spins += 1;
             std::hint::spin_loop();
             return Ok(());
@@ -256,7 +263,7 @@ impl Pacer {
     ) -> Result<()> {
         // A peer on symmetric shared memory publishes within a few hundred
         // nanoseconds of this rank's own step: spin first, as over links.
-        if self.busy_poll > Duration::ZERO && self.spins < self.spin_rounds {
+        if self.spinning() {
             self.spins += 1;
             std::hint::spin_loop();
             return Ok(());

@@ -223,6 +223,12 @@ impl Engine {
         let done = |st: &Sending, ai: &[usize; MAX_LANES]| {
             (0..lanes).all(|l| order.lane_done(l, &st.si, ai))
         };
+        // The wait in progress: its peer and since when. A wait is timed from its
+        // first idle round to the progress that ends it, not round by round: two
+        // clock reads per round slowed the spin that a peer on shared memory answers
+        // within (it is accounted at each round once the pacer yields, so a dump
+        // taken during a hang still sees it).
+        let mut waiting: Option<(usize, Instant)> = None;
         while !done(st, &ai) {
             let mut progressed = false;
             // A frame waits for a peer that has yet to dial in (nothing wakes the
@@ -313,6 +319,9 @@ impl Engine {
                 }
             }
             if progressed {
+                if let Some((peer, t0)) = waiting.take() {
+                    self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
+                }
                 pacer.moved();
                 continue;
             }
@@ -335,7 +344,15 @@ impl Engine {
                 (None, None) => held.iter().flatten().next().map_or(rank, |&x| ins[x].peer),
             };
             self.trace_waiting(peer);
-            let t0 = Instant::now();
+            let t0 = match waiting.take() {
+                Some((p, t0)) if p == peer => t0,
+                other => {
+                    if let Some((p, t0)) = other {
+                        self.trace_waited(p, t0.elapsed().as_nanos() as u64);
+                    }
+                    Instant::now()
+                }
+            };
             let what = || match (recv, send) {
                 // The empty frames that only compare fingerprints (`In::check`).
                 (Some(x), _) if ins[x].step == u32::MAX && ins[x].len == 0 => {
@@ -365,6 +382,13 @@ impl Engine {
             } else {
                 pacer.idle(&mut *self.waiter, rank, fp, what)?;
             }
+            if pacer.spinning() {
+                waiting = Some((peer, t0));
+            } else {
+                self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
+            }
+        }
+        if let Some((peer, t0)) = waiting {
             self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
         }
         Ok(())

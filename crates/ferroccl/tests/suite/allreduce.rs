@@ -837,3 +837,46 @@ fn a_cost_model_with_fast_hosts_chooses_hierarchical_across_hosts() {
         }
     }
 }
+
+/// One communicator calls all-reduces of more shapes than the engine keeps plans for
+/// (`engine::plans::PLANS_KEPT`), each shape again after others have displaced it,
+/// with barriers between: every call is the sum of its inputs on every rank. A plan
+/// kept for one shape and used for another would move the wrong bytes (a count of 7
+/// run with the plan of 300 would read past the buffer, one of 300 with the plan of 7
+/// would leave most of it unreduced). Three ranks, so recursive doubling has its
+/// extra hand-over steps; the ring's sizes too.
+#[test]
+fn kept_plans_serve_only_their_own_shape() {
+    let counts = [
+        7usize, 300, 7, 1, 20_000, 300, 0, 9, 1, 40_000, 7, 300, 20_000,
+    ];
+    for net in [Net::Local, Net::Tcp, Net::ShmRings] {
+        let res = run(3, net, &test_config(), DEADLINE, move |c| {
+            let mut out = Vec::new();
+            for (k, &count) in counts.iter().enumerate() {
+                let mut v: Vec<i64> = (0..count)
+                    .map(|i| ((c.rank() * 1_000 + i * 7 + k) % 1_013) as i64)
+                    .collect();
+                c.all_reduce(&mut v, ReduceOp::Sum)?;
+                out.push(v);
+                if k % 3 == 0 {
+                    c.barrier()?;
+                }
+            }
+            Ok(out)
+        })
+        .unwrap_or_else(|e| panic!("{net:?}: {e}"));
+        for (r, calls) in res.iter().enumerate() {
+            for (k, (v, &count)) in calls.iter().zip(&counts).enumerate() {
+                let want: Vec<i64> = (0..count)
+                    .map(|i| {
+                        (0..3)
+                            .map(|q| ((q * 1_000 + i * 7 + k) % 1_013) as i64)
+                            .sum()
+                    })
+                    .collect();
+                assert_eq!(v, &want, "{net:?}: rank {r}, call {k} ({count} elements)");
+            }
+        }
+    }
+}
