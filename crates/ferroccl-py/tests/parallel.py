@@ -273,5 +273,39 @@ def mesh_disagrees(rank, n, how, tmp):
     return {"type": None, "after": time.monotonic() - start}
 
 
+def inference_mode(rank, n, how, tmp, backend):
+    """Collectives under ``torch.inference_mode()``, their outputs inference tensors,
+    as DTensor runs them in an inference-mode forward (upstream's
+    test_tp_examples.py test_mlp_inference): waited on, so that the copies into the
+    outputs may run on a thread of the communicator's."""
+    import torch.distributed._functional_collectives as funcol
+
+    init(rank, n, how, tmp, backend=backend)
+    w = dist.group.WORLD
+    out = {}
+    with torch.inference_mode():
+        x = torch.arange(6.0).reshape(2, 3) + rank
+        out["funcol.all_gather"] = funcol.all_gather_tensor(x, 0, w).tolist()
+        out["funcol.all_reduce"] = funcol.all_reduce(x, "sum", w).tolist()
+        out["funcol.reduce_scatter"] = funcol.reduce_scatter_tensor(
+            torch.cat([x] * n), "sum", 0, w
+        ).tolist()
+        g = torch.empty(2 * n, 3)
+        dist.all_gather_into_tensor(g, x, async_op=True).wait()
+        out["all_gather_into_tensor"] = g.tolist()
+        y = (torch.arange(6.0).reshape(2, 3) + rank).t()  # not contiguous: copied back
+        dist.all_reduce(y, async_op=True).wait()
+        out["all_reduce (not contiguous)"] = y.tolist()
+        # A model forward through DTensor: tensor parallel, all-gathers included.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        mesh = init_device_mesh("cpu", (n,))
+        model = parallelize_module(block(), mesh, tp_plan())
+        out["tp forward"] = full(model(data(7)(0))).tolist()
+    dist.destroy_process_group()
+    return out
+
+
 if __name__ == "__main__":
     main(globals())

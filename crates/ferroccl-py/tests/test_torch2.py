@@ -127,3 +127,11 @@ def test_an_unknown_route_is_refused_by_name():
     )
     assert p.returncode != 0
     assert "FERROCCL_TORCH_CLASS='pg'" in p.stderr and "process-group or backend" in p.stderr
+
+
+def test_collectives_under_inference_mode_give_what_gloo_gives():
+    # The copies into an inference tensor ran on the communicator's thread, outside
+    # the caller's inference mode, and torch refused them.
+    res = both(2, "inference_mode")
+    for r in range(2):
+        assert res["ferroccl"][r] == res["gloo"][r], f"rank {r}"

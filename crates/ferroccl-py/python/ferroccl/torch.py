@@ -245,6 +245,29 @@ def _placeholder(rank: int, size: int):
     return _C10D.FakeProcessGroup._create_internal(rank, size, opts)
 
 
+def _as_caller(then):
+    """``then`` (the copies into the caller's tensors once an operation is over) as
+    the caller would run it. It may run on a thread of the communicator's, where
+    torch's thread-local modes are their defaults: a tensor made under
+    ``torch.inference_mode()`` (DTensor's collectives in an inference-mode forward)
+    then refuses the in-place copy ("Inplace update to inference tensor outside
+    InferenceMode"). torch's own backends write such tensors without a word, so the
+    copies run under the caller's inference mode, and outside autograd, as theirs do."""
+    if torch.is_inference_mode_enabled():
+
+        def run():
+            with torch.inference_mode():
+                then()
+
+    else:
+
+        def run():
+            with torch.no_grad():
+                then()
+
+    return run
+
+
 class ProcessGroupFerroccl(_Base):
     """torch.distributed's backend over a ferroccl communicator (``comm``)."""
 
@@ -304,6 +327,8 @@ class ProcessGroupFerroccl(_Base):
         """Issues an operation: ``issue(native, callback, device_op)`` hands it to the
         communicator (CPU tensors: ``device_op`` None; CUDA tensors of ``dev``: see
         ``_torchcuda``)."""
+        if then is not None:
+            then = _as_caller(then)
         if dev is not None:
             return self._cuda.issue(what, result, keep, issue, then, opts, dev)
         if _caller_waits(opts):
