@@ -327,18 +327,25 @@ class ProcessGroupFerroccl(_Base):
         """Issues an operation: ``issue(native, callback, device_op)`` hands it to the
         communicator (CPU tensors: ``device_op`` None; CUDA tensors of ``dev``: see
         ``_torchcuda``)."""
-        if then is not None:
-            then = _as_caller(then)
         if dev is not None:
+            then = then and _as_caller(then)
             return self._cuda.issue(what, result, keep, issue, then, opts, dev)
         if _caller_waits(opts):
             # Run here and now (the queue before it first), sparing the worker's
             # wake-up: the caller would only wait for it. Errors raise from here.
+            # ``then`` runs on the caller's thread, in the caller's modes (outside
+            # autograd, as ``_as_caller`` says why).
             issue(self._n, None, None)
-            if then is not None:
+            if then is None:
+                pass
+            elif torch.is_grad_enabled():
+                with torch.no_grad():
+                    then()
+            else:
                 then()
             return Work(result)
-        op = ferroccl.Work(what, keep, then)
+        # ``then`` may run on the communicator's thread: in the caller's modes there.
+        op = ferroccl.Work(what, keep, then and _as_caller(then))
         w = Work(result, op)
         try:
             op._ticket = issue(self._n, op._complete, None)
