@@ -42,7 +42,9 @@ with ``except_for=["cpu"]``) get a CPU class too (``--no-cpu-classes`` turns tha
 off). Only the classes that spawn ranks (``MultiProcessTestCase``: ``FSDPTest``,
 ``DTensorTestBase``) run by default: the multi-threaded ones (``FSDPTestMultiThread``,
 the ``...WithLocalTensor`` classes) use torch's in-process fake groups and never
-reach a backend (``--all-classes`` runs them too).
+reach a backend (``--all-classes`` runs them too). Where no accelerator is present,
+``FSDPTest`` runs on CPU (torch 2.15's own run skips every test there:
+``_fsdp_on_cpu``).
 
 Each test fails (instead of blocking) once its ranks have run ``--timeout`` seconds.
 The end prints, per file and in all, the passed / failed / skipped counts, the skip
@@ -206,6 +208,24 @@ def _patch(target: str) -> None:
         cdt.instantiate_device_type_tests = instantiate_with_cpu
 
 
+def _fsdp_on_cpu() -> None:
+    """On a machine without accelerators, ``FSDPTest`` runs its tests on CPU: torch
+    2.15's ``FSDPTest._run`` skips every test when there are fewer accelerator devices
+    than ranks ("Need at least N accelerator devices"), CPU or not, where the run of
+    its mixin (``FSDPTestMixin._run``, otherwise the same) checks that only on an
+    accelerator. The mixin's run takes its place."""
+    import torch
+
+    accel = getattr(torch, "accelerator", None)
+    if accel is None or accel.is_available():
+        return
+    cf = importlib.import_module("torch.testing._internal.common_fsdp")
+    mixin = getattr(cf, "FSDPTestMixin", None)
+    test = getattr(cf, "FSDPTest", None)
+    if mixin is not None and test is not None and "_run" in vars(mixin) and "_run" in vars(test):
+        test._run = vars(mixin)["_run"]
+
+
 def _prepare_process() -> None:
     """Runs at import, in the runner and in each rank (spawned ranks import the
     runner again as ``__mp_main__`` before they unpickle their test class)."""
@@ -217,6 +237,7 @@ def _prepare_process() -> None:
     try:
         importlib.import_module("torch.testing._internal.common_utils")
         _patch(os.environ[_ENV_BACKEND])
+        _fsdp_on_cpu()
     finally:
         sys.argv = argv
 
