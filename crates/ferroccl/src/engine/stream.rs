@@ -2,7 +2,7 @@
 
 use super::pacer::frame_error;
 use super::{Engine, Pacer, NOTICE_WAIT};
-use crate::algo::{In, Land, LaneOrder, Plan, MAX_LANES};
+use crate::algo::{In, Land, LaneOrder, Out, Plan, MAX_LANES};
 use crate::error::{Error, Result};
 use crate::reduce::Combine;
 use crate::transport::Channel;
@@ -95,6 +95,137 @@ fn apply(i: &In, data: &mut Data<'_>, scratch: &mut [u8], comb: &mut dyn Combine
         comb.finish(dst)?;
     }
     Ok(())
+}
+
+/// A frame's header: the call's fingerprint, with its pair's element count where each
+/// pair moves its own amount (`count`, from the plan's [`crate::algo::PairCounts`]).
+fn header(fp: &Fingerprint, step: u32, seg: u32, len: usize, count: Option<u64>) -> FrameHeader {
+    FrameHeader {
+        fp: Fingerprint {
+            count: count.unwrap_or(fp.count),
+            ..*fp
+        },
+        step,
+        seg,
+        len: len as u32,
+    }
+}
+
+/// What a round that moved nothing waits for (named by the timeout error).
+#[derive(Clone, Copy)]
+enum Awaited<'p> {
+    /// The empty frame that only compares fingerprints (`In::check`) from this rank.
+    Fingerprint(usize),
+    Data(&'p In),
+    /// A peer to take a send.
+    Take(&'p Out),
+    /// Only held receives remain (their sends out of reach): the first lane's peer.
+    Turn(usize),
+}
+
+impl Awaited<'_> {
+    fn peer(&self) -> usize {
+        match *self {
+            Awaited::Fingerprint(p) | Awaited::Turn(p) => p,
+            Awaited::Data(i) => i.peer,
+            Awaited::Take(o) => o.peer,
+        }
+    }
+}
+
+impl std::fmt::Display for Awaited<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Awaited::Fingerprint(p) => {
+                write!(f, "rank {p} to start the same call (its fingerprint)")
+            }
+            Awaited::Data(i) => write!(
+                f,
+                "data from rank {} (step {}, segment {})",
+                i.peer, i.step, i.seg
+            ),
+            Awaited::Take(o) => write!(
+                f,
+                "rank {} to take data (step {}, segment {})",
+                o.peer, o.step, o.seg
+            ),
+            Awaited::Turn(p) => write!(f, "rank {p} (a receive waits for its turn)"),
+        }
+    }
+}
+
+/// What a stuck round of [`Engine::run_plan`] waits for: a receive that has started
+/// or has no send before it in its lane, else the next send, else the first lane's
+/// held receive (`rank` itself when there is none).
+fn awaited<'p>(
+    plan: &'p Plan,
+    order: &LaneOrder<'_>,
+    st: &Sending,
+    ai: &[usize; MAX_LANES],
+    held: &[Option<usize>; MAX_LANES],
+    inp: &[Option<InFrame>; MAX_LANES],
+    rank: usize,
+) -> Awaited<'p> {
+    let lanes = order.lanes();
+    let recv = (0..lanes).find_map(|l| {
+        let x = order.inp(l, ai[l])?;
+        let sends_done = order.out(l, st.si[l]).is_none();
+        (held[l].is_none() && (sends_done || inp[l].is_some())).then_some(x)
+    });
+    let send = (0..lanes).find_map(|l| order.out(l, st.si[l]));
+    match (recv, send) {
+        (Some(x), _) if plan.ins[x].step == u32::MAX && plan.ins[x].len == 0 => {
+            Awaited::Fingerprint(plan.ins[x].peer)
+        }
+        (Some(x), _) => Awaited::Data(&plan.ins[x]),
+        (None, Some(x)) => Awaited::Take(&plan.outs[x]),
+        (None, None) => Awaited::Turn(
+            held.iter()
+                .flatten()
+                .next()
+                .map_or(rank, |&x| plan.ins[x].peer),
+        ),
+    }
+}
+
+/// The wait in progress in [`Engine::run_plan`]: its peer and since when. A wait is
+/// timed from its first idle round to the progress that ends it, not round by round:
+/// two clock reads per round slowed the spin that a peer on shared memory answers
+/// within. Once the pacer yields, each round is accounted as it ends, so a dump taken
+/// during a hang still sees the wait.
+#[derive(Default)]
+struct WaitClock(Option<(usize, Instant)>);
+
+impl WaitClock {
+    /// The start of this round's wait on `peer` (the wait in progress, if on it; a
+    /// wait on another peer ends here).
+    fn start(&mut self, e: &mut Engine, peer: usize) -> Instant {
+        match self.0.take() {
+            Some((p, t0)) if p == peer => t0,
+            other => {
+                self.0 = other;
+                self.end(e);
+                Instant::now()
+            }
+        }
+    }
+
+    /// After an idle round that began waiting at `t0`: still spinning, the wait goes
+    /// on untimed; else it is accounted now.
+    fn after_idle(&mut self, e: &mut Engine, peer: usize, t0: Instant, spinning: bool) {
+        if spinning {
+            self.0 = Some((peer, t0));
+        } else {
+            e.trace_waited(peer, t0.elapsed().as_nanos() as u64);
+        }
+    }
+
+    /// The wait in progress, if any, ends: accounted to its peer.
+    fn end(&mut self, e: &mut Engine) {
+        if let Some((peer, t0)) = self.0.take() {
+            e.trace_waited(peer, t0.elapsed().as_nanos() as u64);
+        }
+    }
 }
 
 impl Engine {
@@ -198,17 +329,6 @@ impl Engine {
         let (outs, ins) = (&plan.outs, &plan.ins);
         let lanes = order.lanes();
         let rank = self.rank;
-        // A frame carries the call's fingerprint, with its pair's count where each pair
-        // moves its own amount.
-        let header = |step: u32, seg: u32, len: usize, count: Option<u64>| FrameHeader {
-            fp: Fingerprint {
-                count: count.unwrap_or(fp.count),
-                ..*fp
-            },
-            step,
-            seg,
-            len: len as u32,
-        };
         let counts = plan.counts.as_deref();
         let sent_count = |peer: usize| counts.and_then(|c| c.send.get(peer).copied());
         let recv_count = |peer: usize| counts.and_then(|c| c.recv.get(peer).copied());
@@ -223,12 +343,7 @@ impl Engine {
         let done = |st: &Sending, ai: &[usize; MAX_LANES]| {
             (0..lanes).all(|l| order.lane_done(l, &st.si, ai))
         };
-        // The wait in progress: its peer and since when. A wait is timed from its
-        // first idle round to the progress that ends it, not round by round: two
-        // clock reads per round slowed the spin that a peer on shared memory answers
-        // within (it is accounted at each round once the pacer yields, so a dump
-        // taken during a hang still sees it).
-        let mut waiting: Option<(usize, Instant)> = None;
+        let mut clock = WaitClock::default();
         while !done(st, &ai) {
             let mut progressed = false;
             // A frame waits for a peer that has yet to dial in (nothing wakes the
@@ -243,7 +358,7 @@ impl Engine {
                         }
                         st.out[l] = Some((
                             x,
-                            OutFrame::new(&header(o.step, o.seg, o.len, sent_count(o.peer))),
+                            OutFrame::new(&header(fp, o.step, o.seg, o.len, sent_count(o.peer))),
                         ));
                     }
                     let Some((_, frame)) = st.out[l].as_mut() else {
@@ -285,6 +400,7 @@ impl Engine {
                             break;
                         }
                         inp[l] = Some(InFrame::new(header(
+                            fp,
                             i.step,
                             i.seg,
                             i.len,
@@ -319,78 +435,26 @@ impl Engine {
                 }
             }
             if progressed {
-                if let Some((peer, t0)) = waiting.take() {
-                    self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
-                }
+                clock.end(self);
                 pacer.moved();
                 continue;
             }
             if done(st, &ai) {
                 break;
             }
-            // Waiting for a receive, or for a peer to take a send: name a receive that
-            // has started or has no send before it in its lane, else the next send.
-            let recv = (0..lanes).find_map(|l| {
-                let x = order.inp(l, ai[l])?;
-                let sends_done = order.out(l, st.si[l]).is_none();
-                (held[l].is_none() && (sends_done || inp[l].is_some())).then_some(x)
-            });
-            let send = (0..lanes).find_map(|l| order.out(l, st.si[l]));
-            let peer = match (recv, send) {
-                (Some(x), _) => ins[x].peer,
-                (None, Some(x)) => outs[x].peer,
-                // Only held receives remain (their sends are out of reach): the
-                // first lane's.
-                (None, None) => held.iter().flatten().next().map_or(rank, |&x| ins[x].peer),
-            };
+            let awaited = awaited(plan, order, st, &ai, &held, &inp, rank);
+            let peer = awaited.peer();
             self.trace_waiting(peer);
-            let t0 = match waiting.take() {
-                Some((p, t0)) if p == peer => t0,
-                other => {
-                    if let Some((p, t0)) = other {
-                        self.trace_waited(p, t0.elapsed().as_nanos() as u64);
-                    }
-                    Instant::now()
-                }
-            };
-            let what = || match (recv, send) {
-                // The empty frames that only compare fingerprints (`In::check`).
-                (Some(x), _) if ins[x].step == u32::MAX && ins[x].len == 0 => {
-                    format!(
-                        "rank {} to start the same call (its fingerprint)",
-                        ins[x].peer
-                    )
-                }
-                (Some(x), _) => {
-                    let i = &ins[x];
-                    format!(
-                        "data from rank {} (step {}, segment {})",
-                        i.peer, i.step, i.seg
-                    )
-                }
-                (None, Some(x)) => {
-                    let o = &outs[x];
-                    format!(
-                        "rank {} to take data (step {}, segment {})",
-                        o.peer, o.step, o.seg
-                    )
-                }
-                (None, None) => format!("rank {peer} (a receive waits for its turn)"),
-            };
+            let t0 = clock.start(self, peer);
+            let what = || awaited.to_string();
             if unlinked {
                 pacer.idle_poll(rank, fp, what)?;
             } else {
                 pacer.idle(&mut *self.waiter, rank, fp, what)?;
             }
-            if pacer.spinning() {
-                waiting = Some((peer, t0));
-            } else {
-                self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
-            }
+            clock.after_idle(self, peer, t0, pacer.spinning());
         }
-        if let Some((peer, t0)) = waiting {
-            self.trace_waited(peer, t0.elapsed().as_nanos() as u64);
-        }
+        clock.end(self);
         Ok(())
     }
 }
