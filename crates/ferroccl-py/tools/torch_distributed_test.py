@@ -107,14 +107,6 @@ def _parse_args(argv):
         "--curated", action="store_true", help="the tests known to pass (the default)"
     )
     which.add_argument("--list", metavar="FILE", help="the tests named in FILE, one a line")
-    p.add_argument(
-        "-k",
-        dest="patterns",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="only tests whose name holds PATTERN (fnmatch when it has a *); repeatable",
-    )
     p.add_argument("--world-size", type=int, default=2, help="ranks per test (default 2)")
     p.add_argument(
         "--feature",
@@ -126,25 +118,44 @@ def _parse_args(argv):
         "the CPU tests the suite gates on gloo/nccl); repeatable",
     )
     p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        help=f"seconds a test may run before it fails (default {DEFAULT_TIMEOUT})",
-    )
-    p.add_argument("--backend", default="ferroccl", help="the backend to test (default ferroccl)")
-    p.add_argument(
         "--child-logs",
         metavar="DIR",
         help="write each rank's output to DIR/<test>.rank<N>.log, not to this terminal",
     )
-    p.add_argument("--tracebacks", action="store_true", help="print every failure's full text")
-    p.add_argument("--names", action="store_true", help="print the selected tests and exit")
+    add_run_flags(p, "name", DEFAULT_TIMEOUT)
     args = p.parse_args(argv)
     if args.world_size < 1:
         p.error("--world-size must be at least 1")
+    check_run_flags(p, args)
+    return args
+
+
+def add_run_flags(p, named: str, timeout: float) -> None:
+    """The flags every runner of PyTorch's tests here takes: which tests (``-k``, on
+    their ``named``), the backend, the per-test deadline and what is printed."""
+    p.add_argument(
+        "-k",
+        dest="patterns",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help=f"only tests whose {named} holds PATTERN (fnmatch when it has a *); repeatable",
+    )
+    p.add_argument("--backend", default="ferroccl", help="the backend to test (default ferroccl)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=timeout,
+        help=f"seconds a test may run before it fails (default {timeout:g})",
+    )
+    p.add_argument("--tracebacks", action="store_true", help="print every failure's full text")
+    p.add_argument("--names", action="store_true", help="print the selected tests and exit")
+
+
+def check_run_flags(p, args) -> None:
+    """Refuses what :func:`add_run_flags` took and cannot be (through ``p.error``)."""
     if args.timeout <= 0:
         p.error("--timeout must be positive")
-    return args
 
 
 if __name__ == "__main__":

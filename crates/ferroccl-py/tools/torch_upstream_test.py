@@ -99,21 +99,7 @@ def _parse_args(argv):
         metavar="FILE",
         help="test files in DIR, or fnmatch patterns of them (default test_*.py)",
     )
-    p.add_argument(
-        "-k",
-        dest="patterns",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="only tests whose Class.test_name holds PATTERN (fnmatch when it has a *); repeatable",
-    )
-    p.add_argument("--backend", default="ferroccl", help="ferroccl (default) or gloo")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        help=f"seconds a test may run before it fails (default {DEFAULT_TIMEOUT})",
-    )
+    tdt.add_run_flags(p, "Class.test_name", DEFAULT_TIMEOUT)
     p.add_argument(
         "--all-classes",
         action="store_true",
@@ -124,11 +110,8 @@ def _parse_args(argv):
         action="store_true",
         help="keep instantiate_device_type_tests' except_for=['cpu'] as it is",
     )
-    p.add_argument("--tracebacks", action="store_true", help="print every failure's full text")
-    p.add_argument("--names", action="store_true", help="print the selected tests and exit")
     args = p.parse_args(argv)
-    if args.timeout <= 0:
-        p.error("--timeout must be positive")
+    tdt.check_run_flags(p, args)
     if not os.path.isdir(args.tests):
         p.error(f"--tests {args.tests}: not a folder")
     return args
