@@ -61,6 +61,86 @@ impl Precision {
     }
 }
 
+/// Where a trainer computes: the CPU, or a GPU through candle's CUDA backend (this
+/// crate's feature `cuda`). Gradients still meet on the host: [`crate::ddp::Ddp`]
+/// reads them into its buckets and writes the stepped master weights back, so the
+/// collectives and their results are the same bytes as on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TrainDevice {
+    /// candle's CPU backend.
+    #[default]
+    Cpu,
+    /// candle's CUDA backend, one GPU per local rank (local rank modulo the GPUs the
+    /// host has, so several ranks share a GPU when there are fewer GPUs than ranks).
+    Cuda,
+}
+
+impl TrainDevice {
+    /// Parses `cpu` or `cuda`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(TrainDevice::Cpu),
+            "cuda" | "gpu" => Ok(TrainDevice::Cuda),
+            _ => Err(Error::invalid(format!(
+                "unknown device {s:?}: expected cpu or cuda"
+            ))),
+        }
+    }
+
+    /// The candle device of the rank whose local rank (on its host) is `local_rank`:
+    /// the CPU, or GPU `local_rank % GPUs`. Without a GPU, or in a build without
+    /// candle's CUDA backend, `ferroccl::Error::Unavailable` naming CUDA.
+    pub fn candle(self, local_rank: usize) -> Result<Device> {
+        match self {
+            TrainDevice::Cpu => Ok(Device::Cpu),
+            TrainDevice::Cuda => Ok(Device::new_cuda(local_rank % gpus()?)?),
+        }
+    }
+
+    /// How many devices of this kind the host has (1 for the CPU), without making a
+    /// context on any: what a launcher asks before it starts the ranks. Without a
+    /// GPU, or without candle's CUDA backend in the build, the error
+    /// [`TrainDevice::candle`] would give.
+    pub fn count(self) -> Result<usize> {
+        match self {
+            TrainDevice::Cpu => Ok(1),
+            TrainDevice::Cuda => gpus(),
+        }
+    }
+}
+
+fn no_cuda(why: String) -> Error {
+    ferroccl::Error::Unavailable {
+        what: "CUDA".into(),
+        why,
+    }
+    .into()
+}
+
+/// The host's GPUs (at least one), or why there are none.
+#[cfg(feature = "cuda")]
+fn gpus() -> Result<usize> {
+    if !ferroccl::cuda::driver_present() {
+        return Err(no_cuda("no CUDA driver (libcuda.so not found)".into()));
+    }
+    let n = ferroccl::cuda::cudarc::driver::CudaContext::device_count()
+        .map_err(|e| no_cuda(format!("counting the GPUs: {e:?}")))?;
+    match usize::try_from(n) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(no_cuda("no CUDA device on this host".into())),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpus() -> Result<usize> {
+    Err(no_cuda(
+        "this build has no candle CUDA backend: build ferroccl-cli with \
+         `--features candle-cuda` (ferroccl-candle with `cuda`; tools/cuda-toolkit fetches \
+         what that build needs)"
+            .into(),
+    ))
+}
+
 /// One parameter: its name, shape and candle variable.
 pub struct Param {
     /// E.g. `conv1.weight`.
@@ -94,6 +174,12 @@ impl LeNet {
     /// A network of the given width, initialised from `seed` (PyTorch's default
     /// bound: uniform in ±1/√fan_in for weights and biases).
     pub fn new(width: usize, seed: u64) -> Result<Self> {
+        Self::on(width, seed, &Device::Cpu)
+    }
+
+    /// [`LeNet::new`] with its parameters (and the batches it is given) on `device`:
+    /// the same initial weights on every device.
+    pub fn on(width: usize, seed: u64, device: &Device) -> Result<Self> {
         let w = width.max(1);
         let (c1, c2, h) = (6 * w, 16 * w, 120 * w);
         let shapes: Vec<(&str, Vec<usize>, usize)> = vec![
@@ -106,7 +192,7 @@ impl LeNet {
             ("fc2.weight", vec![10, h], h),
             ("fc2.bias", vec![10], h),
         ];
-        let device = Device::Cpu;
+        let device = device.clone();
         let mut rng = Rng::derive(seed, 0x494e_4954);
         let mut params = Vec::new();
         for (name, shape, fan_in) in shapes {

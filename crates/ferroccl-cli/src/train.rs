@@ -5,7 +5,7 @@ use clap::Args;
 use ferroccl::ddp::{Decay, WireDtype};
 use ferroccl::rendezvous::LaunchEnv;
 use ferroccl::{Communicator, Config};
-use ferroccl_candle::model::Precision;
+use ferroccl_candle::model::{Precision, TrainDevice};
 use ferroccl_candle::{DataSource, Error, Result, Resume, Summary, TrainConfig, Trainer};
 use std::path::PathBuf;
 
@@ -52,6 +52,11 @@ pub struct TrainArgs {
     /// Weight decay.
     #[arg(long, default_value = "0", value_parser = crate::args::non_negative, allow_negative_numbers = true)]
     weight_decay: f32,
+    /// Where every rank computes: cpu, or cuda (candle's CUDA backend; each rank on
+    /// GPU local-rank modulo the host's GPUs, so ranks share GPUs when there are
+    /// fewer). cuda needs the binary built with `--features candle-cuda`.
+    #[arg(long, default_value = "cpu", value_parser = clap::builder::PossibleValuesParser::new(["cpu", "cuda"]), ignore_case = true)]
+    device: String,
     /// Forward/backward precision: f32 or f16 (f32 master weights, dynamic loss
     /// scaling); bf16 is refused on the CPU (candle has no bf16 matmul there).
     #[arg(long, default_value = "f32")]
@@ -118,8 +123,9 @@ pub struct TrainArgs {
     /// stage, no tensor parallelism, ranks as data-parallel replicas): their baseline.
     #[arg(long)]
     mlp: bool,
-    /// With the MLP: rank 0 writes the whole model's final weights (every stage's and
-    /// tensor shard's, put back together), flat, as a ferroccl checkpoint file.
+    /// Rank 0 writes the model's final weights as a ferroccl checkpoint file: LeNet's
+    /// by name, or the MLP's whole model (every stage's and tensor shard's, put back
+    /// together), flat. Not with --mode ssp.
     #[arg(long, value_name = "FILE")]
     save_weights: Option<PathBuf>,
     /// Micro-batches per step with --pipeline (must divide the batch per replica),
@@ -241,6 +247,7 @@ fn config(a: &TrainArgs) -> Result<TrainConfig> {
         }),
         time_limit: a.time_limit,
         curve_every: a.curve_every,
+        device: TrainDevice::parse(&a.device.to_ascii_lowercase())?,
         ..TrainConfig::default()
     })
 }
@@ -258,6 +265,8 @@ fn share_cores(env: &LaunchEnv) {
 
 fn run(a: &TrainArgs) -> Result<()> {
     let mut tc = config(a)?;
+    // No GPU, or no CUDA in this build: fail here, before any rank starts.
+    tc.device.count()?;
     let launch = ferroccl::rendezvous::detect_env()?;
     let launched = launch.is_some();
     if let Some(dir) = &a.trace {
@@ -318,7 +327,14 @@ fn run(a: &TrainArgs) -> Result<()> {
             s.buckets,
             s.skipped_steps
         );
+        println!(
+            "replicas bitwise equal: {}",
+            if s.replicas_equal { "yes" } else { "NO" }
+        );
         print_curve(&s.curve);
+        if let Some(p) = &a.save_weights {
+            save_weights(p, &out.params, serde_json::json!({"steps": s.steps}))?;
+        }
         if let Some(p) = &a.summary {
             let j = serde_json::to_string_pretty(s).expect("summary serialises");
             std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
@@ -346,12 +362,6 @@ fn trainer(a: &TrainArgs) -> Trainer {
 /// rank starts (each rank would otherwise say it, once per rank).
 fn check_pipeline(a: &TrainArgs, world: usize) -> Result<()> {
     if !mlp(a) {
-        if a.save_weights.is_some() {
-            return Err(Error::invalid(
-                "--save-weights writes the MLP's weights: add --mlp, --pipeline or \
-                 --tensor-parallel",
-            ));
-        }
         return Ok(());
     }
     let bad = |why: String| Err(Error::invalid(why));
@@ -386,6 +396,9 @@ fn check_modes(a: &TrainArgs, tc: &TrainConfig, world: usize) -> Result<()> {
     let bad = |why: String| Err(Error::invalid(why));
     if a.mode == "sync" && a.staleness.is_some() {
         return bad("--staleness applies to --mode ssp (sync is DDP: staleness 0)".into());
+    }
+    if a.mode == "ssp" && a.save_weights.is_some() {
+        return bad("--save-weights: --mode ssp keeps its weights on the servers' shards".into());
     }
     if a.mode == "ssp" && mlp(a) {
         return bad(
@@ -526,6 +539,10 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<
         s.steps,
         s.final_loss
     );
+    println!(
+        "replicas bitwise equal: {}",
+        if s.replicas_equal { "yes" } else { "NO" }
+    );
     print_stage_table(&s);
     if let Some(p) = &a.summary {
         let j = serde_json::to_string_pretty(&s)
@@ -533,20 +550,30 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<
         std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
     }
     if let Some(p) = &a.save_weights {
-        let tensors = s
-            .weights
-            .iter()
-            .map(|(name, v)| ferroccl::ddp::checkpoint::Tensor {
-                name: name.clone(),
-                shape: vec![v.len()],
-                data: v.clone(),
-            })
-            .collect();
         let state = serde_json::json!({
             "steps": s.steps, "stages": s.stages, "tensor": s.tensor, "replicas": s.replicas,
         });
-        ferroccl::ddp::checkpoint::save(p, &ferroccl::ddp::Checkpoint { state, tensors })?;
+        save_weights(p, &s.weights, state)?;
     }
+    Ok(())
+}
+
+/// `--save-weights`: `weights` (name, values), each flat, and `state`, as a ferroccl
+/// checkpoint file.
+fn save_weights(
+    p: &std::path::Path,
+    weights: &[(String, Vec<f32>)],
+    state: serde_json::Value,
+) -> Result<()> {
+    let tensors = weights
+        .iter()
+        .map(|(name, v)| ferroccl::ddp::checkpoint::Tensor {
+            name: name.clone(),
+            shape: vec![v.len()],
+            data: v.clone(),
+        })
+        .collect();
+    ferroccl::ddp::checkpoint::save(p, &ferroccl::ddp::Checkpoint { state, tensors })?;
     Ok(())
 }
 
@@ -626,6 +653,8 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> Result<()> {
             "--scaling takes world sizes of 1 or more, e.g. 1,2,4",
         ));
     }
+    let device = TrainDevice::parse(&a.device.to_ascii_lowercase())?;
+    let units = device.count()?;
     let tmp = std::env::temp_dir().join(format!("ferroccl-scaling-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating a temporary directory", e))?;
     let mut rows: Vec<Summary> = Vec::new();
@@ -664,9 +693,15 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     let base = &rows[0];
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let on = match device {
+        TrainDevice::Cpu => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            format!("{cores} cores")
+        }
+        TrainDevice::Cuda => format!("{units} GPU(s)"),
+    };
     println!(
-        "scaling on {cores} cores, global batch {} (per rank: batch / ranks)",
+        "scaling on {on}, global batch {} (per rank: batch / ranks)",
         a.batch
     );
     println!(

@@ -30,11 +30,21 @@ impl Module for MlpStage {
 /// Layers `layers` of the MLP of `widths` (layer i maps `widths[i]` to
 /// `widths[i + 1]`), with their variables `l{i}.weight`, `l{i}.bias` in forward order.
 /// Layer i's weights are uniform in ±1/√fan_in drawn from `(seed, i)`: the same
-/// whichever stage holds it.
+/// whichever stage holds it. On the CPU; [`mlp_stage_on`] for another device.
 pub fn mlp_stage(
     widths: &[usize],
     layers: Range<usize>,
     seed: u64,
+) -> Result<(MlpStage, Vec<(String, Var)>)> {
+    mlp_stage_on(widths, layers, seed, &Device::Cpu)
+}
+
+/// [`mlp_stage`] with its variables on `device`: the same weights on every device.
+pub fn mlp_stage_on(
+    widths: &[usize],
+    layers: Range<usize>,
+    seed: u64,
+    device: &Device,
 ) -> Result<(MlpStage, Vec<(String, Var)>)> {
     if layers.is_empty() || layers.end >= widths.len() {
         return Err(Error::invalid(format!(
@@ -56,9 +66,9 @@ pub fn mlp_stage(
         let w = Var::from_tensor(&Tensor::from_vec(
             draw(fan_out * fan_in),
             (fan_out, fan_in),
-            &Device::Cpu,
+            device,
         )?)?;
-        let b = Var::from_tensor(&Tensor::from_vec(draw(fan_out), fan_out, &Device::Cpu)?)?;
+        let b = Var::from_tensor(&Tensor::from_vec(draw(fan_out), fan_out, device)?)?;
         out.push((
             Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone())),
             i + 2 < widths.len(),

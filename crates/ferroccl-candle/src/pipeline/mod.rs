@@ -255,6 +255,8 @@ pub struct Pipeline<'c, M, O> {
     cfg: PipelineConfig,
     plan: Vec<Action>,
     tensor: Option<TensorGroup>,
+    /// Where the stage's variables live, and so where what it receives is put.
+    device: candle_core::Device,
 }
 
 impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
@@ -289,6 +291,9 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
     ) -> Result<Self> {
         let (p, s) = (pipe.world_size(), pipe.rank());
         let plan = schedule::plan(cfg.schedule, p, cfg.micro_batches)?.swap_remove(s);
+        let device = vars
+            .first()
+            .map_or(candle_core::Device::Cpu, |(_, v)| v.device().clone());
         let mut params = Zero::new(data, vars, opt, cfg.zero)?;
         params.set_layout(json!({"stage": s, "stages": p}), pipe);
         Ok(Pipeline {
@@ -299,6 +304,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             cfg,
             plan,
             tensor: None,
+            device,
         })
     }
 
@@ -315,6 +321,12 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
         self.params.set_tensor(tensor.clone());
         self.tensor = Some(tensor.clone());
         self
+    }
+
+    /// Where this stage's variables live (the device of its first variable; the CPU
+    /// for a stage without any): inputs and losses it is given must be there too.
+    pub fn device(&self) -> &candle_core::Device {
+        &self.device
     }
 
     /// This stage's index.
@@ -638,7 +650,7 @@ impl<'c, M: Module, O: Optimizer> Pipeline<'c, M, O> {
             .into());
         }
         let data = inc.data.wait()?;
-        Ok(Tensor::from_vec(data, want, &candle_core::Device::Cpu)?)
+        Ok(Tensor::from_vec(data, want, &self.device)?)
     }
 
     /// A checkpoint of this stage (weights, optimizer state, the layout) and `state`,

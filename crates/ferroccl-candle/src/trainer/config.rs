@@ -5,7 +5,7 @@
 
 use crate::data::Dataset;
 use crate::error::{Error, Result};
-use crate::model::Precision;
+use crate::model::{Precision, TrainDevice};
 use ferroccl::ddp::buckets::{DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
 use ferroccl::ddp::checkpoint::{self, Checkpoint, CheckpointDir};
 use ferroccl::ddp::{Decay, LrSchedule, TrainResult, WireDtype};
@@ -105,6 +105,8 @@ pub struct TrainConfig {
     /// Keep rank 0's weights every this many seconds of wall-clock time, and report
     /// the test accuracy of each in the summary's `curve` (evaluated after the run).
     pub curve_every: Option<Duration>,
+    /// Where every rank computes (its GPU: local rank modulo the host's GPUs).
+    pub device: TrainDevice,
 }
 
 impl Default for TrainConfig {
@@ -143,6 +145,7 @@ impl Default for TrainConfig {
             straggler: None,
             time_limit: None,
             curve_every: None,
+            device: TrainDevice::Cpu,
         }
     }
 }
@@ -290,7 +293,7 @@ impl TrainConfig {
 
     /// The LeNet trainers' checks against a job of `world` ranks: the fields `trainer`
     /// does not read, a global batch of whole micro-batches on every rank, a precision
-    /// the CPU computes in, the straggler.
+    /// the device computes in (no bf16 on the CPU), the straggler.
     pub fn check_lenet(&self, trainer: Trainer, world: usize) -> Result<()> {
         self.refuse_unread(trainer)?;
         if self.accum == 0
@@ -303,7 +306,7 @@ impl TrainConfig {
                 self.global_batch, self.accum
             )));
         }
-        if self.precision == Precision::Bf16 {
+        if self.precision == Precision::Bf16 && self.device == TrainDevice::Cpu {
             return Err(ferroccl::Error::Unavailable {
                 what: "bf16 compute".into(),
                 why: "candle's CPU backend has no bf16 matmul; train in f16 or f32, and use \

@@ -7,11 +7,11 @@
 //! holds the one-process model.
 
 use crate::error::{Error, Result};
-use crate::pipeline::mlp::{even_split, mlp_stage};
+use crate::pipeline::mlp::{even_split, mlp_stage_on};
 use crate::tensor_parallel::cost::check_pairs;
 use crate::tensor_parallel::layout::shard_ranges;
 use crate::tensor_parallel::{Shard, TensorGroup, TpMlp};
-use candle_core::{Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 use std::ops::Range;
 
 /// The MLP's widths: 784 → 512 × 7 → 10.
@@ -37,15 +37,17 @@ impl Module for TpMlpStage {
 
 /// Layers `layers` (whole pairs, starting at an even layer) of the MLP of `widths`
 /// from `seed`, as this rank's part of tensor-parallel blocks over `group`, and its
-/// parameters (`l{i}.weight`, `l{i}.bias`, forward order). Collective over the group.
+/// parameters (`l{i}.weight`, `l{i}.bias`, forward order), on `device`. Collective
+/// over the group.
 pub fn tp_mlp_stage(
     widths: &[usize],
     layers: Range<usize>,
     seed: u64,
     group: &TensorGroup,
+    device: &Device,
 ) -> Result<(TpMlpStage, Vec<Shard>)> {
     check_pairs(widths, &layers)?;
-    let (_, vars) = mlp_stage(widths, layers.clone(), seed)?;
+    let (_, vars) = mlp_stage_on(widths, layers.clone(), seed, device)?;
     let mut blocks = Vec::new();
     let mut shards = Vec::new();
     for (k, i) in layers.step_by(2).enumerate() {

@@ -19,14 +19,15 @@
 use super::batches::{Batches, Share};
 use super::config::{load_data, TrainConfig, Trainer};
 use super::mlp::{tp_mlp_stage, WIDTHS};
+use super::run::replicas_agree;
 use crate::ddp::Sgd;
 use crate::error::{Error, Result};
-use crate::pipeline::mlp::{even_split, mlp_stage};
+use crate::pipeline::mlp::{even_split, mlp_stage_on};
 use crate::pipeline::schedule::textbook_bubble;
 use crate::pipeline::{Layout, Pipeline, PipelineConfig, StepReport};
 use crate::tensor_parallel::cost::{bytes_per_rank, mlp_stage_all_reduces};
 use crate::tensor_parallel::{gather_whole, Mesh, Shard};
-use candle_core::{Device, Module, Tensor};
+use candle_core::{Module, Tensor};
 use ferroccl::ddp::TrainError;
 use ferroccl::{Communicator, ReduceOp};
 use serde::{Deserialize, Serialize};
@@ -84,6 +85,10 @@ pub struct PipelineSummary {
     /// tensor shards put back together), as one process would hold them.
     #[serde(skip)]
     pub weights: Vec<(String, Vec<f32>)>,
+    /// Whether every stage's (and tensor rank's) data-parallel replicas ended with the
+    /// same weights, bit for bit (digests compared within each replica group).
+    #[serde(default)]
+    pub replicas_equal: bool,
 }
 
 /// Trains the MLP as a pipeline; every rank calls it with the same arguments.
@@ -127,12 +132,14 @@ pub fn train_mesh(
     let width = WIDTHS[layers.start];
     let opt = Sgd::new(cfg.momentum, cfg.weight_decay);
     let (pipe, data) = (&layout.pipe, Some(&layout.data));
+    let device = cfg.device.candle(comm.local_rank())?;
     if tensor == 1 {
-        let (module, vars) = mlp_stage(&WIDTHS, layers.clone(), cfg.seed)?;
+        let (module, vars) = mlp_stage_on(&WIDTHS, layers.clone(), cfg.seed, &device)?;
         let p = Pipeline::from_vars(pipe, data, module, vars, &[width], opt, pcfg)?;
         return run(comm, cfg, &layout, p, layers, None);
     }
-    let (module, shards) = tp_mlp_stage(&WIDTHS, layers.clone(), cfg.seed, &layout.tensor)?;
+    let (module, shards) =
+        tp_mlp_stage(&WIDTHS, layers.clone(), cfg.seed, &layout.tensor, &device)?;
     let vars = shards
         .iter()
         .map(|s| (s.name.clone(), s.var.clone()))
@@ -153,6 +160,7 @@ fn run<M: Module>(
     shards: Option<Vec<Shard>>,
 ) -> Result<PipelineSummary> {
     let (stage, replica) = (layout.pipe.rank(), layout.data.rank());
+    let device = pipe.device().clone();
     let (stages, replicas) = (layout.pipe.world_size(), layout.data.world_size());
     let m = pipe.micro_batches();
     let share = cfg.global_batch / replicas;
@@ -173,9 +181,9 @@ fn run<M: Module>(
     let sent_before = layout.tensor.wire_stats().payload_sent;
     for step in 0..steps {
         let d = batches.pass(step, 0);
-        let x = Tensor::from_slice(&d.images, (share, WIDTHS[0]), &Device::Cpu)?;
+        let x = Tensor::from_slice(&d.images, (share, WIDTHS[0]), &device)?;
         let y: Vec<u32> = d.labels.iter().map(|&l| l as u32).collect();
-        let y = Tensor::from_vec(y, share, &Device::Cpu)?;
+        let y = Tensor::from_vec(y, share, &device)?;
         let loss = |out: &Tensor, rows: std::ops::Range<usize>| {
             candle_nn::loss::cross_entropy(out, &y.narrow(0, rows.start, rows.len())?)
         };
@@ -216,6 +224,9 @@ fn run<M: Module>(
         Some(sh) => gather_whole(&layout.tensor, sh)?,
         None => pipe.weights(),
     };
+    // Each replica group agrees or not; the job's answer is whether all of them do.
+    let mut equal = [u8::from(replicas_agree(&layout.data, &stage_whole)?)];
+    comm.all_reduce(&mut equal, ReduceOp::Min)?;
     Ok(PipelineSummary {
         stages,
         replicas,
@@ -226,6 +237,7 @@ fn run<M: Module>(
         textbook_bubble: textbook_bubble(stages, m),
         per_rank,
         weights: whole_model(&layout.pipe, &stage_whole)?,
+        replicas_equal: equal[0] == 1,
     })
 }
 

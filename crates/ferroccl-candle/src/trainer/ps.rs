@@ -139,7 +139,7 @@ pub fn train_ps(comm: &Communicator, cfg: &TrainConfig, staleness: Staleness) ->
     let batches = Batches::new(train_set, share, cfg.seed, cfg.augment)?;
     let steps_per_epoch = batches.steps_per_epoch();
     let total_steps = cfg.epochs * steps_per_epoch;
-    let model = LeNet::new(cfg.width, cfg.seed)?;
+    let model = LeNet::on(cfg.width, cfg.seed, &cfg.device.candle(comm.local_rank())?)?;
     let meta = Meta {
         clocks: Vec::new(),
         world,

@@ -61,6 +61,10 @@ pub struct Summary {
     /// the last point is the end of the run).
     #[serde(default)]
     pub curve: Vec<(f64, f64)>,
+    /// Whether every rank ended with rank 0's weights, bit for bit (their digests
+    /// compared by an all-reduce after the last step).
+    #[serde(default)]
+    pub replicas_equal: bool,
 }
 
 /// A finished run: its summary and the final parameters (forward order).
@@ -209,7 +213,7 @@ impl<'c> Run<'c> {
         // preemption would), so a run stopped and resumed follows the same schedule.
         let total_steps = cfg.epochs * steps_per_epoch;
         let stop = total_steps.min(cfg.max_steps.unwrap_or(u64::MAX));
-        let model = LeNet::new(cfg.width, cfg.seed)?;
+        let model = LeNet::on(cfg.width, cfg.seed, &cfg.device.candle(comm.local_rank())?)?;
         let ddp_cfg = DdpConfig {
             bucket_bytes: cfg.bucket_bytes,
             first_bucket_bytes: cfg.first_bucket_bytes,
@@ -411,6 +415,8 @@ impl<'c> Run<'c> {
             self.last_step_loss,
         ];
         comm.all_reduce(&mut job, ReduceOp::Sum)?;
+        let params = self.ddp.weights();
+        let replicas_equal = replicas_agree(comm, &params)?;
         let summary = Summary {
             world,
             steps: self.state.step,
@@ -427,12 +433,32 @@ impl<'c> Run<'c> {
             skipped_steps: self.state.scaler.skipped,
             wall_s: wall.as_secs_f64(),
             curve,
+            replicas_equal,
         };
-        Ok(Outcome {
-            summary,
-            params: self.ddp.weights(),
-        })
+        Ok(Outcome { summary, params })
     }
+}
+
+/// Collective: whether every rank holds the same `params`, bit for bit. Each rank
+/// digests its own (FNV-1a over the f32 bits, names and order included); the largest
+/// and smallest digest over the ranks are equal exactly when all are.
+pub(crate) fn replicas_agree(comm: &Communicator, params: &[(String, Vec<f32>)]) -> Result<bool> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (name, v) in params {
+        eat(name.as_bytes());
+        for x in v {
+            eat(&x.to_bits().to_le_bytes());
+        }
+    }
+    let (hi, lo) = (i64::from((h >> 32) as u32), i64::from(h as u32));
+    let mut m = [hi, lo, -hi, -lo];
+    comm.all_reduce(&mut m, ReduceOp::Max)?;
+    Ok(m[0] == -m[2] && m[1] == -m[3])
 }
 
 /// Collective: rank 0's checkpoint (weights, momentum, state) into every rank, when

@@ -64,8 +64,8 @@ fn the_bytes_the_links_counted_are_the_per_block_formulas() {
             // The trainer's MLP as stage 0 (2 blocks, the data in) and as a later
             // stage (1 block, an activation in).
             let w = [6, 8, 8, 8, 3];
-            let (first, _) = tp_mlp_stage(&w, 0..4, 1, g)?;
-            let (later, _) = tp_mlp_stage(&w, 2..4, 1, g)?;
+            let (first, _) = tp_mlp_stage(&w, 0..4, 1, g, &Device::Cpu)?;
+            let (later, _) = tp_mlp_stage(&w, 2..4, 1, g, &Device::Cpu)?;
             let xs = Tensor::ones((8, 6), candle_core::DType::F32, &Device::Cpu)?;
             let hv = Var::ones((8, 8), candle_core::DType::F32, &Device::Cpu)?;
             let s0 = counted(g, || step(&first, &xs, None))?;

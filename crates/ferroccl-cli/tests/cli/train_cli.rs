@@ -205,6 +205,7 @@ fn bad_runs_are_refused_clearly() {
         (vec!["train", "-b", "15", "-n", "2"], "multiple of ranks"),
         (vec!["train", "--precision", "f8"], "unknown precision"),
         (vec!["train", "--precision", "bf16"], "no bf16 matmul"),
+        (vec!["train", "--device", "tpu"], "invalid value 'tpu'"),
         (
             vec!["train", "--wire", "int4"],
             "unknown gradient wire type",
@@ -423,7 +424,7 @@ fn weights_distance(a: &std::path::Path, b: &std::path::Path) -> f32 {
         ferroccl::ddp::checkpoint::load(a).unwrap(),
         ferroccl::ddp::checkpoint::load(b).unwrap(),
     );
-    assert_eq!(a.tensors.len(), 16);
+    assert!(!a.tensors.is_empty());
     assert_eq!(a.tensors.len(), b.tensors.len());
     a.tensors
         .iter()
@@ -463,6 +464,12 @@ fn tensor_parallel_runs_end_on_the_one_process_weights_and_count_the_formulas_by
         (ok_ring(&args), path)
     };
     let (_, one) = run(&["-n", "1", "--mlp"], "one.fcc");
+    let (z, zero) = run(&["-n", "2", "--mlp", "--zero", "1"], "zero.fcc");
+    assert!(
+        z.stdout.contains("replicas bitwise equal: yes"),
+        "{}",
+        z.stdout
+    );
     let (o, t2) = run(&["-n", "2", "--tensor-parallel", "2"], "t2.fcc");
     assert!(
         o.stdout
@@ -483,7 +490,11 @@ fn tensor_parallel_runs_end_on_the_one_process_weights_and_count_the_formulas_by
         ],
         "p2t2.fcc",
     );
-    for (what, file) in [("T = 2", &t2), ("P = 2, T = 2", &p2t2)] {
+    for (what, file) in [
+        ("T = 2", &t2),
+        ("P = 2, T = 2", &p2t2),
+        ("ZeRO-1, D = 2", &zero),
+    ] {
         let dist = weights_distance(file, &one);
         eprintln!("{what}: relative {dist} from one process");
         assert!(dist <= 1e-5, "{what}: relative {dist} from one process");
@@ -518,7 +529,10 @@ fn tensor_parallel_runs_end_on_the_one_process_weights_and_count_the_formulas_by
             vec!["-n", "16", "--tensor-parallel", "2", "--pipeline", "8"],
             "not whole tensor-parallel blocks",
         ),
-        (vec!["--save-weights", "x.fcc"], "add --mlp"),
+        (
+            vec!["--mode", "ssp", "--save-weights", "x.fcc"],
+            "--mode ssp keeps its weights",
+        ),
     ] {
         let mut all = common_args.to_vec();
         all.extend(args.iter().copied());
@@ -527,4 +541,71 @@ fn tensor_parallel_runs_end_on_the_one_process_weights_and_count_the_formulas_by
         assert!(bad.stderr.contains(needle), "{args:?}: {}", bad.stderr);
     }
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// LeNet data-parallel: two ranks end bitwise equal to each other (the summary's digest
+/// check) and within 1e-5 of one rank with the same global batch, on the same
+/// `--save-weights` files `tools/gpu-check train` compares on a GPU.
+#[test]
+fn two_ranks_end_as_replicas_of_one_and_near_the_one_rank_weights() {
+    let d = temp_dir("lenet-weights");
+    let run = |n: &str| {
+        let (w, s) = (d.join(format!("w{n}.fcc")), d.join(format!("s{n}.json")));
+        let mut args = SMALL.to_vec();
+        args.extend(["5", "-n", n, "--max-steps", "6", "--lr", "0.05"]);
+        args.extend(["--save-weights", w.to_str().unwrap()]);
+        args.extend(["--summary", s.to_str().unwrap()]);
+        let o = ok(&args);
+        assert!(
+            o.stdout.contains("replicas bitwise equal: yes"),
+            "{}",
+            o.stdout
+        );
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&s).unwrap()).unwrap();
+        assert_eq!(s["replicas_equal"], true);
+        w
+    };
+    let (one, two) = (run("1"), run("2"));
+    let names: Vec<String> = ferroccl::ddp::checkpoint::load(&two)
+        .unwrap()
+        .tensors
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("conv1.weight"),
+        "{names:?}"
+    );
+    let dist = weights_distance(&two, &one);
+    assert!(dist <= 1e-5, "2 ranks: relative {dist} from 1 rank");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// `--device cuda` in a build without candle's CUDA backend (or on a machine without a
+/// GPU) fails before any rank starts, with the typed error naming CUDA.
+#[test]
+#[cfg(not(feature = "candle-cuda"))]
+fn training_on_cuda_without_it_fails_at_once_naming_cuda() {
+    for args in [
+        &["train", "--device", "cuda", "-n", "2"][..],
+        &["train", "--device", "cuda", "--scaling", "1,2"][..],
+        &["train", "--device", "CUDA", "--pipeline", "2", "-n", "2"][..],
+    ] {
+        let t = std::time::Instant::now();
+        let o = ferroccl(args, DEADLINE);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(
+            o.stderr.contains("CUDA is not available") && o.stderr.contains("candle-cuda"),
+            "{args:?}: {}",
+            o.stderr
+        );
+        assert!(
+            !o.stderr.contains("== 1 rank"),
+            "{args:?} started ranks: {}",
+            o.stderr
+        );
+        assert!(t.elapsed() < DEADLINE);
+    }
 }

@@ -6,9 +6,11 @@
 //! typed [`Error`] naming the CUDA call ([`Error::Cuda`]) and never panic in `Drop`.
 //!
 //! - **No driver, no panic.** cudarc loads `libcuda.so` lazily and *panics* when it is
-//!   missing, so every entry point here first asks [`driver_present`] (cudarc's
-//!   `is_culib_present`, cached) and returns [`Error::Unavailable`] — "no CUDA driver
-//!   (libcuda.so not found)" or "no CUDA device" — instead.
+//!   missing, so every entry point here first asks [`driver_present`] (can the dynamic
+//!   loader open it, cached) and returns [`Error::Unavailable`] — "no CUDA driver
+//!   (libcuda.so not found)" or "no CUDA device" — instead. In a build where another
+//!   crate links CUDA (candle's `cuda`), cudarc links too and the process does not start
+//!   without the library; the check is then simply true.
 //! - **Kernels** live in `cuda/reduce.cu`, embedded with `include_str!` and compiled by
 //!   NVRTC ([`nvrtc`]) at first use for the device's own `sm_XY`; the module is cached
 //!   per device ordinal for the life of the process ([`Kernels::get`]).
@@ -64,8 +66,29 @@ pub(crate) fn drv(call: &'static str) -> impl Fn(DriverError) -> Error {
 /// Whether `libcuda.so` can be loaded (checked once).
 pub fn driver_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen the driver library by its candidate names.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+    *PRESENT.get_or_init(|| library_loads(&["libcuda.so", "libcuda.so.1"]))
+}
+
+/// Whether the dynamic loader opens one of `names` (the names cudarc tries first, so a
+/// `true` here means cudarc's own loading finds it). Not cudarc's `is_culib_present`:
+/// that exists only when cudarc loads at run time, not when a build links CUDA.
+pub(crate) fn library_loads(names: &[&str]) -> bool {
+    names.iter().any(|name| {
+        let Ok(c) = std::ffi::CString::new(*name) else {
+            return false;
+        };
+        // SAFETY: dlopen with a NUL-terminated name; the handle, if any, is closed at
+        // once (the library stays loaded while cudarc or the process holds it).
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+            if h.is_null() {
+                false
+            } else {
+                libc::dlclose(h);
+                true
+            }
+        }
+    })
 }
 
 /// The error for a machine without the CUDA driver library.

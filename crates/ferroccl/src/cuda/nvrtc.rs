@@ -75,8 +75,7 @@ pub fn entry_names() -> Vec<String> {
 /// without it).
 pub fn nvrtc_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen the library by its candidate names.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+    *PRESENT.get_or_init(|| super::library_loads(&["libnvrtc.so", "libnvrtc.so.13"]))
 }
 
 /// The typed error for a missing NVRTC.
