@@ -545,3 +545,18 @@ impl DeviceReducer {
         unsafe { self.scale_raw(&stream, T::DTYPE, d, n, divisor) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::library_loads;
+
+    #[test]
+    fn cuda_libraries_are_found_by_the_loader_or_not_at_all() {
+        // What every Linux process has, then what no machine has, then a name dlopen
+        // cannot take: the check answers each without panicking.
+        assert!(library_loads(&["libc.so.6"]));
+        assert!(!library_loads(&["libferroccl-no-such-library.so.99"]));
+        assert!(!library_loads(&["lib\0cuda.so"]));
+        assert!(library_loads(&["libferroccl-no-such-library.so.99", "libc.so.6"]));
+    }
+}
