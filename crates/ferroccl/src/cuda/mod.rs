@@ -557,6 +557,9 @@ mod tests {
         assert!(library_loads(&["libc.so.6"]));
         assert!(!library_loads(&["libferroccl-no-such-library.so.99"]));
         assert!(!library_loads(&["lib\0cuda.so"]));
-        assert!(library_loads(&["libferroccl-no-such-library.so.99", "libc.so.6"]));
+        assert!(library_loads(&[
+            "libferroccl-no-such-library.so.99",
+            "libc.so.6"
+        ]));
     }
 }
