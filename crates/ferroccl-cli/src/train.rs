@@ -252,6 +252,25 @@ fn config(a: &TrainArgs) -> Result<TrainConfig> {
     })
 }
 
+/// What the first local rank says when ranks of its host share the host's GPUs (the
+/// ranks `-n N` starts are launched too, so it is said once per host): a GPU then
+/// time-slices between the processes unless the MPS daemon merges them.
+fn sharing_note(
+    device: TrainDevice,
+    gpus: usize,
+    local_rank: Option<usize>,
+    local_ranks: Option<usize>,
+) -> Option<String> {
+    let local = local_ranks?;
+    (device == TrainDevice::Cuda && local_rank == Some(0) && local > gpus).then(|| {
+        format!(
+            "ferroccl train: {local} ranks share this host's {gpus} GPU(s) (local rank r on \
+             GPU r % {gpus}); without MPS a GPU runs one process at a time \
+             (`nvidia-cuda-mps-control -d` starts it)"
+        )
+    })
+}
+
 /// candle's CPU kernels use a thread pool as wide as the machine; with several ranks
 /// on one machine that oversubscribes it many times over. Unless the user chose,
 /// give each rank its share of the cores ([`LaunchEnv::compute_threads`]).
@@ -266,9 +285,13 @@ fn share_cores(env: &LaunchEnv) {
 fn run(a: &TrainArgs) -> Result<()> {
     let mut tc = config(a)?;
     // No GPU, or no CUDA in this build: fail here, before any rank starts.
-    tc.device.count()?;
+    let units = tc.device.count()?;
     let launch = ferroccl::rendezvous::detect_env()?;
     let launched = launch.is_some();
+    let local = launch.as_ref().map(|e| (e.local_rank, e.local_world_size));
+    if let Some(note) = local.and_then(|(r, n)| sharing_note(tc.device, units, r, n)) {
+        eprintln!("{note}");
+    }
     if let Some(dir) = &a.trace {
         // Before any communicator or thread: it sets FERROCCL_TRACE_DIR, which ranks
         // started below inherit.
@@ -740,4 +763,23 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> Result<()> {
     .map_err(|e| Error::invalid(e.to_string()))?;
     println!("plot: {}", a.plot.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_local_rank_alone_says_when_ranks_share_gpus() {
+        let cuda = TrainDevice::Cuda;
+        let note = sharing_note(cuda, 1, Some(0), Some(2)).expect("2 ranks on 1 GPU");
+        assert!(
+            note.contains("2 ranks share this host's 1 GPU(s)"),
+            "{note}"
+        );
+        assert_eq!(sharing_note(cuda, 1, Some(1), Some(2)), None, "not rank 0");
+        assert_eq!(sharing_note(cuda, 2, Some(0), Some(2)), None, "a GPU each");
+        assert_eq!(sharing_note(cuda, 1, Some(0), None), None, "size unknown");
+        assert_eq!(sharing_note(TrainDevice::Cpu, 1, Some(0), Some(4)), None);
+    }
 }
