@@ -52,7 +52,7 @@
 //! The weights the optimizer updates are f32 master copies held here; after each step
 //! they are written into the candle `Var`s the model reads. Variables must be f32 (a
 //! model that computes in f16 casts them in its forward pass, as the trainer's does).
-//! They may live on any candle device: on a GPU (this crate's feature `cuda`) the
+//! They may live on any candle device: on a GPU (this crate's feature `candle-cuda`) the
 //! gradients are read back to the host for the buckets and the stepped weights written
 //! back to the variables' device, so the collectives, the loss scaling and the
 //! checkpoints are the CPU's and the replicas stay bitwise equal; the copies cost a

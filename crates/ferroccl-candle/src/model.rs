@@ -62,7 +62,7 @@ impl Precision {
 }
 
 /// Where a trainer computes: the CPU, or a GPU through candle's CUDA backend (this
-/// crate's feature `cuda`). Gradients still meet on the host: [`crate::ddp::Ddp`]
+/// crate's feature `candle-cuda`). Gradients still meet on the host: [`crate::ddp::Ddp`]
 /// reads them into its buckets and writes the stepped master weights back, so the
 /// collectives and their results are the same bytes as on the CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -118,7 +118,7 @@ fn no_cuda(why: String) -> Error {
 }
 
 /// The host's GPUs (at least one), or why there are none.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "candle-cuda")]
 fn gpus() -> Result<usize> {
     if !ferroccl::cuda::driver_present() {
         return Err(no_cuda("no CUDA driver (libcuda.so not found)".into()));
@@ -131,11 +131,11 @@ fn gpus() -> Result<usize> {
     }
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "candle-cuda"))]
 fn gpus() -> Result<usize> {
     Err(no_cuda(
         "this build has no candle CUDA backend: build ferroccl-cli with \
-         `--features candle-cuda` (ferroccl-candle with `cuda`; tools/cuda-toolkit fetches \
+         `--features candle-cuda` (ferroccl-candle with `candle-cuda`; tools/cuda-toolkit fetches \
          what that build needs)"
             .into(),
     ))
