@@ -362,8 +362,24 @@ fn run(a: &TrainArgs) -> Result<()> {
             let j = serde_json::to_string_pretty(s).expect("summary serialises");
             std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
         }
+        replicas_check(s.replicas_equal, s.steps)?;
     }
     Ok(())
+}
+
+/// A run whose replicas ended with different weights fails, after its summary: the
+/// same averaged gradients on every rank must leave every replica the same.
+fn replicas_check(equal: bool, steps: u64) -> Result<()> {
+    if equal {
+        return Ok(());
+    }
+    Err(ferroccl::ddp::TrainError::Diverged {
+        step: steps,
+        why: "the replicas ended with different weights (their digests differ after the last \
+              step)"
+            .into(),
+    }
+    .into())
 }
 
 /// Whether this run trains the MLP (pipeline, tensor parallelism, ZeRO) rather than
@@ -578,7 +594,7 @@ fn pipeline_run(a: &TrainArgs, comm: &Communicator, tc: &TrainConfig) -> Result<
         });
         save_weights(p, &s.weights, state)?;
     }
-    Ok(())
+    replicas_check(s.replicas_equal, s.steps)
 }
 
 /// `--save-weights`: `weights` (name, values), each flat, and `state`, as a ferroccl
@@ -781,5 +797,16 @@ mod tests {
         assert_eq!(sharing_note(cuda, 2, Some(0), Some(2)), None, "a GPU each");
         assert_eq!(sharing_note(cuda, 1, Some(0), None), None, "size unknown");
         assert_eq!(sharing_note(TrainDevice::Cpu, 1, Some(0), Some(4)), None);
+    }
+
+    #[test]
+    fn replicas_that_ended_apart_fail_the_run() {
+        assert!(replicas_check(true, 7).is_ok());
+        let e = replicas_check(false, 7).expect_err("different replicas must fail");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("at step 7") && msg.contains("replicas ended with different weights"),
+            "{msg}"
+        );
     }
 }
