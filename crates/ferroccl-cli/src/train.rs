@@ -313,6 +313,11 @@ fn run(a: &TrainArgs) -> Result<()> {
     } else {
         check_pipeline(a, a.ranks)?;
         check_modes(a, &tc, a.ranks)?;
+        if !mlp(a) {
+            // What every rank's trainer would refuse (a precision the device lacks, a
+            // batch that does not split): said once, before any rank starts.
+            tc.check_lenet(trainer(a), a.ranks)?;
+        }
         return relaunch(a.ranks, a.max_restarts, &[], &[]);
     };
     // SIGTERM (a scheduler's preemption, or `ferroccl launch` stopping the job):

@@ -237,6 +237,20 @@ fn bad_runs_are_refused_clearly() {
         assert!(!o.status.success(), "{args:?} succeeded");
         assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
     }
+    // Refused by the process that would start the ranks, once, before any starts (a
+    // rank's lines are prefixed with its rank).
+    for args in [
+        &["train", "-n", "2", "--precision", "bf16"][..],
+        &["train", "-n", "2", "-b", "15"][..],
+    ] {
+        let o = ferroccl(args, DEADLINE);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(
+            !o.stderr.contains("[0]") && !o.stderr.contains("[1]"),
+            "{args:?}: {}",
+            o.stderr
+        );
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }
 
