@@ -109,36 +109,23 @@ impl TrainDevice {
     }
 }
 
-fn no_cuda(why: String) -> Error {
-    ferroccl::Error::Unavailable {
-        what: "CUDA".into(),
-        why,
-    }
-    .into()
-}
-
-/// The host's GPUs (at least one), or why there are none.
+/// The host's GPUs (at least one), or why there are none: ferroccl's probe, the same
+/// typed errors ("no CUDA driver (libcuda.so not found)", "no CUDA device").
 #[cfg(feature = "candle-cuda")]
 fn gpus() -> Result<usize> {
-    if !ferroccl::cuda::driver_present() {
-        return Err(no_cuda("no CUDA driver (libcuda.so not found)".into()));
-    }
-    let n = ferroccl::cuda::cudarc::driver::CudaContext::device_count()
-        .map_err(|e| no_cuda(format!("counting the GPUs: {e:?}")))?;
-    match usize::try_from(n) {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(no_cuda("no CUDA device on this host".into())),
-    }
+    Ok(ferroccl::cuda::probe()?.devices)
 }
 
 #[cfg(not(feature = "candle-cuda"))]
 fn gpus() -> Result<usize> {
-    Err(no_cuda(
-        "this build has no candle CUDA backend: build ferroccl-cli with \
-         `--features candle-cuda` (ferroccl-candle with `candle-cuda`; tools/cuda-toolkit fetches \
-         what that build needs)"
+    Err(ferroccl::Error::Unavailable {
+        what: "CUDA".into(),
+        why: "this build has no candle CUDA backend: build ferroccl-cli with \
+              `--features candle-cuda` (ferroccl-candle with `candle-cuda`; tools/cuda-toolkit \
+              fetches what that build needs)"
             .into(),
-    ))
+    }
+    .into())
 }
 
 /// One parameter: its name, shape and candle variable.
