@@ -697,7 +697,7 @@ fn scaling(a: &TrainArgs, ns: &[usize]) -> Result<()> {
             "--scaling takes world sizes of 1 or more, e.g. 1,2,4",
         ));
     }
-    let device = TrainDevice::parse(&a.device.to_ascii_lowercase())?;
+    let device = config(a)?.device;
     let units = device.count()?;
     let tmp = std::env::temp_dir().join(format!("ferroccl-scaling-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating a temporary directory", e))?;
