@@ -85,6 +85,34 @@ fn finish_notice(peer: &mut Peer, origin: usize, len: usize, first: &[u8]) -> Fr
     }
 }
 
+/// What the next bytes on a link are, looked at without taking them
+/// ([`look_ahead`]).
+pub(crate) enum Ahead {
+    /// Nothing yet, or not a whole header; or a link that cannot look ahead.
+    Nothing,
+    /// A frame.
+    Frame(FrameHeader),
+    /// A notice, or bytes that are no header: what reading them says.
+    Failure,
+    /// The link's end, with nothing left to read.
+    Closed,
+}
+
+/// The header the peer's next bytes start, between frames, without taking them.
+pub(crate) fn look_ahead(peer: &mut Peer) -> Ahead {
+    if peer.in_mid {
+        return Ahead::Nothing;
+    }
+    let mut h = [0u8; HEADER_LEN];
+    match peer.link.peek(&mut h) {
+        None => Ahead::Nothing,
+        Some(Err(_)) => Ahead::Closed,
+        Some(Ok(n)) if n < HEADER_LEN => Ahead::Nothing,
+        Some(Ok(_)) if h[0..4] == NOTICE_MAGIC => Ahead::Failure,
+        Some(Ok(_)) => FrameHeader::decode(&h).map_or(Ahead::Failure, Ahead::Frame),
+    }
+}
+
 /// [`read_notice`] for a peer that is gone while this rank waited on its memory, or
 /// whose point-to-point messages may be queued ahead of its notice: frames of any call
 /// are skipped, only a notice is returned.

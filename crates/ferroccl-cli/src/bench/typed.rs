@@ -210,12 +210,18 @@ fn print_algo(a: &BenchArgs, coll: Coll, c: &Communicator) {
                         .last()
                         .unwrap_or(0)
                 };
-                let (rd, two) = (
+                let (one, rd, two) = (
+                    last(ferroccl::Algorithm::OneShot),
                     last(ferroccl::Algorithm::RecursiveDoubling),
                     last(ferroccl::Algorithm::TwoShot),
                 );
+                let slots = if one > 0 {
+                    format!("1shot from the slots up to {one} B (each rank reduces every rank's buffer from its slot), ")
+                } else {
+                    String::new()
+                };
                 println!(
-                    "# algo: every rank on this host, symmetric memory: rd (recursive doubling over the rings) up to {rd} B, 2shot up to {two} B (each rank reduces 1/n of all the ranks' memory, then copies the rest; wire 'mem': no payload crossed a link), ring through the rings above"
+                    "# algo: every rank on this host, symmetric memory: {slots}rd (recursive doubling over the rings) up to {rd} B, 2shot up to {two} B (each rank reduces 1/n of all the ranks' memory, then copies the rest; wire 'mem': no payload crossed a link), ring through the rings above"
                 )
             }
             (ferroccl::AllReduceAlgo::Auto, None) => println!(

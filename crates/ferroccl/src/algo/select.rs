@@ -75,6 +75,25 @@ pub(crate) fn one_shot_max(_n: usize) -> usize {
     0
 }
 
+/// Up to how many bytes `auto` takes one-shot from the slots on symmetric memory
+/// (where the slots hold that many, [`crate::transport::Slots`]), instead of recursive
+/// doubling over the rings. Measured on the 2-core development machine (`ferroccl
+/// bench all_reduce`, medians, 2 interleaved runs of each build, in place): n = 2:
+/// 1 KiB 0.40–0.42 µs against 0.52–0.54, 2 KiB 0.45–0.46 against 0.55–0.56, 4 KiB
+/// 0.71–0.73 against 0.67 (the slot's extra copy out, and a reduce that reads the
+/// peer's slot, cost more than the round trip saves from there); n = 3: 1–2 KiB
+/// 4.4–4.5 µs against 4.6–5.5, 4 KiB level, 8 KiB 5.6–5.7 against 5.1–5.4; n = 4
+/// (two ranks per CPU, where each hand-over waits for a rank to be scheduled and
+/// one-shot has one where recursive doubling has two): 1 KiB 6.5–6.8 µs against
+/// 7.8–12.8, 16 KiB 8.5–10.1 against 11.0–11.4, 32 KiB 12.9–13.1 against 10.7–14.7.
+pub(crate) fn slot_max(n: usize) -> usize {
+    if n <= 3 {
+        2 << 10
+    } else {
+        16 << 10
+    }
+}
+
 /// Up to how many bytes an all-reduce of `n` ranks on symmetric shared memory runs
 /// two-shot; above, the ring streams through the shared-memory rings. Measured on the
 /// 2-core development machine (`ferroccl bench all_reduce`, symmetric memory on
@@ -244,6 +263,9 @@ pub(crate) struct Policy<'a> {
     /// ([`sym_pull_min`]); other memory peers (CUDA IPC's, and their simulation) take
     /// every call of data they can.
     pub sym: bool,
+    /// Data bytes of the memory peers' small-message slots, the same on every rank
+    /// (0: none; [`crate::transport::Slots`]).
+    pub slot_bytes: usize,
     /// Which ranks share a host, the same on every rank, if known.
     pub layout: Option<&'a HostLayout>,
     pub forced: AllReduceAlgo,
@@ -310,6 +332,15 @@ impl Policy<'_> {
             }
     }
 
+    /// Whether an all-reduce of `bytes` by `algo` runs from the memory peers' slots:
+    /// one-shot, where it reads the peers and they fit a slot.
+    pub fn all_reduce_slots(&self, algo: Algorithm, bytes: usize) -> bool {
+        algo == Algorithm::OneShot
+            && self.pull(bytes)
+            && self.slot_bytes > 0
+            && bytes <= self.slot_bytes
+    }
+
     /// The algorithm an all-reduce of `bytes` bytes of host memory uses. Forced
     /// [`AllReduceAlgo::Hierarchical`] is said as such even where it cannot run
     /// ([`Policy::runnable`] refuses it then).
@@ -328,7 +359,9 @@ impl Policy<'_> {
                 AllReduceAlgo::TwoShot | AllReduceAlgo::Hierarchical => return Algorithm::TwoShot,
                 AllReduceAlgo::Ring => return Algorithm::Ring,
                 AllReduceAlgo::Auto if self.model.is_none() => {
-                    return if bytes <= sym_push_max(n) && bytes <= u32::MAX as usize {
+                    return if self.slot_bytes > 0 && bytes <= self.slot_bytes.min(slot_max(n)) {
+                        Algorithm::OneShot
+                    } else if bytes <= sym_push_max(n) && bytes <= u32::MAX as usize {
                         Algorithm::RecursiveDoubling
                     } else if bytes <= one_shot_max(n) {
                         Algorithm::OneShot
@@ -514,6 +547,7 @@ mod tests {
             host_pull: false,
             pull_max: usize::MAX,
             sym: false,
+            slot_bytes: 0,
             layout,
             forced: AllReduceAlgo::Auto,
             small_message_bytes: 64 << 10,
@@ -749,6 +783,82 @@ mod tests {
                     assert_eq!(two_shot_block(n, es, 1), n, "n={n} es={es}");
                 }
             }
+        }
+    }
+
+    /// Symmetric memory with slots: `auto` takes one-shot from the slots up to
+    /// `slot_max(n)` (never more than a slot holds), recursive doubling over the rings
+    /// from there to `sym_push_max(n)`; forced one-shot runs from the slots where the
+    /// buffer fits one and from the workspaces above; no slots, or memory peers that
+    /// are not symmetric memory, or a rank alone: never the slots.
+    #[test]
+    fn small_all_reduces_take_the_slots_where_there_are_some() {
+        // What symmetric memory's slots hold (`transport/shm/sym.rs`).
+        let slot = 32 << 10;
+        for n in 1..=16 {
+            assert!(
+                slot_max(n) <= slot && slot_max(n) < sym_push_max(n),
+                "n={n}"
+            );
+            let sym = Policy {
+                host_pull: true,
+                sym: true,
+                slot_bytes: slot,
+                pull_max: 1 << 30,
+                ..policy(n, None)
+            };
+            let m = slot_max(n);
+            for b in [0, 8, m] {
+                let want = if n > 1 {
+                    Algorithm::OneShot
+                } else {
+                    Algorithm::Ring
+                };
+                assert_eq!(sym.all_reduce(b), want, "n={n} {b}");
+                assert_eq!(sym.all_reduce_slots(want, b), n > 1, "n={n} {b}");
+            }
+            if n == 1 {
+                continue;
+            }
+            assert_eq!(sym.all_reduce(m + 1), Algorithm::RecursiveDoubling, "n={n}");
+            assert!(!sym.all_reduce_slots(Algorithm::RecursiveDoubling, m));
+            let one = Policy {
+                forced: AllReduceAlgo::OneShot,
+                ..sym
+            };
+            assert_eq!(one.all_reduce(slot + 1), Algorithm::OneShot);
+            assert!(one.all_reduce_slots(Algorithm::OneShot, slot));
+            assert!(!one.all_reduce_slots(Algorithm::OneShot, slot + 1));
+            for other in [
+                Policy {
+                    slot_bytes: 0,
+                    ..sym
+                },
+                Policy {
+                    sym: false,
+                    slot_bytes: 0,
+                    ..sym
+                },
+                Policy {
+                    host_pull: false,
+                    ..sym
+                },
+            ] {
+                for b in [0, 8] {
+                    assert_ne!(other.all_reduce(b), Algorithm::OneShot, "n={n} {other:?}");
+                    assert!(
+                        !other.all_reduce_slots(Algorithm::OneShot, b),
+                        "n={n} {other:?}"
+                    );
+                }
+            }
+            // Where the slots hold less than `slot_max`, the rings take the rest.
+            let small = Policy {
+                slot_bytes: 64,
+                ..sym
+            };
+            assert_eq!(small.all_reduce(64), Algorithm::OneShot);
+            assert_eq!(small.all_reduce(65), Algorithm::RecursiveDoubling);
         }
     }
 

@@ -96,10 +96,11 @@ impl Communicator {
         let bytes = count * es;
         let (algo, layout) = self.all_reduce_choice(bytes)?;
         let fp = self.fingerprint(OpKind::AllReduce, dtype, Some(op), count, piece_of, algo);
-        let (n, seg, pull) = (
+        let (n, seg, pull, slots) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
             self.policy().all_reduce_pulls(algo, bytes),
+            self.policy().all_reduce_slots(algo, bytes),
         );
         let shot = match algo {
             Algorithm::OneShot => Some(Shot::One),
@@ -109,6 +110,9 @@ impl Communicator {
             _ => None,
         };
         Ok(move |e: &mut Engine, b: &mut [u8]| {
+            if slots {
+                return e.slot_all_reduce(&fp, b, dtype, op);
+            }
             if let Some(shot) = shot.filter(|_| pull) {
                 let call = PullCall::on_host(b, dtype, Some(op), n);
                 return e.pull_shot(&fp, shot, &call);

@@ -92,6 +92,9 @@ pub struct Communicator {
     host_sym: bool,
     /// The largest call the memory peers take ([`crate::transport::MemPeers::max_bytes`]).
     pull_max: usize,
+    /// Data bytes of the memory peers' small-message slots (0: none;
+    /// [`crate::transport::Slots`]).
+    slot_bytes: usize,
     /// Which ranks share a host, when the transport says (`auto`, `shm`); the same on
     /// every rank.
     layout: Option<HostLayout>,
@@ -379,6 +382,10 @@ impl Communicator {
         let host_pull = links.mem.as_ref().is_some_and(|m| m.host_memory());
         let host_sym = host_pull && links.mem.as_ref().is_some_and(|m| m.symmetric());
         let pull_max = links.mem.as_ref().map_or(usize::MAX, |m| m.max_bytes());
+        let slot_bytes = match links.mem.as_mut().and_then(|m| m.slots()) {
+            Some(s) if host_sym => s.slot_bytes(),
+            _ => 0,
+        };
         let device_pull = links.mem.as_ref().is_some_and(|m| !m.host_memory());
         let layout = family.hosts.as_ref().map(|h| HostLayout::from_hosts(h));
         // Ranks of this host: from the host list, else as the launcher says.
@@ -447,6 +454,7 @@ impl Communicator {
             host_pull,
             host_sym,
             pull_max,
+            slot_bytes,
             layout,
             device_pull,
             _store_server: server,
@@ -560,6 +568,7 @@ impl Communicator {
             host_pull: self.host_pull,
             pull_max: self.pull_max,
             sym: self.host_sym,
+            slot_bytes: self.slot_bytes,
             layout: self.layout.as_ref(),
             forced: t.all_reduce_algo,
             small_message_bytes: t.small_message_bytes,

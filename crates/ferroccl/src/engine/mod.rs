@@ -25,6 +25,7 @@ mod pacer;
 mod plans;
 mod pull;
 mod shot;
+mod slot;
 mod stream;
 
 pub(crate) use p2p::{Done, OpBuffer, P2pOp, P2pSource};

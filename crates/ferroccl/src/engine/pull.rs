@@ -186,6 +186,8 @@ pub(crate) struct PullState {
     pub base: u64,
     /// Peers that read this rank's workspace in the previous call.
     pub consumers: Vec<usize>,
+    /// Slot calls so far (`slot.rs`: their turns alternate; equal on every rank).
+    pub slot_calls: u64,
 }
 
 impl Engine {
@@ -387,7 +389,7 @@ impl Engine {
     /// The error for `peer`, whose process is gone while this rank waited on its
     /// memory: the notice it left on its link if it failed first (a peer that saw
     /// someone else die says whom), else its connection closed.
-    fn gone_peer(&mut self, peer: usize, fp: &Fingerprint) -> Error {
+    pub(super) fn gone_peer(&mut self, peer: usize, fp: &Fingerprint) -> Error {
         let rank = self.rank;
         match self.links[super::ch_index(Channel::Collective)][peer].as_mut() {
             Some(link) => {

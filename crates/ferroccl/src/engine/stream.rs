@@ -452,6 +452,12 @@ impl Engine {
             } else {
                 pacer.idle(&mut *self.waiter, rank, fp, what)?;
             }
+            if !pacer.spinning() {
+                // A peer in a slot call of this sequence number waits on no link.
+                if let Some(e) = self.slot_clash(ch, fp) {
+                    return Err(e);
+                }
+            }
             clock.after_idle(self, peer, t0, pacer.spinning());
         }
         clock.end(self);

@@ -415,6 +415,20 @@ impl SymSegment {
         unsafe { &*self.ptr.cast::<AtomicU64>().add(i) }
     }
 
+    /// The 8-byte word at byte `off` (a multiple of 8) of the bytes the object held
+    /// from its creation (the caller's header beyond the first page), as an atomic
+    /// shared with every process mapping it.
+    pub fn word_at(&self, off: usize, created: usize) -> &AtomicU64 {
+        assert!(
+            off.is_multiple_of(8) && off + 8 <= created && created <= self.reserve,
+            "header word at {off}"
+        );
+        // SAFETY: 8-byte aligned, inside what the object holds from its creation (the
+        // caller creates it with `created` bytes and peers open only created objects,
+        // checked by their magic), valid for the lifetime of `self`; atomic access.
+        unsafe { &*self.ptr.cast::<u8>().add(off).cast::<AtomicU64>() }
+    }
+
     /// The address of bytes `off..off + len` of the mapping, checked against the
     /// reservation (not against what the object holds: the caller's protocol says
     /// that).

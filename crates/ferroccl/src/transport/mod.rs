@@ -97,6 +97,15 @@ pub trait Link: Send {
     /// Reads into a prefix of the concatenation of `bufs`; never blocks.
     fn try_read(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError>;
 
+    /// Copies into `buf` what a read would now return, up to its length, without
+    /// taking it: `Ok(0)` while nothing has come, `Err` where a read would fail (the
+    /// link's end). Between frames, what was written before the bytes it returns is
+    /// visible to this thread once it has returned them. `None` (the default): this
+    /// link cannot look ahead.
+    fn peek(&mut self, _buf: &mut [u8]) -> Option<Result<usize, LinkError>> {
+        None
+    }
+
     /// Closes both directions, so the peer's next read fails fast instead of waiting
     /// for a timeout. Idempotent.
     fn shutdown(&mut self);
@@ -584,4 +593,62 @@ pub trait MemPeers: Send {
     fn gone(&self, _peer: usize) -> bool {
         false
     }
+
+    /// The small-message slots beside the workspaces, where these peers have them
+    /// (symmetric shared memory's); `None` (the default) where they do not.
+    fn slots(&mut self) -> Option<&mut dyn Slots> {
+        None
+    }
+}
+
+/// Small-message slots beside memory peers' workspaces (symmetric shared memory's,
+/// `shm/sym.rs`): each rank owns two, used by turns, each holding a head (the call's
+/// frame header), a stamp, and up to [`Slots::slot_bytes`] of data that every peer
+/// reduces from in place. The one-shot all-reduce of a buffer that fits one
+/// (`engine/slot.rs`) needs no fingerprint round trip and no wait for readers: a
+/// rank's head says which call its data belongs to, and a rank reuses a turn only two
+/// slot calls later, after every peer has published the call between them — which a
+/// peer does only once it has finished reading the call before.
+///
+/// Host memory only: what is posted is visible to every peer once its stamp is.
+pub trait Slots {
+    /// Data bytes one slot holds, the same on every rank.
+    fn slot_bytes(&self) -> usize;
+
+    /// [`MemPeers::gone`].
+    fn gone(&self, peer: usize) -> bool;
+
+    /// Bytes a slot's head holds at most.
+    fn head_bytes(&self) -> usize;
+
+    /// Writes `head` and `data` into this rank's slot `turn` (0 or 1), then publishes
+    /// `stamp` there (ordered after them).
+    fn post(
+        &mut self,
+        turn: usize,
+        head: &[u8],
+        data: &[u8],
+        stamp: u64,
+    ) -> crate::error::Result<()>;
+
+    /// The stamp `peer` published last in its slot `turn` (0 before its first), with
+    /// everything it posted before it visible to this rank.
+    fn stamp(&self, peer: usize, turn: usize) -> u64;
+
+    /// The first `into.len()` bytes of the head in `peer`'s slot `turn`. Stable only
+    /// while the peer is held off that slot (a diagnosis may read it torn: read the
+    /// stamp again after).
+    fn head(&self, peer: usize, turn: usize, into: &mut [u8]);
+
+    /// `out = d(0) op d(1) op … op d(n-1)`, left to right, where `d(q)` is the first
+    /// `out.len()` data bytes of rank `q`'s slot `turn` (this rank's own included),
+    /// and `Avg` divides by `n` at the end: the same bytes on every rank. Every peer
+    /// must have published the call's stamp there.
+    fn reduce(
+        &mut self,
+        turn: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        out: &mut [u8],
+    ) -> crate::error::Result<()>;
 }

@@ -28,4 +28,5 @@ mod rdma_sim;
 mod rendezvous;
 mod selfsend;
 mod shm;
+mod slots;
 mod trace;

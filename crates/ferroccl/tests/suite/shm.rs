@@ -412,8 +412,9 @@ fn a_new_job_reclaims_a_dead_jobs_segments() {
     );
 }
 
-/// Symmetric memory: a job of every rank on one host over `shm` streams small
-/// all-reduces over the rings (recursive doubling) and runs larger ones two-shot (the
+/// Symmetric memory: a job of every rank on one host over `shm` runs the smallest
+/// all-reduces one-shot from the slots, streams small ones over the rings (recursive
+/// doubling) and runs larger ones two-shot (the
 /// payload never crosses a link), and one-shot when forced, and a workspace that grows
 /// call after call is re-read correctly; the broadcasts between stream through the
 /// rings (measured faster there, `algo::select::sym_pull_min`); the same job with
@@ -456,7 +457,11 @@ fn symmetric_memory_runs_two_shot_and_one_shot_with_the_rings_bits() {
         };
         let rd = Algorithm::RecursiveDoubling;
         let (two, one_a) = (Algorithm::TwoShot, Algorithm::OneShot);
-        assert_eq!(algos(&sym[r].0), [rd, rd, rd, two, two, rd], "rank {r}");
+        assert_eq!(
+            algos(&sym[r].0),
+            [one_a, one_a, rd, two, two, one_a],
+            "rank {r}"
+        );
         assert_eq!(algos(&one[r].0), [one_a; 6], "rank {r}");
         for (i, (a, b)) in sym[r].0.iter().zip(&rings[r].0).enumerate() {
             assert_eq!(

@@ -271,6 +271,28 @@ impl Link for ShmLink {
         Ok(n as usize)
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> Option<std::result::Result<usize, LinkError>> {
+        // Between frames the next bytes are in the ring: a frame's header (or a
+        // notice) never goes by single copy.
+        let p = &*self.pair;
+        let head = p.rx.word(layout::HEAD).load(Ordering::Acquire);
+        let n = buf.len().min((head - self.tail) as usize);
+        if n > 0 {
+            p.rx.get(self.tail, &mut buf[..n]);
+            return Some(Ok(n));
+        }
+        let closed = self.closed
+            || p.gone.load(Ordering::Acquire)
+            || p.rx.word(layout::WRITER_CLOSED).load(Ordering::Acquire) != 0;
+        // Closed: bytes published before the close are still to be read.
+        let head = p.rx.word(layout::HEAD).load(Ordering::Acquire);
+        Some(if closed && head == self.tail {
+            Err(LinkError::Closed)
+        } else {
+            Ok(0)
+        })
+    }
+
     fn try_read(&mut self, bufs: &mut [IoSliceMut<'_>]) -> std::result::Result<usize, LinkError> {
         if !self.probed {
             self.probe_writer();

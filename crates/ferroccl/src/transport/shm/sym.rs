@@ -39,6 +39,15 @@
 //! calling thread (host memory needs no stream), so [`MemPeers::order_after`] and
 //! [`MemPeers::end`] have nothing to wait for.
 //!
+//! # Slots
+//!
+//! After the header page, each workspace holds two small-message slots ([`Slots`]:
+//! a stamp word and the call's frame header on one cache line, then [`SLOT_BYTES`] of
+//! data), which the one-shot all-reduce of a small buffer (`engine/slot.rs`) posts to
+//! and reduces from in place: no frame, no fingerprint round trip, no wait for
+//! readers. They exist from the segment's creation (the data starts after them), so
+//! a peer reads them without asking what the workspace holds.
+//!
 //! # A peer that dies
 //!
 //! [`MemPeers::gone`]: the peer's pid (from its header, checked visible at set-up)
@@ -48,10 +57,10 @@
 
 use super::PREFIX;
 use crate::error::{Error, Result};
-use crate::reduce::{kernels, ReduceOp};
+use crate::reduce::{kernels, DataType, ReduceOp};
 use crate::rendezvous::StoreClient;
 use crate::sys::shm::{process_alive, SymSegment};
-use crate::transport::{CallMem, MemPeers, Region};
+use crate::transport::{CallMem, MemPeers, Region, Slots};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -70,7 +79,17 @@ const PID: usize = 1;
 const COUNTER: usize = 8;
 /// Peers that have mapped this segment.
 const MAPPED: usize = 16;
-const DATA: usize = 4096;
+/// The two small-message slots ([`Slots`]), from the second page on: each a head of
+/// [`SLOT_HEAD`] bytes (the stamp word, then the call's frame header) and
+/// [`SLOT_BYTES`] of data, on cache lines of their own.
+const SLOTS_AT: usize = 4096;
+/// Data bytes of one slot: what the one-shot from slots takes at most
+/// (`algo::select::slot_max`).
+pub(crate) const SLOT_BYTES: usize = 32 << 10;
+const SLOT_HEAD: usize = 64;
+const SLOT_STRIDE: usize = SLOT_HEAD + SLOT_BYTES;
+/// The workspace's data, after the slots, page-aligned.
+const DATA: usize = (SLOTS_AT + 2 * SLOT_STRIDE).next_multiple_of(4096);
 /// "FCSYMWS1" as a little-endian word.
 const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"FCSYMWS1");
 /// The channel number in a workspace's name (rings use the channels' codes).
@@ -88,6 +107,7 @@ struct Peer {
 
 /// This rank's memory peers over symmetric shared memory.
 pub(crate) struct HostPeers {
+    rank: usize,
     mine: SymSegment,
     /// The largest workspace any rank of the job may grow to (the least of the ranks'
     /// caps): larger calls stream through the rings.
@@ -223,6 +243,7 @@ pub(crate) fn connect(
     }
     mine.unlink();
     Ok(Some(HostPeers {
+        rank,
         mine,
         cap: job_cap,
         held: 0,
@@ -287,6 +308,108 @@ unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
         )
     };
     crate::sys::mem::copy(d, s);
+}
+
+/// Byte offset of slot `turn` in a workspace.
+fn slot_at(turn: usize) -> usize {
+    SLOTS_AT + (turn & 1) * SLOT_STRIDE
+}
+
+impl HostPeers {
+    /// The segment of rank `q` (this rank's own included).
+    fn seg_of(&self, q: usize) -> Option<&SymSegment> {
+        if q == self.rank {
+            Some(&self.mine)
+        } else {
+            self.peers.get(q)?.as_ref().map(|p| &p.seg)
+        }
+    }
+
+    /// The data bytes `..len` of rank `q`'s slot `turn`.
+    fn slot_data(&self, q: usize, turn: usize, len: usize) -> Result<*mut u8> {
+        self.seg_of(q)
+            .filter(|_| len <= SLOT_BYTES)
+            .and_then(|s| s.addr(slot_at(turn) + SLOT_HEAD, len))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "internal: {len} bytes of rank {q}'s slot {turn} (it holds {SLOT_BYTES})"
+                ))
+            })
+    }
+}
+
+impl Slots for HostPeers {
+    fn slot_bytes(&self) -> usize {
+        SLOT_BYTES
+    }
+
+    fn gone(&self, peer: usize) -> bool {
+        MemPeers::gone(self, peer)
+    }
+
+    fn head_bytes(&self) -> usize {
+        SLOT_HEAD - 8
+    }
+
+    fn post(&mut self, turn: usize, head: &[u8], data: &[u8], stamp: u64) -> Result<()> {
+        let at = slot_at(turn);
+        let (h, d) = (
+            self.mine
+                .addr(at + 8, head.len())
+                .filter(|_| head.len() <= SLOT_HEAD - 8),
+            self.slot_data(self.rank, turn, data.len())?,
+        );
+        let h = h.ok_or_else(|| {
+            Error::InvalidArgument(format!("internal: a slot head of {} bytes", head.len()))
+        })?;
+        // SAFETY: both inside this rank's slot (checked); no peer reads it until the
+        // stamp below says so, and none still reads it (the slot's previous call was
+        // two slot calls ago: see `Slots`).
+        unsafe {
+            copy(h, head.as_ptr(), head.len());
+            copy(d, data.as_ptr(), data.len());
+        }
+        self.mine.word_at(at, DATA).store(stamp, Ordering::Release);
+        Ok(())
+    }
+
+    fn stamp(&self, peer: usize, turn: usize) -> u64 {
+        self.seg_of(peer).map_or(0, |s| {
+            s.word_at(slot_at(turn), DATA).load(Ordering::Acquire)
+        })
+    }
+
+    fn head(&self, peer: usize, turn: usize, into: &mut [u8]) {
+        let len = into.len().min(SLOT_HEAD - 8);
+        if let Some(p) = self
+            .seg_of(peer)
+            .and_then(|s| s.addr(slot_at(turn) + 8, len))
+        {
+            // SAFETY: inside the peer's slot head; a concurrent write there can only
+            // tear the copy, which the trait's contract lets the caller detect.
+            unsafe { copy(into.as_mut_ptr(), p, len) };
+        }
+    }
+
+    fn reduce(&mut self, turn: usize, dtype: DataType, op: ReduceOp, out: &mut [u8]) -> Result<()> {
+        let (len, n) = (out.len(), self.peers.len());
+        for q in 0..n {
+            let p = self.slot_data(q, turn, len)?;
+            // SAFETY: `len` bytes of rank q's slot (checked), published with the
+            // call's stamp and left alone by their owner until this rank's next slot
+            // call (see `Slots`); `out` is the caller's, distinct from every slot.
+            let d = unsafe { std::slice::from_raw_parts(p, len) };
+            if q == 0 {
+                out.copy_from_slice(d);
+            } else {
+                kernels::reduce_bytes(dtype, op, out, d);
+            }
+        }
+        if op == ReduceOp::Avg {
+            kernels::scale_bytes(dtype, out, n);
+        }
+        Ok(())
+    }
 }
 
 impl MemPeers for HostPeers {
@@ -407,5 +530,9 @@ impl MemPeers for HostPeers {
             .and_then(Option::as_ref)
             .and_then(|p| p.pid)
             .is_some_and(|pid| pid != std::process::id() && !process_alive(pid))
+    }
+
+    fn slots(&mut self) -> Option<&mut dyn Slots> {
+        Some(self)
     }
 }
