@@ -16,13 +16,18 @@
 //!
 //! - a peer in another slot call: its head differs (same turn and sequence number), or
 //!   its stamp in this turn is past this call's;
-//! - a peer in a call over the links that sends this rank a frame (or a failed peer's
-//!   notice): a rank waiting on a slot reads its link from the peer it waits on, which
-//!   a slot call never sends on;
-//! - a peer in a call over the links that waits on this rank: that call's own wait
-//!   ([`Engine::slot_clash`], from the stream executor's idle rounds) sees this rank's
-//!   stamp for its sequence number in a slot, and fails with a mismatch naming both
-//!   calls; its notice then reaches this rank's link.
+//! - a peer in a call over the links: such a call sends to a ring neighbour before it
+//!   waits (the root agreement, `algo/chain.rs`, keeps that for the rooted
+//!   collectives), and a rank waiting on a slot looks at its links, which a slot call
+//!   never sends on, without taking anything ([`Engine::slot_links`]): a frame of this
+//!   sequence number or an earlier one is a mismatch, a notice a failure that travels
+//!   on from rank to rank;
+//! - and every rank of such a call that waits: its wait ([`Engine::slot_clash`], from
+//!   the stream executor's idle rounds) sees this rank's stamp for its sequence number
+//!   in a slot and fails with a mismatch naming both calls, without depending on a
+//!   notice that must cross ranks that are waiting themselves (at 5 ranks, with rank 4
+//!   in a slot call and the others in a broadcast, one of them waited for the timeout
+//!   without it).
 
 use super::pacer::frame_error;
 use super::{Engine, Pacer};
@@ -211,6 +216,10 @@ impl Engine {
         let slots = self.mem.as_mut()?.slots()?;
         (0..n).filter(|&q| q != rank).find_map(|q| {
             (0..2).find_map(|turn| {
+                // The stamp first: a head is read only for this sequence number.
+                if slots.stamp(q, turn) != fp.seq + 1 {
+                    return None;
+                }
                 let (stamp, h) = head_in(slots, q, turn)?;
                 (stamp == fp.seq + 1 && h.fp != *fp).then(|| Error::Mismatch {
                     rank,

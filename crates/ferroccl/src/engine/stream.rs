@@ -228,6 +228,10 @@ impl WaitClock {
     }
 }
 
+/// Idle rounds past the spin between two looks at the peers' slot stamps
+/// ([`Engine::slot_clash`]).
+const SLOT_CLASH_EVERY: u32 = 32;
+
 impl Engine {
     /// Runs `plan` over channel `ch` for the operation `fp` on `data`, combining with
     /// `comb`. Both frame lists move as far as the links allow at once, so a ring step
@@ -344,6 +348,7 @@ impl Engine {
             (0..lanes).all(|l| order.lane_done(l, &st.si, ai))
         };
         let mut clock = WaitClock::default();
+        let mut idle_rounds = 0u32;
         while !done(st, &ai) {
             let mut progressed = false;
             // A frame waits for a peer that has yet to dial in (nothing wakes the
@@ -453,9 +458,14 @@ impl Engine {
                 pacer.idle(&mut *self.waiter, rank, fp, what)?;
             }
             if !pacer.spinning() {
-                // A peer in a slot call of this sequence number waits on no link.
-                if let Some(e) = self.slot_clash(ch, fp) {
-                    return Err(e);
+                // A peer in a slot call of this sequence number waits on no link: a
+                // look at its stamps now and then (with ranks that share CPUs every
+                // idle round is past the spin).
+                idle_rounds = idle_rounds.wrapping_add(1);
+                if idle_rounds.is_multiple_of(SLOT_CLASH_EVERY) {
+                    if let Some(e) = self.slot_clash(ch, fp) {
+                        return Err(e);
+                    }
                 }
             }
             clock.after_idle(self, peer, t0, pacer.spinning());
