@@ -154,6 +154,8 @@ pub(crate) struct Pacer {
     /// Idle rounds spun since the last progress (up to `spin_rounds`).
     spins: u32,
     spin_rounds: u32,
+    /// The last idle round slept (past the busy-poll window).
+    slept: bool,
 }
 
 impl Pacer {
@@ -170,7 +172,14 @@ impl Pacer {
             health,
             spins: 0,
             spin_rounds: if spin { SPIN_ROUNDS } else { 0 },
+            slept: false,
         }
+    }
+
+    /// Whether the last idle round slept: the busy-poll window is over, and a round
+    /// lasts as long as the wait it slept.
+    pub fn slept(&self) -> bool {
+        self.slept
     }
 
     /// Something moved: the no-progress clock restarts.
@@ -244,6 +253,7 @@ impl Pacer {
             return Ok(());
         }
         let (polling, left) = self.check(rank, fp, waiting_for)?;
+        self.slept = !polling;
         if polling {
             std::thread::yield_now();
             return Ok(());
@@ -269,6 +279,7 @@ impl Pacer {
             return Ok(());
         }
         let (polling, left) = self.check(rank, fp, waiting_for)?;
+        self.slept = !polling;
         if polling {
             std::thread::yield_now();
         } else {

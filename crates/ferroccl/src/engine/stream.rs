@@ -229,7 +229,8 @@ impl WaitClock {
 }
 
 /// Idle rounds past the spin between two looks at the peers' slot stamps
-/// ([`Engine::slot_clash`]).
+/// ([`Engine::slot_clash`]) while the rounds are short (yields); once the wait sleeps,
+/// every round looks.
 const SLOT_CLASH_EVERY: u32 = 32;
 
 impl Engine {
@@ -460,9 +461,9 @@ impl Engine {
             if !pacer.spinning() {
                 // A peer in a slot call of this sequence number waits on no link: a
                 // look at its stamps now and then (with ranks that share CPUs every
-                // idle round is past the spin).
+                // idle round is past the spin), every round once they sleep.
                 idle_rounds = idle_rounds.wrapping_add(1);
-                if idle_rounds.is_multiple_of(SLOT_CLASH_EVERY) {
+                if idle_rounds.is_multiple_of(SLOT_CLASH_EVERY) || pacer.slept() {
                     if let Some(e) = self.slot_clash(ch, fp) {
                         return Err(e);
                     }
