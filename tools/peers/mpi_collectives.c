@@ -154,7 +154,7 @@ int main(int argc, char **argv) {
     size_t bytes = cnt * sizeof(float);
     double alg = bytes / med / 1e9, bus = alg * factor;
     if (rank == 0)
-      printf("%12zu %8zu %6d %12.1f %12.1f %10.3f %10.3f %s\n", bytes, cnt, iters, med * 1e6, mn * 1e6,
+      printf("%12zu %8zu %6d %12.3f %12.3f %10.3f %10.3f %s\n", bytes, cnt, iters, med * 1e6, mn * 1e6,
              alg, bus, allok ? "OK" : "FAIL");
     fflush(stdout);
   }

@@ -43,6 +43,7 @@ use crate::wire::{Fingerprint, OpKind, WireStats};
 use scope::{Completion, JobFn};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,11 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Signals new jobs (to the worker) and finished jobs (to waiters).
     cv: Condvar,
+    /// [`Queue::pending`], also outside the lock: a blocking call sees there is no
+    /// background job to wait for without taking the queue's mutex. Raised under the
+    /// lock before a job is queued, lowered under it (`Release`) once the job is
+    /// done; only the communicator's one caller thread queues jobs.
+    pending: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -448,6 +454,7 @@ impl Communicator {
                 engine: Mutex::new(engine),
                 queue: Mutex::new(Queue::default()),
                 cv: Condvar::new(),
+                pending: AtomicUsize::new(0),
             }),
             worker: RefCell::new(None),
             health,
@@ -653,6 +660,11 @@ impl Communicator {
     /// Blocks until every background collective has finished (not point-to-point
     /// operations, which run apart); whether there were any.
     fn wait_collectives(&self) -> bool {
+        // None queued (this thread queues them all), none running: nothing to wait
+        // for, and what the last one did is visible (`Acquire`).
+        if self.shared.pending.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let mut q = lock(&self.shared.queue);
         let waited = q.pending > 0;
         while q.pending > 0 {
@@ -710,6 +722,7 @@ impl Communicator {
         {
             let mut q = lock(&self.shared.queue);
             q.pending += 1;
+            self.shared.pending.fetch_add(1, Ordering::Relaxed);
             q.jobs.push_back(Job {
                 run,
                 done: done.clone(),
@@ -799,7 +812,11 @@ fn run_job(shared: &Shared, job: Job) {
         })
     };
     done.set(r);
-    lock(&shared.queue).pending -= 1;
+    {
+        let mut q = lock(&shared.queue);
+        q.pending -= 1;
+        shared.pending.fetch_sub(1, Ordering::Release);
+    }
     shared.cv.notify_all();
 }
 

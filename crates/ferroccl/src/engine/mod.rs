@@ -173,8 +173,10 @@ struct OpTrack {
     /// Idle time so far, and whether the recorder has been shown the operation.
     waited_ns: u64,
     shown: bool,
-    /// Bytes each link had moved when the operation started: (peer, sent, received).
-    start: PeerCounts,
+    /// Bytes each link had moved when the operation started: (peer, sent, received);
+    /// `None` for an operation that moves nothing over links (a slot call), whose end
+    /// then reads no link either.
+    start: Option<PeerCounts>,
     /// Idle nanoseconds per peer waited on.
     waits: PeerCounts,
     /// The peer waited on last, and whether the recorder has been told.
@@ -278,6 +280,12 @@ impl Engine {
     /// The executors call this when an operation starts moving data (again for the
     /// same operation: ignored).
     pub(crate) fn trace_begin(&mut self, fp: &Fingerprint) {
+        self.trace_begin_on(fp, true);
+    }
+
+    /// [`Engine::trace_begin`], for an operation that moves data over its links or
+    /// (`links` false) moves none there.
+    pub(crate) fn trace_begin_on(&mut self, fp: &Fingerprint, links: bool) {
         if self.cfg.trace_capacity == 0
             || self
                 .track
@@ -304,7 +312,7 @@ impl Engine {
             head,
             waited_ns: 0,
             shown: false,
-            start: self.link_bytes(),
+            start: links.then(|| self.link_bytes()),
             waits: PeerCounts::default(),
             waiting_on: None,
             told: None,
@@ -341,11 +349,12 @@ impl Engine {
     /// failure dumps the recorder (into `FERROCCL_TRACE_DIR`, when set).
     fn trace_end(&mut self, r: &Result<()>) {
         if let Some(t) = self.track.take() {
-            let now = self.link_bytes();
             let mut peers = PeerCounts::default();
-            for (peer, sent, recv, _) in now.iter() {
-                let (s0, r0) = t.start.get(peer).unwrap_or((0, 0));
-                peers.add(peer, sent - s0, recv - r0);
+            if let Some(start) = &t.start {
+                for (peer, sent, recv, _) in self.link_bytes().iter() {
+                    let (s0, r0) = start.get(peer).unwrap_or((0, 0));
+                    peers.add(peer, sent - s0, recv - r0);
+                }
             }
             for (peer, ns, _, _) in t.waits.iter() {
                 peers.add_wait_us(peer, ns.div_ceil(1000));

@@ -76,6 +76,9 @@ impl Engine {
     ) -> Result<()> {
         let (rank, n) = (self.rank, self.world_size);
         self.beacon.set(fp.seq, fp.kind.code());
+        // Nothing crosses a link: the recorder counts none (`on_memory`'s begin is then
+        // this one's).
+        self.trace_begin_on(fp, false);
         self.on_memory(
             fp,
             |e, mem| {
@@ -100,22 +103,24 @@ impl Engine {
         self.pull.slot_calls += 1;
         let stamp = fp.seq + 1;
         let head = head_of(fp, buf.len());
-        slots.post(turn, &head.encode(), buf, stamp)?;
+        let bytes = head.encode();
+        slots.post(turn, &bytes, buf, stamp)?;
         let mut pacer = Pacer::new(&self.cfg, self.health.clone(), self.spin);
         let (rank, n) = (self.rank, self.world_size);
         for q in (0..n).filter(|&q| q != rank) {
-            self.slot_wait(slots, &mut pacer, &head, q, turn, stamp)?;
+            self.slot_wait(slots, &mut pacer, (&head, &bytes), q, turn, stamp)?;
             pacer.moved();
         }
         slots.reduce(turn, dtype, op, buf)
     }
 
-    /// Waits until `peer` has posted this call (`head`, `stamp`) in its slot `turn`.
+    /// Waits until `peer` has posted this call (`head`, encoded too, and `stamp`) in
+    /// its slot `turn`.
     fn slot_wait(
         &mut self,
         slots: &mut dyn Slots,
         pacer: &mut Pacer,
-        head: &FrameHeader,
+        (head, bytes): (&FrameHeader, &[u8; HEADER_LEN]),
         peer: usize,
         turn: usize,
         stamp: u64,
@@ -126,10 +131,17 @@ impl Engine {
         loop {
             let seen = slots.stamp(peer, turn);
             if seen >= stamp {
-                let theirs = head_in(slots, peer, turn);
-                if seen == stamp && theirs.is_some_and(|(_, h)| h == *head) {
-                    break;
+                if seen == stamp {
+                    // The peer is held off its slot until this rank's next slot call:
+                    // its head is stable, and the same bytes as this call's if it is
+                    // this call.
+                    let mut theirs = [0u8; HEADER_LEN];
+                    slots.head(peer, turn, &mut theirs);
+                    if theirs == *bytes {
+                        break;
+                    }
                 }
+                let theirs = head_in(slots, peer, turn);
                 return Err(Error::Mismatch {
                     rank,
                     peer,

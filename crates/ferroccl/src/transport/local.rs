@@ -74,18 +74,6 @@ impl Link for LocalLink {
         Ok(n)
     }
 
-    fn peek(&mut self, buf: &mut [u8]) -> Option<Result<usize, LinkError>> {
-        let pipe = lock(&self.rx);
-        if pipe.data.is_empty() && pipe.closed {
-            return Some(Err(LinkError::Closed));
-        }
-        let n = buf.len().min(pipe.data.len());
-        for (d, s) in buf[..n].iter_mut().zip(pipe.data.iter()) {
-            *d = *s;
-        }
-        Some(Ok(n))
-    }
-
     fn try_read(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError> {
         let mut pipe = lock(&self.rx);
         if pipe.data.is_empty() {

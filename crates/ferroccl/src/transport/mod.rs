@@ -101,7 +101,8 @@ pub trait Link: Send {
     /// taking it: `Ok(0)` while nothing has come, `Err` where a read would fail (the
     /// link's end). Between frames, what was written before the bytes it returns is
     /// visible to this thread once it has returned them. `None` (the default): this
-    /// link cannot look ahead.
+    /// link cannot look ahead (only shared-memory rings can: the links beside
+    /// symmetric memory's slots, whose waits look, `engine/slot.rs`).
     fn peek(&mut self, _buf: &mut [u8]) -> Option<Result<usize, LinkError>> {
         None
     }
@@ -643,7 +644,8 @@ pub trait Slots {
     /// `out = d(0) op d(1) op … op d(n-1)`, left to right, where `d(q)` is the first
     /// `out.len()` data bytes of rank `q`'s slot `turn` (this rank's own included),
     /// and `Avg` divides by `n` at the end: the same bytes on every rank. Every peer
-    /// must have published the call's stamp there.
+    /// must have published the call's stamp there, and `out` must hold what this
+    /// rank posted (the call is in place).
     fn reduce(
         &mut self,
         turn: usize,

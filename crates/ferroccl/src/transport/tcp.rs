@@ -215,14 +215,6 @@ impl Link for TcpLink {
         }
     }
 
-    fn peek(&mut self, buf: &mut [u8]) -> Option<std::result::Result<usize, LinkError>> {
-        Some(match self.stream.peek(buf) {
-            Ok(0) if !buf.is_empty() => Err(LinkError::Closed),
-            Ok(n) => Ok(n),
-            Err(e) => classify(e),
-        })
-    }
-
     fn shutdown(&mut self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }

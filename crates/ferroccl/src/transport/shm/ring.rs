@@ -506,4 +506,33 @@ pub(super) mod tests {
         assert_eq!(back, data, "a write across the end reads back");
         assert!(Ring::open(&name, 8192).is_err(), "a size it is not");
     }
+
+    /// A peek returns what a read would, across the ring's end, and takes nothing;
+    /// nothing written is `Ok(0)`, and a closed writer with nothing left is `Closed`.
+    #[test]
+    fn a_peek_takes_nothing() {
+        let (mut a, mut b) = linked(4096, 0);
+        let mut head = [0u8; 8];
+        assert_eq!(b.peek(&mut head).unwrap().unwrap(), 0);
+        // Past the ring's end: 3000 written and read, then 2000 more.
+        let first = vec![1u8; 3000];
+        write_all(&mut a, &[&first], || {});
+        let mut sink = vec![0u8; 3000];
+        assert_eq!(b.try_read(&mut [IoSliceMut::new(&mut sink)]).unwrap(), 3000);
+        let data: Vec<u8> = (0..2000u32).map(|i| (i * 13) as u8).collect();
+        write_all(&mut a, &[&data], || {});
+        for _ in 0..2 {
+            assert_eq!(b.peek(&mut head).unwrap().unwrap(), 8);
+            assert_eq!(head[..], data[..8]);
+        }
+        let mut all = vec![0u8; 4000];
+        assert_eq!(b.peek(&mut all).unwrap().unwrap(), 2000, "what there is");
+        assert_eq!(all[..2000], data[..]);
+        let mut back = vec![0u8; 2000];
+        assert_eq!(b.try_read(&mut [IoSliceMut::new(&mut back)]).unwrap(), 2000);
+        assert_eq!(back, data, "the peeks took nothing");
+        assert_eq!(b.peek(&mut head).unwrap().unwrap(), 0);
+        a.shutdown();
+        assert!(matches!(b.peek(&mut head), Some(Err(LinkError::Closed))));
+    }
 }

@@ -394,6 +394,10 @@ impl Slots for HostPeers {
     fn reduce(&mut self, turn: usize, dtype: DataType, op: ReduceOp, out: &mut [u8]) -> Result<()> {
         let (len, n) = (out.len(), self.peers.len());
         for q in 0..n {
+            if q == 0 && self.rank == 0 {
+                // `out` holds rank 0's own data already (the trait's contract).
+                continue;
+            }
             let p = self.slot_data(q, turn, len)?;
             // SAFETY: `len` bytes of rank q's slot (checked), published with the
             // call's stamp and left alone by their owner until this rank's next slot
