@@ -405,6 +405,17 @@ impl Policy<'_> {
         }
     }
 
+    /// How a barrier runs: from the memory peers' slots where there are some (a
+    /// one-shot all-reduce of nothing: every rank posts a stamp and leaves once it has
+    /// seen all of them), else recursive doubling over the links.
+    pub fn barrier(&self) -> Algorithm {
+        if self.world_size > 1 && self.all_reduce_slots(Algorithm::OneShot, 0) {
+            Algorithm::OneShot
+        } else {
+            Algorithm::RecursiveDoubling
+        }
+    }
+
     /// The algorithm a broadcast or reduce uses: a pipelined binary tree from the root
     /// when [`AllReduceAlgo::Tree`] is forced and the buffers stream over links, the
     /// chain otherwise. Both keep the root agreement (`chain.rs`).
@@ -818,6 +829,7 @@ mod tests {
                 assert_eq!(sym.all_reduce_slots(want, b), n > 1, "n={n} {b}");
             }
             if n == 1 {
+                assert_eq!(sym.barrier(), Algorithm::RecursiveDoubling);
                 continue;
             }
             assert_eq!(sym.all_reduce(m + 1), Algorithm::RecursiveDoubling, "n={n}");
@@ -859,6 +871,21 @@ mod tests {
             };
             assert_eq!(small.all_reduce(64), Algorithm::OneShot);
             assert_eq!(small.all_reduce(65), Algorithm::RecursiveDoubling);
+            // The barrier: from the slots where there are some, else over the links.
+            assert_eq!(sym.barrier(), Algorithm::OneShot, "n={n}");
+            for other in [
+                Policy {
+                    slot_bytes: 0,
+                    ..sym
+                },
+                Policy {
+                    host_pull: false,
+                    ..sym
+                },
+                policy(n, None),
+            ] {
+                assert_eq!(other.barrier(), Algorithm::RecursiveDoubling, "n={n}");
+            }
         }
     }
 

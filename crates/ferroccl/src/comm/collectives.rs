@@ -281,15 +281,15 @@ impl Communicator {
     }
 
     pub(super) fn job_barrier(&self) -> JobFn {
-        let fp = self.fingerprint(
-            OpKind::Barrier,
-            DataType::U8,
-            None,
-            0,
-            None,
-            Algorithm::RecursiveDoubling,
-        );
-        // No data: always over the links, whatever the transport reads.
+        let algo = self.policy().barrier();
+        let fp = self.fingerprint(OpKind::Barrier, DataType::U8, None, 0, None, algo);
+        if algo == Algorithm::OneShot {
+            // A stamp in the slots, where there are some.
+            return Box::new(move |e: &mut Engine| {
+                e.slot_all_reduce(&fp, &mut [], DataType::U8, ReduceOp::Sum)
+            });
+        }
+        // No data: over the links, whatever else the transport reads.
         let key = PlanKey {
             kind: OpKind::Barrier,
             algo: Algorithm::RecursiveDoubling,

@@ -182,9 +182,9 @@ impl Engine {
     /// here) while this rank waits in a slot call, which sends on none: a frame of a
     /// later call is a peer's that has finished this one (left for that call); a frame
     /// of this call's sequence number or an earlier one is another call (a mismatch);
-    /// a notice or bytes that are no frame end the wait as reading them says, and so
-    /// does a closed link, but from a peer that has not `posted` this call (one that
-    /// has may be done with it, and gone).
+    /// a notice, bytes that are no frame or a closed link end the wait as reading them
+    /// says — from a peer that has not `posted` this call (one that has may be done
+    /// with it, and gone, or failed in its next call).
     fn slot_links(&mut self, fp: &Fingerprint, posted: impl Fn(usize) -> bool) -> Result<()> {
         let (rank, n) = (self.rank, self.world_size);
         for q in (0..n).filter(|&q| q != rank) {
@@ -202,7 +202,11 @@ impl Engine {
                         theirs: h.fp.to_string(),
                     })
                 }
-                Ahead::Closed if posted(q) => {}
+                // A peer that has posted this call takes no further part in it:
+                // what it says now (its end, or a notice of a failure after it) is
+                // for its next call. If this call cannot complete, another peer's
+                // stamp or head says so.
+                Ahead::Closed | Ahead::Failure if posted(q) => {}
                 Ahead::Failure | Ahead::Closed => {
                     let mut frame = InFrame::new(head_of(fp, 0));
                     let e = match frame.progress(link, &mut []) {
