@@ -619,9 +619,6 @@ pub trait Slots {
     /// [`MemPeers::gone`].
     fn gone(&self, peer: usize) -> bool;
 
-    /// Bytes a slot's head holds at most.
-    fn head_bytes(&self) -> usize;
-
     /// Writes `head` and `data` into this rank's slot `turn` (0 or 1), then publishes
     /// `stamp` there (ordered after them).
     fn post(

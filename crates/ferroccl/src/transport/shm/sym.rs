@@ -347,10 +347,6 @@ impl Slots for HostPeers {
         MemPeers::gone(self, peer)
     }
 
-    fn head_bytes(&self) -> usize {
-        SLOT_HEAD - 8
-    }
-
     fn post(&mut self, turn: usize, head: &[u8], data: &[u8], stamp: u64) -> Result<()> {
         let at = slot_at(turn);
         let (h, d) = (
