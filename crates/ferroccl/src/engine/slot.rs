@@ -107,9 +107,23 @@ impl Engine {
         slots.post(turn, &bytes, buf, stamp)?;
         let mut pacer = Pacer::new(&self.cfg, self.health.clone(), self.spin);
         let (rank, n) = (self.rank, self.world_size);
+        // A peer whose head differs fails the call, but only once every peer has
+        // posted: no rank leaves a call its peers are still joining (ranks that
+        // disagree among themselves would otherwise be gone, their rendezvous store
+        // with them, while a third still sets up).
+        let mut differs = None;
         for q in (0..n).filter(|&q| q != rank) {
-            self.slot_wait(slots, &mut pacer, (&head, &bytes), q, turn, stamp)?;
+            if let Err(e) = self.slot_wait(slots, &mut pacer, (&head, &bytes), q, turn, stamp) {
+                match e {
+                    Error::Mismatch { .. } if differs.is_none() => differs = Some(e),
+                    Error::Mismatch { .. } => {}
+                    e => return Err(e),
+                }
+            }
             pacer.moved();
+        }
+        if let Some(e) = differs {
+            return Err(e);
         }
         slots.reduce(turn, dtype, op, buf)
     }
