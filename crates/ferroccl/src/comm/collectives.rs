@@ -96,11 +96,12 @@ impl Communicator {
         let bytes = count * es;
         let (algo, layout) = self.all_reduce_choice(bytes)?;
         let fp = self.fingerprint(OpKind::AllReduce, dtype, Some(op), count, piece_of, algo);
+        let policy = self.policy();
         let (n, seg, pull, slots) = (
             self.world_size,
             self.cfg.tuning.segment_bytes,
-            self.policy().all_reduce_pulls(algo, bytes),
-            self.policy().all_reduce_slots(algo, bytes),
+            policy.all_reduce_pulls(algo, bytes),
+            policy.all_reduce_slots(algo, bytes),
         );
         let shot = match algo {
             Algorithm::OneShot => Some(Shot::One),
