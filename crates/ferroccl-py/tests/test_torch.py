@@ -117,3 +117,23 @@ def test_groups_carry_what_torch_reads_as_gloos_do():
             assert isinstance(got["ferroccl"]["name"], str), got
             assert got["sub"]["name"] not in (None, got["ferroccl"]["name"]), got
         assert got["sub_sum"] == [2.0] * 3
+
+
+def test_blocking_calls_make_no_work_that_torch_would_drop():
+    """torch 2.x's blocking functions take None from a call that is over (half a
+    microsecond of a small call's binding, `_torchwork._none_ok`); 1.13's wait on the
+    Work unguarded, and a direct call of the group's method always gets a Work."""
+    import torch.distributed as dist
+
+    res = ranks.run(2, "sync_calls")
+    torch2 = hasattr(dist.AllreduceOptions(), "asyncOp")
+    for got in res:
+        want = 3.0 * 2**9  # 1 + 2, doubled by each of the nine calls after the first
+        assert got["sum"] == want, got
+        made, waited, same, after = got["direct"]
+        assert (made, waited, same, after) == (1, True, True, 2 * want), got
+        if torch2:
+            assert {"all_reduce", "barrier"} <= set(got["guarded"]), got
+            assert got["by_dist"] == 0, got
+        else:
+            assert got["guarded"] == [] and got["by_dist"] == 11, got

@@ -460,6 +460,37 @@ def torch_facts(rank, n, how, tmp):
     return out
 
 
+def sync_calls(rank, n, how, tmp):
+    """Blocking calls through torch.distributed's functions, the sum checked, counting
+    the Works the backend makes: torch 2.x's functions take None for a call that is
+    over (no Work), anything else that calls the group's method gets one."""
+    import ferroccl.torch as ft
+    from ferroccl._torchwork import _guarded_codes
+
+    init(rank, n, how, tmp)
+    made = []
+
+    class Counted(ft.Work):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    ft.Work = Counted
+    out = {"guarded": sorted(c.co_name for c in _guarded_codes())}
+    t = torch.full((256,), float(rank + 1))
+    for _ in range(10):
+        dist.all_reduce(t)
+    dist.barrier()
+    out["sum"], out["by_dist"] = t[0].item(), len(made)
+    opts = dist.AllreduceOptions()
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+    w = dist.group.WORLD.allreduce([t], opts)
+    out["direct"] = (len(made) - out["by_dist"], w.wait(), w.result()[0] is t, t[0].item())
+    dist.destroy_process_group()
+    return out
+
+
 def wait_timeout(rank, n, how, tmp):
     """Work.wait(timeout) raises ferroccl.TimeoutError while its peer has not joined,
     and the operation goes on: a later wait() completes it. Rank 1 joins only once
