@@ -385,6 +385,10 @@ class ProcessGroupFerroccl(_Base):
         t = _one(tensors, "allreduce")
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         b = _cpu_raw(t)
+        if b is not None and _caller_waits(opts):
+            # The common blocking call on a CPU tensor: _issue's path without its steps.
+            self._n.all_reduce(b, op, None, None)
+            return None if not _AS_BACKEND and _none_ok(sys._getframe(1)) else Work(tensors)
         if b is not None:
             dev, c, back = None, t, None
         else:
