@@ -3,6 +3,7 @@
     python3 crates/ferroccl-py/tools/torch_ab.py binding [--ranks 2,4] [--reps 3]
     python3 crates/ferroccl-py/tools/torch_ab.py ddp [--ranks 2] [--reps 3] [--steps 20]
     python3 crates/ferroccl-py/tools/torch_ab.py layers [--ranks 2] [--iters 300]
+    python3 crates/ferroccl-py/tools/torch_ab.py floor [--reps 3]
 
 ``binding``: the binding's cost. In-place all-reduce of float32 torch tensors through
 ``dist.all_reduce`` on the backend ``"ferroccl"``, against ``ferroccl bench``'s in-place
@@ -18,6 +19,14 @@ method and its Work's ``wait()`` (ferroccl's Python layer); the ``ProcessGroup``
 on torch 2.x only, where a direct call can say it is synchronous); and
 ``dist.all_reduce`` (torch's Python function). Each is the median of 5 timings of
 ``--iters`` calls, at 1 KiB and 512 KiB, on rank 0.
+
+``floor``: what a C++ backend could save. At world size 1 (a file store, no peer),
+``dist.all_reduce`` of 256 float32 on ``"ferroccl"`` against torch's
+``FakeProcessGroup`` (``"fake"``: a C++ backend that does nothing, the least any
+backend costs through ``dist.all_reduce``) and gloo, each in its own process,
+``--reps`` times interleaved; medians of 7 timings of 20,000 calls. ferroccl's row less
+the fake one is all that moving ferroccl's Python into C++ could remove (the
+library's own work included).
 
 ``ddp``: ``examples/ddp_resnet.py`` over ferroccl and over gloo, alternating; the medians
 of communication time per step, images/s and the largest difference between the loss
@@ -138,7 +147,9 @@ def run(cmd, env=None):
 
 
 def binding(a) -> None:
-    sizes = ["-b", "1K", "-e", "64M", "-f", "8", "-n", str(a.iters), "-w", "5"]
+    span = [str(a.minbytes), str(a.maxbytes), str(a.factor)]
+    sizes = ["-b", span[0], "-e", span[1], "-f", span[2], "-n", str(a.iters)]
+    sizes += ["-w", str(a.warmup)]
     print(
         f"# in-place all-reduce, float32, {a.reps} interleaved repetitions: medians, and "
         "each side's min-max over the repetitions"
@@ -170,6 +181,9 @@ def binding(a) -> None:
                         tj,
                         "--iters",
                         str(a.iters),
+                        "--warmup",
+                        str(a.warmup),
+                        *("--minbytes", span[0], "--maxbytes", span[1], "--factor", span[2]),
                     ]
                 )
                 for src, dst in ((nj, native), (tj, ours)):
@@ -188,6 +202,60 @@ def binding(a) -> None:
                 f"  {n:>2} {size:>9} {nt:>10.1f} {tt:>10.1f} {nt / tt:>8.2f} {tt - nt:>8.1f}"
                 f"   {nr:>17} {tr:>17}"
             )
+
+
+def floor_rank(a) -> None:
+    """One process of ``floor``: prints ``backend us``."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if a.backend == "fake":
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    else:
+        if a.backend == "ferroccl":
+            import ferroccl.torch  # noqa: F401
+        with tempfile.TemporaryDirectory() as tmp:
+            store = f"file://{tmp}/store"
+            dist.init_process_group(a.backend, init_method=store, rank=0, world_size=1)
+    t = torch.ones(256)
+    calls = 20_000 if a.backend != "gloo" else 2_000
+    for _ in range(calls // 10):
+        dist.all_reduce(t)
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(calls):
+            dist.all_reduce(t)
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    print(a.backend, statistics.median(times))
+    dist.destroy_process_group()
+
+
+def floor(a) -> None:
+    import importlib.util
+
+    import torch
+
+    res = {"ferroccl": [], "fake": [], "gloo": []}
+    if importlib.util.find_spec("torch.testing._internal.distributed.fake_pg") is None:
+        print(f"# torch {torch.__version__} has no FakeProcessGroup: no floor to measure")
+        del res["fake"]
+    for _ in range(a.reps):
+        for backend, times in res.items():
+            out = run([sys.executable, __file__, "_floor", "--backend", backend])
+            times.append(float(out.split()[-1]))
+    print(
+        f"# torch {torch.__version__}, world size 1, dist.all_reduce of 256 float32, "
+        f"{a.reps} interleaved repetitions: medians (min-max)"
+    )
+    for backend, v in res.items():
+        print(f"  {backend:9s} {statistics.median(v):7.2f} us  ({min(v):.2f}-{max(v):.2f})")
+    if "fake" in res:
+        gap = statistics.median(res["ferroccl"]) - statistics.median(res["fake"])
+        print(f"  ferroccl - fake: {gap:.2f} us per call, the most a C++ backend could save")
 
 
 def ddp(a) -> None:
@@ -255,9 +323,21 @@ def ddp(a) -> None:
     )
 
 
+def size(v: str) -> int:
+    """A byte count as bench takes one: ``4096``, ``64K``, ``32M``, ``1G``."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = v.strip().upper()
+    try:
+        return int(t[:-1]) * units[t[-1]] if t and t[-1] in units else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a size (4096, 64K, 32M)") from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=["binding", "ddp", "layers", "_rank", "_layers"])
+    p.add_argument(
+        "mode", choices=["binding", "ddp", "layers", "floor", "_rank", "_layers", "_floor"]
+    )
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
@@ -271,14 +351,15 @@ def main() -> None:
         "--ranks spread over them",
     )
     p.add_argument("--out")
-    p.add_argument("--minbytes", type=int, default=1024)
-    p.add_argument("--maxbytes", type=int, default=64 << 20)
+    p.add_argument("--backend", default="ferroccl")
+    p.add_argument("--minbytes", type=size, default=1024)
+    p.add_argument("--maxbytes", type=size, default=64 << 20)
     p.add_argument("--factor", type=int, default=8)
     p.add_argument("--warmup", type=int, default=5)
     a = p.parse_args()
     a.ranks = [int(x) for x in a.ranks.split(",")]
-    modes = {"binding": binding, "ddp": ddp, "layers": layers}
-    modes.update({"_rank": rank_main, "_layers": layers_rank})
+    modes = {"binding": binding, "ddp": ddp, "layers": layers, "floor": floor}
+    modes.update({"_rank": rank_main, "_layers": layers_rank, "_floor": floor_rank})
     modes[a.mode](a)
 
 
