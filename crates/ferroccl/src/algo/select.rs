@@ -102,7 +102,8 @@ pub(crate) fn slot_max(n: usize) -> usize {
 /// 607–679 against 451–493, 16 MiB 2.38–2.71 ms against 1.35–1.71; n = 4: 4 MiB
 /// 0.74–1.12 ms against 1.16–1.56, 8 MiB 2.66–3.21 against 2.24–3.37, 16 MiB 5.2–7.0
 /// against 5.7–6.6 (and at 64 MiB the rings 1.2–1.8× faster in two other sittings). A
-/// ring's segments pass through a 4 MiB ring that stays in the caches; two-shot's
+/// ring's segments pass through a ring that stays in the caches (4 MiB then, 1 MiB
+/// since: `DEFAULT_SHM_RING_BYTES`); two-shot's
 /// workspaces of that size do not. With many ranks the ring's `2(n-1)` steps cost more
 /// than the caches save: on a 16-core host (an H100 machine's Xeon, 300 MiB L3; one
 /// sitting, `tools/many-ranks`, medians of 20) 16 MiB took 8.5 ms two-shot against the

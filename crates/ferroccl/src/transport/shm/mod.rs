@@ -45,7 +45,7 @@
 //! "I am asleep" flags and the two closed flags — then [`ShmOptions::ring_bytes`] of
 //! data. A write copies into the free part and publishes `head`; a read copies out what
 //! `head` says is there and publishes `tail`. Memory: per linked pair and channel, two
-//! rings of `ring_bytes` + 4 KiB (default 8 MiB + 8 KiB; a job's collectives link each
+//! rings of `ring_bytes` + 4 KiB (default 2 MiB + 8 KiB; a job's collectives link each
 //! rank to its ring neighbours and, for recursive doubling, its log2 n partners).
 //!
 //! # Single copy
