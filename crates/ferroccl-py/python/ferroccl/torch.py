@@ -155,6 +155,14 @@ def _cpu_raw(t: torch.Tensor):
     return None
 
 
+def _over(result, caller):
+    """What a blocking call that is over returns to ``caller`` (the frame that called
+    the group's method): None to torch.distributed's own functions that take None for
+    "over" (no Work to make; on the ProcessGroup route only, where nothing in C++ sits
+    between them and this group), a Work to anything else."""
+    return None if not _AS_BACKEND and _none_ok(caller) else Work(result)
+
+
 def _refuse(t: torch.Tensor, what: str = "buffer"):
     """The typed error for a CUDA tensor ferroccl cannot take as it is."""
     if t.dtype not in _NAMES:
@@ -363,11 +371,7 @@ class ProcessGroupFerroccl(_Base):
                     then()
             else:
                 then()
-            # Called by torch.distributed's function itself (this group's method, two
-            # frames up), which takes None for "over": no Work to make.
-            if not _AS_BACKEND and _none_ok(sys._getframe(2)):
-                return None
-            return Work(result)
+            return _over(result, sys._getframe(2))
         # ``then`` may run on the communicator's thread: in the caller's modes there.
         op = ferroccl.Work(what, keep, then and _as_caller(then))
         w = Work(result, op)
@@ -388,7 +392,7 @@ class ProcessGroupFerroccl(_Base):
         if b is not None and _caller_waits(opts):
             # The common blocking call on a CPU tensor: _issue's path without its steps.
             self._n.all_reduce(b, op, None, None)
-            return None if not _AS_BACKEND and _none_ok(sys._getframe(1)) else Work(tensors)
+            return _over(tensors, sys._getframe(1))
         if b is not None:
             dev, c, back = None, t, None
         else:
