@@ -18,7 +18,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in ferroccl's communication.
 ///
 /// It crosses the wire itself, fields and all, when a rank tells its peers why it gave
-/// up ([`Error::to_wire`]): serde, tagged by the variant's name (`{"kind":
+/// up (`Error::to_wire`): serde, tagged by the variant's name (`{"kind":
 /// "Mismatch", "fields": {...}}`), so a rank told of another's failure rebuilds the
 /// same variant.
 #[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
