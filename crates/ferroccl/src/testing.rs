@@ -427,4 +427,15 @@ pub mod internals {
     pub use crate::transport::rdma::{probe as rdma_probe, proto as rdma_proto, sim as rdma_sim};
     pub use crate::transport::tcp::{Hello, FLAG_AUTH, PROTOCOL_VERSION};
     pub use crate::wire::{Fingerprint, FrameHeader, OpKind, HEADER_LEN};
+
+    /// How the names of a job's shared-memory rings begin in `/dev/shm` (without the
+    /// `/`), given the id its store hands out ([`crate::rendezvous::StoreServer::comm_id`]):
+    /// those of the collectives' links, then those of point-to-point's.
+    pub fn shm_ring_prefixes(comm_id: u64) -> [String; 2] {
+        use crate::transport::shm::ring_prefix;
+        [
+            ring_prefix(comm_id, 0),
+            ring_prefix(comm_id, crate::comm::p2p_group_id(comm_id)),
+        ]
+    }
 }

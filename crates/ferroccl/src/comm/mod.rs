@@ -134,6 +134,12 @@ impl Family {
     }
 }
 
+/// The id of the group that carries point-to-point for a communicator whose children's
+/// ids derive from `base` (the job's: its communicator id).
+pub(crate) fn p2p_group_id(base: u64) -> u64 {
+    group::derive(base, b"p2p", &[])
+}
+
 /// `dst.copy_from_slice(src)` for elements, dodging the C library's slow case
 /// (`sys::mem`): the local copies of the out-of-place collectives.
 pub(crate) fn copy_elems<T: Element>(dst: &mut [T], src: &[T]) {
@@ -406,7 +412,7 @@ impl Communicator {
         // it progresses whatever the collectives do; a transport that cannot make
         // groups runs it on the collectives' engine, in turn with them.
         let spec = transport::GroupSpec {
-            id: group::derive(family.base, b"p2p", &[]),
+            id: p2p_group_id(family.base),
             members: (0..n).collect(),
         };
         let p2p_links = match links.connector.group(&spec) {

@@ -1174,6 +1174,28 @@ impl TcpConnector {
                 .contains_key(&(self.group, p, channel))
     }
 
+    /// This group's connections accepted from lower ranks and never taken up, each
+    /// with its job rank and channel; from now on a link for them is refused as taken.
+    /// For a layer above that must undo what a dialler did for a link nobody made
+    /// (`shm` removes the ring names offered on them).
+    pub(crate) fn take_unclaimed(&self) -> Vec<(usize, Channel, TcpStream)> {
+        let mut st = lock_state(&self.ep.accepted);
+        let keys: Vec<LinkKey> = st
+            .ready
+            .keys()
+            .filter(|k| k.0 == self.group)
+            .copied()
+            .collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(s) = st.ready.remove(&k) {
+                st.taken.insert(k);
+                out.push((k.1, k.2, s));
+            }
+        }
+        out
+    }
+
     /// Refuses this group's connections from now on, and closes those accepted and
     /// not taken up (see [`Connector::close`]).
     pub(crate) fn close_group(&self) {

@@ -11,7 +11,9 @@ use common::checks::{
     check_broadcast, check_reduce, check_reduce_scatter, check_reduce_scatter_with,
 };
 use common::{run, test_config, Net};
-use ferroccl::{Algorithm, AllReduceAlgo, DataType, Error, ReduceOp, TransportKind};
+use ferroccl::rendezvous::StoreServer;
+use ferroccl::testing::internals::shm_ring_prefixes;
+use ferroccl::{Algorithm, AllReduceAlgo, Communicator, DataType, Error, ReduceOp, TransportKind};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -410,6 +412,73 @@ fn a_new_job_reclaims_a_dead_jobs_segments() {
         c,
         "a segment younger than the connect timeout is left alone"
     );
+}
+
+/// The rings a lower rank makes for a link its peer never takes up (point-to-point
+/// sends the peer never receives: the peer makes no link on that channel) leave
+/// nothing in `/dev/shm`, whichever rank's communicator goes first: the maker removes
+/// them when it sees the peer gone, and the peer removes those offered to it when it
+/// goes first. Each job's names carry its communicator id, so other tests' rings do
+/// not count.
+#[test]
+fn rings_of_a_link_the_peer_never_took_up_leave_nothing_behind() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc};
+    for symmetric in [true, false] {
+        for maker_first in [true, false] {
+            let what = format!("symmetric {symmetric}, maker first {maker_first}");
+            let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+            let prefixes = shm_ring_prefixes(server.comm_id());
+            // 1: rank 0 has sent; 2: the first rank's communicator is gone.
+            let stage = Arc::new(AtomicUsize::new(0));
+            let (tx, rx) = mpsc::channel();
+            for r in 0..2 {
+                let mut cfg = test_config().for_rank(r, 2);
+                cfg.job.master_addr = server.local_addr().to_string();
+                cfg.job.serve_store = false;
+                cfg.transport.kind = TransportKind::Shm;
+                cfg.transport.shm.symmetric = symmetric;
+                let (tx, stage) = (tx.clone(), stage.clone());
+                std::thread::spawn(move || {
+                    let first = (r == 0) == maker_first;
+                    let out = Communicator::init(cfg).and_then(|c| {
+                        if r == 0 {
+                            c.send(&[1.0f32; 16], 1, 7)?;
+                            stage.fetch_max(1, Ordering::SeqCst);
+                        }
+                        let want = if first { 1 } else { 2 };
+                        let end = std::time::Instant::now() + Duration::from_secs(20);
+                        while stage.load(Ordering::SeqCst) < want {
+                            assert!(std::time::Instant::now() < end, "rank {r} waited too long");
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        drop(c);
+                        if first {
+                            stage.store(2, Ordering::SeqCst);
+                        }
+                        Ok(())
+                    });
+                    let _ = tx.send((r, out));
+                });
+            }
+            for _ in 0..2 {
+                let (r, out) = rx
+                    .recv_timeout(Duration::from_secs(30))
+                    .unwrap_or_else(|_| panic!("{what}: a rank did not finish"));
+                out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+            }
+            let left: Vec<String> = std::fs::read_dir("/dev/shm")
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+                .collect();
+            for n in &left {
+                let _ = std::fs::remove_file(format!("/dev/shm/{n}"));
+            }
+            assert!(left.is_empty(), "{what}: left in /dev/shm: {left:?}");
+        }
+    }
 }
 
 /// Symmetric memory: a job of every rank on one host over `shm` runs the smallest

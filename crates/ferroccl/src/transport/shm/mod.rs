@@ -36,8 +36,10 @@
 //! and nothing is left in `/dev/shm`. The lower rank never removes names its peer may
 //! still map (it may finish with a link before the peer has even connected, as over
 //! TCP, where sent bytes wait in the kernel), unless the peer's connection has ended;
-//! a name whose creator died before its peer mapped it is removed by the next job's
-//! ranks ([`reclaim_stale`]).
+//! a peer that goes (or closes a group) without ever taking up a link offered to it
+//! reads the offer off the connection and removes its names itself; a name whose
+//! creator died before its peer mapped it is removed by the next job's ranks
+//! ([`reclaim_stale`]).
 //!
 //! A ring is a single-producer, single-consumer byte ring: a 4 KiB header whose
 //! counters each sit on their own cache line — `head` (bytes ever written, stored by
@@ -208,6 +210,12 @@ fn ring_id(comm_id: u64, group: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// How the names of the rings of a job's communicator `comm_id` (its links in
+/// `group`, 0 for the job's own) begin in `/dev/shm`.
+pub(crate) fn ring_prefix(comm_id: u64, group: u64) -> String {
+    format!("{PREFIX}{:016x}-", ring_id(comm_id, group))
 }
 
 /// The name of the ring that job rank `from` writes and `to` reads on channel `ch`,
@@ -519,8 +527,14 @@ impl ShmConnector {
             offer[..4].copy_from_slice(&OFFER_MAGIC);
             offer[4..8].copy_from_slice(&pid.to_le_bytes());
             offer[8..16].copy_from_slice(&(self.s.ring_bytes as u64).to_le_bytes());
-            s.write_all(&offer)
-                .map_err(|e| io("sending the offer", e))?;
+            if let Err(e) = s.write_all(&offer) {
+                // The peer can never map them: nobody else will remove the names.
+                unlink_names(&[
+                    ring_name(id, pid, me, peer, ch),
+                    ring_name(id, pid, peer, me, ch),
+                ]);
+                return Err(io("sending the offer", e));
+            }
             return Ok((tx, rx));
         }
         let left = deadline
@@ -556,6 +570,51 @@ impl ShmConnector {
         // Best effort: a lower rank that already finished and left reads nothing more.
         let _ = s.write_all(&[MAPPED]);
         Ok(rings)
+    }
+}
+
+impl ShmConnector {
+    /// Removes the ring names offered on connections that lower ranks made to this
+    /// rank and that this rank never took up (a link only they used, such as
+    /// point-to-point sends this rank never received): their makers leave the names
+    /// to this rank while its connection is open ([`ShmLink`]'s shutdown), so without
+    /// this they would stay in `/dev/shm` for as long as the makers live. An offer not
+    /// yet on the connection is its maker's to remove: it sees the connection end.
+    fn forget_unclaimed(&self) {
+        let id = ring_id(self.s.comm_id, self.tcp.group_id());
+        let me = self.tcp.members()[self.tcp.rank()];
+        for (from, ch, s) in self.tcp.take_unclaimed() {
+            if let Some(pid) = offer_now(&s) {
+                unlink_names(&[
+                    ring_name(id, pid, me, from, ch),
+                    ring_name(id, pid, from, me, ch),
+                ]);
+            }
+        }
+    }
+}
+
+/// The pid in the ring offer already waiting on `s`, if a whole one is; reads without
+/// waiting.
+fn offer_now(mut s: &TcpStream) -> Option<u32> {
+    s.set_nonblocking(true).ok()?;
+    let mut offer = [0u8; OFFER_LEN];
+    let mut got = 0;
+    while got < OFFER_LEN {
+        match s.read(&mut offer[got..]) {
+            Ok(0) => return None,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    (offer[..4] == OFFER_MAGIC)
+        .then(|| u32::from_le_bytes([offer[4], offer[5], offer[6], offer[7]]))
+}
+
+impl Drop for ShmConnector {
+    fn drop(&mut self) {
+        self.forget_unclaimed();
     }
 }
 
@@ -625,6 +684,7 @@ impl Connector for ShmConnector {
     }
 
     fn close(&mut self) {
+        self.forget_unclaimed();
         self.tcp.close_group();
     }
 
