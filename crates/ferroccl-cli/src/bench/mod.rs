@@ -46,9 +46,12 @@ pub struct BenchArgs {
     /// Multiplication factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
     pub step_factor: usize,
-    /// Timed iterations per size.
-    #[arg(short = 'n', long = "iters", default_value = "20", value_parser = crate::args::iters)]
-    pub iters: usize,
+    /// Timed iterations per size, run exactly (nccl-tests' -n). Without it: at least
+    /// 20, and as many more as fill 20 ms by the warm-up's pace (the same count on
+    /// every rank), so that a small size's mean rests on thousands of operations
+    /// rather than on 20 that one interruption can double.
+    #[arg(short = 'n', long = "iters", value_parser = crate::args::iters)]
+    pub iters: Option<usize>,
     /// Warm-up iterations per size.
     #[arg(short = 'w', long = "warmup_iters", default_value = "5", value_parser = crate::args::iters)]
     pub warmup: usize,
@@ -176,6 +179,32 @@ fn parse_law(s: &str) -> Result<LawArg, String> {
     crate::plan::parse_rate("--law", s)
         .map(LawArg::Rate)
         .map_err(|e| e.to_string())
+}
+
+/// Timed iterations per size when `-n` is not given: at least this many...
+pub const MIN_ITERS: usize = 20;
+/// ... and as many as fill this long.
+pub const AUTO_TIME: Duration = Duration::from_millis(20);
+/// The most the automatic count runs.
+const AUTO_MAX_ITERS: usize = 100_000;
+
+/// How many timed iterations a size gets: `given` exactly (`-n`), else at least
+/// [`MIN_ITERS`] and as many as fill [`AUTO_TIME`] at `per_op` seconds per operation
+/// (the warm-up's pace, the slowest rank's; unknown without a warm-up), at most
+/// 100,000.
+pub fn iters_for(given: Option<usize>, per_op: Option<f64>) -> usize {
+    if let Some(n) = given {
+        return n;
+    }
+    match per_op {
+        Some(t) if t.is_finite() && t > 0.0 => {
+            let fill = (AUTO_TIME.as_secs_f64() / t)
+                .ceil()
+                .min(AUTO_MAX_ITERS as f64) as usize;
+            fill.max(MIN_ITERS)
+        }
+        _ => MIN_ITERS,
+    }
 }
 
 impl BenchArgs {
@@ -496,7 +525,7 @@ fn validate(a: &BenchArgs) -> ferroccl::Result<Checked> {
         }
     }
     check_host(a)?;
-    if a.iters == 0 {
+    if a.iters == Some(0) {
         return Err(ferroccl::Error::InvalidArgument(
             "-n must be at least 1".into(),
         ));
@@ -745,4 +774,36 @@ fn rank_main(
         return device::rank_main(a, coll, dtype, op, c, tname);
     }
     with_dtype!(dtype, bench_typed(a, coll, op, c, tname))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_given_count_runs_exactly() {
+        for n in [1, 20, 7777] {
+            assert_eq!(iters_for(Some(n), Some(1e-9)), n);
+            assert_eq!(iters_for(Some(n), None), n);
+        }
+    }
+
+    #[test]
+    fn the_automatic_count_fills_the_time_and_never_goes_below_the_minimum() {
+        let fill = AUTO_TIME.as_secs_f64();
+        // 1 us per operation: 20 ms takes 20,000 of them.
+        assert_eq!(iters_for(None, Some(1e-6)), (fill / 1e-6).round() as usize);
+        // Slow operations: the minimum, however long it takes.
+        assert_eq!(iters_for(None, Some(fill)), MIN_ITERS);
+        assert_eq!(iters_for(None, Some(10.0)), MIN_ITERS);
+        // Just under the minimum's worth of time: the minimum.
+        assert_eq!(iters_for(None, Some(fill / 19.0)), MIN_ITERS);
+        assert_eq!(iters_for(None, Some(fill / 25.0)), 25);
+        // Absurdly fast (a clock that did not move): capped.
+        assert_eq!(iters_for(None, Some(1e-15)), AUTO_MAX_ITERS);
+        // No pace (no warm-up), or a nonsense one: the minimum.
+        for t in [None, Some(0.0), Some(-1.0), Some(f64::NAN), Some(f64::INFINITY)] {
+            assert_eq!(iters_for(None, t), MIN_ITERS, "{t:?}");
+        }
+    }
 }

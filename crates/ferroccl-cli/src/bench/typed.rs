@@ -21,6 +21,7 @@ use std::time::Instant;
 fn timed(
     c: &Communicator,
     a: &BenchArgs,
+    iters: usize,
     mut op: impl FnMut() -> ferroccl::Result<()>,
 ) -> ferroccl::Result<Timed> {
     let before = (c.wire_stats(), c.wire_stats_by_host());
@@ -33,8 +34,8 @@ fn timed(
         (c.wire_stats().since(&before.0), by_host)
     };
     if a.stat == "median" {
-        let mut ts = Vec::with_capacity(a.iters.min(1 << 20));
-        for _ in 0..a.iters {
+        let mut ts = Vec::with_capacity(iters.min(1 << 20));
+        for _ in 0..iters {
             c.barrier()?;
             let t0 = Instant::now();
             op()?;
@@ -46,12 +47,31 @@ fn timed(
         return Ok((ts[ts.len() / 2], wire, by_host));
     }
     let t0 = Instant::now();
-    for _ in 0..a.iters {
+    for _ in 0..iters {
         op()?;
     }
-    let secs = t0.elapsed().as_secs_f64() / a.iters as f64;
+    let secs = t0.elapsed().as_secs_f64() / iters as f64;
     let (wire, by_host) = sent(c);
     Ok((max_over_ranks(c, secs)?, wire, by_host))
+}
+
+/// Runs `op` the warm-up's `-w` times, and says how many timed iterations follow
+/// ([`super::iters_for`]: `-n`, else from the slowest rank's warm-up pace, the same on
+/// every rank).
+fn warm_up(
+    c: &Communicator,
+    a: &BenchArgs,
+    mut op: impl FnMut() -> ferroccl::Result<()>,
+) -> ferroccl::Result<usize> {
+    let t0 = Instant::now();
+    for _ in 0..a.warmup {
+        op()?;
+    }
+    if a.iters.is_some() || a.warmup == 0 {
+        return Ok(super::iters_for(a.iters, None));
+    }
+    let pace = max_over_ranks(c, t0.elapsed().as_secs_f64() / a.warmup as f64)?;
+    Ok(super::iters_for(None, Some(pace)))
 }
 
 /// Seconds per operation, the payload bytes this rank sent, and those split by host.
@@ -156,7 +176,16 @@ fn print_header(a: &BenchArgs, coll: Coll, c: &Communicator, tname: &str) -> fer
     }
     println!(
         "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timing: {}",
-        a.min_bytes, a.max_bytes, a.step_factor, a.warmup, a.iters, a.check, a.stat
+        a.min_bytes,
+        a.max_bytes,
+        a.step_factor,
+        a.warmup,
+        a.iters.map_or_else(
+            || format!("auto (>= {}, >= {:?} per size)", super::MIN_ITERS, super::AUTO_TIME),
+            |n| n.to_string()
+        ),
+        a.check,
+        a.stat
     );
     println!("#");
     println!(
@@ -266,11 +295,9 @@ fn measure<T: Element>(
     let (n, rank, root) = (c.world_size(), c.rank(), a.root);
     let count = bytes / std::mem::size_of::<T>();
     bufs.prepare(coll, op, n, rank, count);
-    for _ in 0..a.warmup {
-        bufs.out_of_place(c, coll, op, root, count)?;
-    }
+    let iters = warm_up(c, a, || bufs.out_of_place(c, coll, op, root, count))?;
     c.barrier()?;
-    let (oop, wire, by_host) = timed(c, a, || bufs.out_of_place(c, coll, op, root, count))?;
+    let (oop, wire, by_host) = timed(c, a, iters, || bufs.out_of_place(c, coll, op, root, count))?;
     let oop_wrong = if a.check != 0 {
         count_wrong(coll, &bufs.recv, op, n, rank, root, count)
     } else {
@@ -280,11 +307,9 @@ fn measure<T: Element>(
     // In place: the buffer is reduced again each iteration; it is refilled and
     // run once more for the check.
     bufs.reset_in_place(coll, n, rank, count);
-    for _ in 0..a.warmup {
-        bufs.in_place(c, coll, op, root, count)?;
-    }
+    let ip_iters = warm_up(c, a, || bufs.in_place(c, coll, op, root, count))?;
     c.barrier()?;
-    let (ip, _, _) = timed(c, a, || bufs.in_place(c, coll, op, root, count))?;
+    let (ip, _, _) = timed(c, a, ip_iters, || bufs.in_place(c, coll, op, root, count))?;
     let ip_wrong = if a.check != 0 {
         bufs.reset_in_place(coll, n, rank, count);
         bufs.in_place(c, coll, op, root, count)?;
@@ -294,14 +319,14 @@ fn measure<T: Element>(
         0
     };
 
-    let wire_bytes = max_over_ranks(c, wire.payload_sent as f64 / a.iters as f64)?;
-    let header_bytes = max_over_ranks(c, wire.header_sent as f64 / a.iters as f64)?;
+    let wire_bytes = max_over_ranks(c, wire.payload_sent as f64 / iters as f64)?;
+    let header_bytes = max_over_ranks(c, wire.header_sent as f64 / iters as f64)?;
     // Every rank has the same layout, so every rank takes part or none does.
     let hosts = match (hosts_of, by_host) {
         (Some(hosts), Some((within, between))) => {
-            let within = max_over_ranks(c, within as f64 / a.iters as f64)?;
+            let within = max_over_ranks(c, within as f64 / iters as f64)?;
             let mut per = vec![0.0f64; n];
-            per[rank] = between as f64 / a.iters as f64;
+            per[rank] = between as f64 / iters as f64;
             c.all_reduce(&mut per, ReduceOp::Sum)?;
             let busiest = hosts
                 .iter()
