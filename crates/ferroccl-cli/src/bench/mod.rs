@@ -802,7 +802,13 @@ mod tests {
         // Absurdly fast (a clock that did not move): capped.
         assert_eq!(iters_for(None, Some(1e-15)), AUTO_MAX_ITERS);
         // No pace (no warm-up), or a nonsense one: the minimum.
-        for t in [None, Some(0.0), Some(-1.0), Some(f64::NAN), Some(f64::INFINITY)] {
+        for t in [
+            None,
+            Some(0.0),
+            Some(-1.0),
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+        ] {
             assert_eq!(iters_for(None, t), MIN_ITERS, "{t:?}");
         }
     }
