@@ -1,6 +1,6 @@
 """A/B measurements of the torch.distributed backend, interleaved (see BENCHMARKS.md).
 
-    python3 crates/ferroccl-py/tools/torch_ab.py binding [--ranks 2,4] [--reps 3]
+    python3 crates/ferroccl-py/tools/torch_ab.py binding [--ranks 2,4] [--reps 3] [--json F]
     python3 crates/ferroccl-py/tools/torch_ab.py ddp [--ranks 2] [--reps 3] [--steps 20]
     python3 crates/ferroccl-py/tools/torch_ab.py layers [--ranks 2] [--iters 300]
     python3 crates/ferroccl-py/tools/torch_ab.py floor [--reps 3]
@@ -158,6 +158,7 @@ def binding(a) -> None:
         f"# {'n':>2} {'size':>9} {'native us':>10} {'torch us':>10} {'busbw x':>8} {'+us':>8}"
         f"   {'native min-max':>17} {'torch min-max':>17}"
     )
+    table = []
     for n in a.ranks:
         native, ours = {}, {}
         with tempfile.TemporaryDirectory() as tmp:
@@ -201,6 +202,31 @@ def binding(a) -> None:
             print(
                 f"  {n:>2} {size:>9} {nt:>10.1f} {tt:>10.1f} {nt / tt:>8.2f} {tt - nt:>8.1f}"
                 f"   {nr:>17} {tr:>17}"
+            )
+            table.append(
+                {
+                    "ranks": n,
+                    "bytes": size,
+                    "native_us": native[size],
+                    "torch_us": ours[size],
+                    "busbw_ratio": nt / tt,
+                    "added_us": tt - nt,
+                }
+            )
+    if a.json:
+        import torch
+
+        with open(a.json, "w") as f:
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "cpus": os.cpu_count(),
+                    "reps": a.reps,
+                    "iters": a.iters,
+                    "rows": table,
+                },
+                f,
+                indent=1,
             )
 
 
@@ -351,6 +377,7 @@ def main() -> None:
         "--ranks spread over them",
     )
     p.add_argument("--out")
+    p.add_argument("--json", help="binding: also write the rows (every repetition) here")
     p.add_argument("--backend", default="ferroccl")
     p.add_argument("--minbytes", type=size, default=1024)
     p.add_argument("--maxbytes", type=size, default=64 << 20)
