@@ -77,6 +77,12 @@ struct P2pQueue {
     /// The communicator was poisoned: the thread wakes to shut its links.
     poked: bool,
     shutdown: bool,
+    /// The thread is asleep on `cv`, and how many threads are asleep on `idle`: a
+    /// condition variable's notify is a system call whether or not anyone waits, so
+    /// it is made only for a sleeper (a caller that serves its own operation, the
+    /// common blocking call, wakes nobody).
+    thread_asleep: bool,
+    idle_waiters: usize,
 }
 
 impl P2pSource for P2pShared {
@@ -103,10 +109,19 @@ impl P2pShared {
     /// Wakes the thread: for operations just posted, or (`poke`) for operations a
     /// caller left in flight on the engine, which are not in the queue any more.
     fn wake_thread(&self, poke: bool) {
-        if poke {
-            lock(&self.queue).poked = true;
+        // What the thread is to see was changed under the queue's lock before this
+        // (the operations posted) or is now (the poke); so a thread not asleep now
+        // sees it before it next sleeps, and one asleep is notified.
+        let asleep = {
+            let mut q = lock(&self.queue);
+            if poke {
+                q.poked = true;
+            }
+            q.thread_asleep
+        };
+        if asleep {
+            self.cv.notify_all();
         }
-        self.cv.notify_all();
         if let Some(w) = &self.waker {
             w.wake();
         }
@@ -123,7 +138,9 @@ impl P2pShared {
             if q.shutdown {
                 return false;
             }
+            q.thread_asleep = true;
             q = wait(&self.cv, q);
+            q.thread_asleep = false;
         }
     }
 }
@@ -197,7 +214,9 @@ impl P2p {
         if let Some(s) = &self.own {
             let mut q = lock(&s.queue);
             while q.pending > 0 {
+                q.idle_waiters += 1;
                 q = wait(&s.idle, q);
+                q.idle_waiters -= 1;
             }
         }
     }
@@ -429,7 +448,7 @@ impl Communicator {
                         c.set(r);
                         let mut q = lock(&s.queue);
                         q.pending -= 1;
-                        if q.pending == 0 {
+                        if q.pending == 0 && q.idle_waiters > 0 {
                             s.idle.notify_all();
                         }
                     })
