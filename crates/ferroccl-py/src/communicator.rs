@@ -104,8 +104,11 @@ impl PyCommunicator {
         };
         self.worker.push(Box::new(move |c| {
             let r = op(c);
-            done.ticket.mark_ran();
-            Box::new(move || done.finish(r))
+            let ticket = done.ticket.clone();
+            ticket.mark_ran();
+            ticket
+                .route(Box::new(move || done.finish(r)))
+                .unwrap_or_else(|| Box::new(|| ()))
         }))?;
         Ok(Some(self.ticket(ticket)))
     }

@@ -15,7 +15,12 @@
 //! hook does), and the queue must go on meanwhile. The worker hands its reports to a
 //! pool of reporter threads ([`Reporter`]) that grows by one whenever all of them are
 //! busy (a callback blocked on a later operation holds one). A caller that runs the
-//! queue reports what it ran itself: the worker is still free to drive the queue.
+//! queue reports what it ran itself: the worker is still free to drive the queue. And
+//! an operation that a caller waits for without a timeout (`Ticket.wait()`, as torch's
+//! `work.wait()` does) hands its report to that caller, whoever ran it: the caller
+//! waits for it anyway, and running it there saves a reporter's wake-up and a hand-off
+//! of the GIL (`dist.all_reduce(t, async_op=True).wait()` of 1 KiB at 2 ranks, torch
+//! 2.15: 39.1-39.5 us before, 26.3-29.3 after, 3 interleaved runs each).
 //!
 //! Point-to-point operations are posted in issue order without waiting
 //! ([`Communicator::send_start`]), so a receive never holds up the collectives behind
@@ -370,12 +375,24 @@ impl Reporter {
     }
 }
 
-/// Whether an operation has run (`ran`) and is over, its callback done (`done`).
+/// A non-blocking operation's progress: run (`ran`), reported (`done`), and a caller
+/// waiting for it without a timeout, who takes the report over from the reporters.
 #[derive(Default)]
 pub(crate) struct TicketState {
     ran: AtomicBool,
-    done: Mutex<bool>,
+    done: Mutex<Progress>,
     cv: Condvar,
+}
+
+#[derive(Default)]
+struct Progress {
+    /// Reported: its callback has run.
+    done: bool,
+    /// Callers in `Ticket.wait()` without a timeout: they wait until it is reported,
+    /// so one of them may run the report itself.
+    waiters: usize,
+    /// The report handed to a waiting caller, to run on its thread.
+    handed: Option<Report>,
 }
 
 impl TicketState {
@@ -386,11 +403,26 @@ impl TicketState {
         self.ran.load(Ordering::Acquire)
     }
     fn set(&self) {
-        *lock(&self.done) = true;
+        lock(&self.done).done = true;
         self.cv.notify_all();
     }
     fn is_done(&self) -> bool {
-        *lock(&self.done)
+        lock(&self.done).done
+    }
+
+    /// `report` (this operation's, just run), or nothing when a caller waiting for it
+    /// takes it over: the report then runs on that caller's thread (which waits for it
+    /// in any case) instead of a reporter's, one thread switch and one hand-off of the
+    /// GIL less per call.
+    pub(crate) fn route(&self, report: Report) -> Option<Report> {
+        let mut p = lock(&self.done);
+        if p.waiters == 0 {
+            return Some(report);
+        }
+        p.handed = Some(report);
+        drop(p);
+        self.cv.notify_all();
+        None
     }
 }
 
@@ -416,26 +448,36 @@ impl Ticket {
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> bool {
         let (state, worker) = (self.state.clone(), self.worker.clone());
         py.detach(move || {
-            if timeout.is_none() {
+            let Some(t) = timeout else {
+                // Counted before the queue runs, so that whoever runs the operation
+                // hands its report to this thread.
+                lock(&state.done).waiters += 1;
                 worker.run_until(|| state.ran());
-            }
-            let deadline = timeout.map(|t| Instant::now() + secs(t, 1e9));
-            let mut done = lock(&state.done);
-            while !*done {
-                match deadline {
-                    None => done = wait(&state.cv, done),
-                    Some(d) => {
-                        let left = d.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return false;
-                        }
-                        done = state
-                            .cv
-                            .wait_timeout(done, left)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
+                let mut p = lock(&state.done);
+                while !p.done {
+                    if let Some(report) = p.handed.take() {
+                        drop(p);
+                        report();
+                        p = lock(&state.done);
+                        continue;
                     }
+                    p = wait(&state.cv, p);
                 }
+                p.waiters -= 1;
+                return true;
+            };
+            let deadline = Instant::now() + secs(t, 1e9);
+            let mut p = lock(&state.done);
+            while !p.done {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return false;
+                }
+                p = state
+                    .cv
+                    .wait_timeout(p, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
             }
             true
         })
