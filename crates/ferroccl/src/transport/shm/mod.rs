@@ -218,6 +218,15 @@ pub(crate) fn ring_prefix(comm_id: u64, group: u64) -> String {
     format!("{PREFIX}{:016x}-", ring_id(comm_id, group))
 }
 
+/// The names of the two rings of the link between job ranks `me` and `peer` on channel
+/// `ch`, made by process `pid` under `id`: the one `me` writes, then the one it reads.
+fn ring_names(id: u64, pid: u32, me: usize, peer: usize, ch: Channel) -> [String; 2] {
+    [
+        ring_name(id, pid, me, peer, ch),
+        ring_name(id, pid, peer, me, ch),
+    ]
+}
+
 /// The name of the ring that job rank `from` writes and `to` reads on channel `ch`,
 /// made by process `pid` (the reader) under `id` ([`ring_id`]).
 fn ring_name(comm_id: u64, pid: u32, from: usize, to: usize, ch: Channel) -> String {
@@ -516,8 +525,9 @@ impl ShmConnector {
         let id = ring_id(self.s.comm_id, self.tcp.group_id());
         if peer > me {
             let pid = std::process::id();
-            let mut tx = Ring::create(&ring_name(id, pid, me, peer, ch), self.s.ring_bytes)?;
-            let mut rx = Ring::create(&ring_name(id, pid, peer, me, ch), self.s.ring_bytes)?;
+            let names = ring_names(id, pid, me, peer, ch);
+            let mut tx = Ring::create(&names[0], self.s.ring_bytes)?;
+            let mut rx = Ring::create(&names[1], self.s.ring_bytes)?;
             // From here the names are the peer's to remove once it has mapped them
             // (even if this rank is done with the link first), or ours when the peer is
             // known never to (`ShmLink::drop`).
@@ -529,10 +539,7 @@ impl ShmConnector {
             offer[8..16].copy_from_slice(&(self.s.ring_bytes as u64).to_le_bytes());
             if let Err(e) = s.write_all(&offer) {
                 // The peer can never map them: nobody else will remove the names.
-                unlink_names(&[
-                    ring_name(id, pid, me, peer, ch),
-                    ring_name(id, pid, peer, me, ch),
-                ]);
+                unlink_names(&names);
                 return Err(io("sending the offer", e));
             }
             return Ok((tx, rx));
@@ -559,13 +566,10 @@ impl ShmConnector {
             .ok()
             .filter(|c| (4096..=1 << 30).contains(c))
             .ok_or_else(|| hs(format!("offered rings of {cap} bytes")))?;
-        let (tx_name, rx_name) = (
-            ring_name(id, pid, me, peer, ch),
-            ring_name(id, pid, peer, me, ch),
-        );
-        let rings = Ring::open(&tx_name, cap).and_then(|tx| Ok((tx, Ring::open(&rx_name, cap)?)));
+        let names = ring_names(id, pid, me, peer, ch);
+        let rings = Ring::open(&names[0], cap).and_then(|tx| Ok((tx, Ring::open(&names[1], cap)?)));
         // Mapped or not, the names go: nobody else may attach, nothing is left behind.
-        unlink_names(&[tx_name, rx_name]);
+        unlink_names(&names);
         let rings = rings.map_err(hs)?;
         // Best effort: a lower rank that already finished and left reads nothing more.
         let _ = s.write_all(&[MAPPED]);
@@ -585,10 +589,7 @@ impl ShmConnector {
         let me = self.tcp.members()[self.tcp.rank()];
         for (from, ch, s) in self.tcp.take_unclaimed() {
             if let Some(pid) = offer_now(&s) {
-                unlink_names(&[
-                    ring_name(id, pid, me, from, ch),
-                    ring_name(id, pid, from, me, ch),
-                ]);
+                unlink_names(&ring_names(id, pid, me, from, ch));
             }
         }
     }
@@ -638,10 +639,7 @@ impl Connector for ShmConnector {
                 std::process::id(),
                 ring_id(self.s.comm_id, self.tcp.group_id()),
             );
-            vec![
-                ring_name(id, pid, me, p, channel),
-                ring_name(id, pid, p, me, channel),
-            ]
+            ring_names(id, pid, me, p, channel).to_vec()
         } else {
             Vec::new()
         };

@@ -679,20 +679,10 @@ impl TcpConnector {
     /// (`shm` removes the ring names offered on them).
     pub(crate) fn take_unclaimed(&self) -> Vec<(usize, Channel, TcpStream)> {
         let mut st = lock_state(&self.ep.accepted);
-        let keys: Vec<LinkKey> = st
-            .ready
-            .keys()
-            .filter(|k| k.0 == self.group)
-            .copied()
-            .collect();
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            if let Some(s) = st.ready.remove(&k) {
-                st.taken.insert(k);
-                out.push((k.1, k.2, s));
-            }
-        }
-        out
+        let mine: Vec<(LinkKey, TcpStream)> =
+            st.ready.extract_if(|k, _| k.0 == self.group).collect();
+        st.taken.extend(mine.iter().map(|(k, _)| *k));
+        mine.into_iter().map(|(k, s)| (k.1, k.2, s)).collect()
     }
 
     /// Refuses this group's connections from now on, and closes those accepted and
