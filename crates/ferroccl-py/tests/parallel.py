@@ -162,11 +162,16 @@ def mesh_2d(rank, n, how, tmp, backend, steps=8):
     return out
 
 
-def pipelining(rank, n, how, tmp, backend, schedule, steps=6):
+def pipelining(rank, n, how, tmp, backend, schedule, per_edge=False, steps=6):
     """Two blocks as two pipeline stages, 4 micro-batches per step, under GPipe or
-    1F1B; the last stage returns the losses, every stage its parameters."""
+    1F1B; the last stage returns the losses, every stage its parameters. ``per_edge``:
+    each direction between the stages on a group of its own, split from the default
+    one (torch's ``pipeline_per_edge_p2p``, which needs ``split_group``)."""
+    from torch.distributed import config as dist_config
     from torch.distributed import pipelining as pp
 
+    if per_edge:
+        dist_config.pipeline_per_edge_p2p = True
     init(rank, n, how, tmp, backend=backend)
     torch.manual_seed(0)
     stages = [Block(), Block()]
@@ -271,6 +276,45 @@ def mesh_disagrees(rank, n, how, tmp):
     except RuntimeError as e:
         return {"type": type(e).__name__, "msg": str(e), "after": time.monotonic() - start}
     return {"type": None, "after": time.monotonic() - start}
+
+
+def split(rank, n, how, tmp, backend):
+    """``dist.split_group`` of 4 ranks into [0, 2] and [3, 1] (rank 3 first: a split
+    keeps the order given), then each child's all-reduce, its ranks, and a group
+    split from a child."""
+    init(rank, n, how, tmp, backend=backend)
+    g = dist.split_group(split_ranks=[[0, 2], [3, 1]])
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=g)
+    x = torch.tensor([float(10 * rank)])
+    dist.broadcast(x, group_src=0, group=g)
+    solo = dist.split_group(parent_pg=g, split_ranks=[[1]])
+    out = {
+        "sum": t.item(),
+        "from_first": x.item(),
+        "rank": dist.get_rank(g),
+        "size": dist.get_world_size(g),
+        "ranks": dist.get_process_group_ranks(g),
+        "named": isinstance(g.group_name, str) and g.group_name != "",
+        "solo": None if solo is dist.GroupMember.NON_GROUP_MEMBER else dist.get_rank(solo),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def split_disagrees(rank, n, how, tmp):
+    """Ranks 0 and 1 pass splits that no other rank passes; 2 and 3 agree on [2, 3]:
+    the first two raise MismatchError at once, the others get their group."""
+    init(rank, n, how, tmp, timeout=60)
+    splits = {0: [[0, 1], [2, 3]], 1: [[0, 1, 2], [3]]}.get(rank, [[0], [2, 3]])
+    start = time.monotonic()
+    try:
+        g = dist.split_group(split_ranks=splits)
+    except ferroccl.MismatchError as e:
+        return {"type": "MismatchError", "msg": str(e), "after": time.monotonic() - start}
+    t = torch.ones(1)
+    dist.all_reduce(t, group=g)
+    return {"type": None, "sum": t.item(), "after": time.monotonic() - start}
 
 
 def inference_mode(rank, n, how, tmp, backend):

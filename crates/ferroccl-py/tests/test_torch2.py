@@ -53,9 +53,21 @@ def test_a_2x2_mesh_of_data_and_tensor_parallel_trains_as_over_gloo():
         assert_close(res["ferroccl"][r], res["gloo"][r], f"2 x 2 mesh rank {r}")
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipelining_trains_as_over_gloo(schedule):
-    res = both(2, "pipelining", schedule)
+def per_edge_p2p() -> bool:
+    """Whether this torch can put each direction between pipeline stages on a group
+    of its own (``torch.distributed.config.pipeline_per_edge_p2p``)."""
+    try:
+        from torch.distributed import config
+    except ImportError:
+        return False
+    return hasattr(config, "pipeline_per_edge_p2p")
+
+
+@pytest.mark.parametrize("schedule,per_edge", [("gpipe", False), ("1f1b", False), ("1f1b", True)])
+def test_pipelining_trains_as_over_gloo(schedule, per_edge):
+    if per_edge and not per_edge_p2p():
+        pytest.skip("this torch has no per-edge pipeline groups")
+    res = both(2, "pipelining", schedule, per_edge)
     for r in range(2):
         ours, theirs = res["ferroccl"][r], res["gloo"][r]
         if r == 1:
@@ -135,3 +147,33 @@ def test_collectives_under_inference_mode_give_what_gloo_gives():
     res = both(2, "inference_mode")
     for r in range(2):
         assert res["ferroccl"][r] == res["gloo"][r], f"rank {r}"
+
+
+def split_group_exists() -> bool:
+    return hasattr(torch.distributed, "split_group")
+
+
+def test_split_group_makes_the_children_gloo_makes():
+    if not split_group_exists():
+        pytest.skip("this torch has no split_group")
+    res = both(4, "split")
+    assert res["ferroccl"] == res["gloo"], res
+    by_rank = res["ferroccl"]
+    assert [r["sum"] for r in by_rank] == [4.0, 6.0, 4.0, 6.0], by_rank
+    assert [r["from_first"] for r in by_rank] == [0.0, 30.0, 0.0, 30.0], by_rank
+    assert [r["rank"] for r in by_rank] == [0, 1, 1, 0], by_rank
+    assert by_rank[3]["ranks"] == [3, 1] and by_rank[0]["ranks"] == [0, 2], by_rank
+    assert [r["solo"] for r in by_rank] == [None, 0, 0, None], by_rank
+    assert all(r["named"] for r in by_rank), by_rank
+
+
+def test_ranks_given_different_splits_raise_mismatch_not_hang():
+    if not split_group_exists():
+        pytest.skip("this torch has no split_group")
+    res = ranks.run(4, "split_disagrees", module="parallel", timeout=60)
+    for r in (0, 1):
+        assert res[r]["type"] == "MismatchError", res
+        assert "different splits" in res[r]["msg"], res
+        assert res[r]["after"] < 30, res
+    for r in (2, 3):
+        assert res[r]["type"] is None and res[r]["sum"] == 2.0, res

@@ -14,6 +14,9 @@ used in place; others are copied in and out. ``new_group`` (and ``DeviceMesh``) 
 a child of the default group's communicator through its links (no new store or
 listener) when the default group is ferroccl's, and meets on the group's store
 otherwise; the members check on the group's store that they agree on who is in it.
+``split_group`` (and pipelining's per-edge groups) is ferroccl's ``split`` of the
+parent group, every rank of it taking part; ranks given different splits raise
+``MismatchError``.
 
 CUDA tensors (``_torchcuda``) are moved in place too, ordered with torch's current
 stream as ProcessGroupNCCL orders them: over CUDA IPC when the group's ranks share a
@@ -36,6 +39,8 @@ reach it by either).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 import time
@@ -46,7 +51,7 @@ import torch.distributed as dist
 
 import ferroccl
 
-from . import Communicator, InvalidArgumentError, UnsupportedError, _torchmeet
+from . import Communicator, InvalidArgumentError, MismatchError, UnsupportedError, _torchmeet
 from . import TimeoutError as FerrocclTimeout
 from . import buffer as _buffer
 from ._torchcuda import CudaSide, device_of
@@ -273,6 +278,47 @@ def _placeholder(rank: int, size: int):
     return _C10D.FakeProcessGroup._create_internal(rank, size, opts)
 
 
+class _Options:
+    """A backend's options as torch reads them (``backend``, ``_timeout``)."""
+
+    def __init__(self, backend: str, timeout: timedelta):
+        self.backend = backend
+        self._timeout = timeout
+
+
+def _split(pg, ranks: list[int], name: str):
+    """This rank's share of ``pg.split_group(ranks)``: ferroccl's ``split`` over the
+    group, the color a hash of the list itself, each member keyed by its place in it.
+    Members given different lists thus never form one child: a child that is not the
+    list this rank was given (a member passed another, or none) is a
+    :class:`ferroccl.MismatchError` naming both, on each rank it reaches. A list that
+    is no split of the group (a rank twice or out of range) is refused, after this
+    rank took part as a non-member so that the others are not left waiting."""
+    me, size = pg.rank(), pg.size()
+    bad = len(set(ranks)) != len(ranks) or any(not 0 <= r < size for r in ranks)
+    member = me in ranks and not bad
+    color = None
+    if member:
+        digest = hashlib.sha256(json.dumps(ranks).encode()).digest()
+        color = int.from_bytes(digest[:4], "little")
+    child = pg.comm.split(color, ranks.index(me) if member else 0)
+    if bad:
+        raise InvalidArgumentError(
+            f"split_group {name or ''}: {ranks} is no split of a group of {size} ranks (a "
+            "rank twice or out of range)"
+        )
+    if child is None:
+        return None
+    if child.world_size != len(ranks) or child.rank != ranks.index(me):
+        child.close()
+        raise MismatchError(
+            f"rank {me} of the group: split_group was given the child {ranks}, but "
+            f"{child.world_size} rank(s) of the group gave that list: the ranks passed "
+            "different splits"
+        )
+    return child
+
+
 def _as_caller(then):
     """``then`` (the copies into the caller's tensors once an operation is over) as
     the caller would run it. It may run on a thread of the communicator's, where
@@ -303,9 +349,11 @@ class ProcessGroupFerroccl(_Base):
         super().__init__(rank, size)
         self.comm = comm
         self._n = comm.native
+        self._store = store
+        self._timeout = timeout or timedelta(minutes=30)
         # CUDA tensors: this rank's GPU in the group, and the communicator that moves
         # them (made at the group's first CUDA call, on the group's store).
-        self._cuda = CudaSide(self, store, timeout or timedelta(minutes=30))
+        self._cuda = CudaSide(self, store, self._timeout)
         if not _AS_BACKEND and hasattr(self, "_register_backend"):
             # torch 2.x keeps a group's name and device types in its backends: give
             # this group a placeholder for each device type (every call reaches the
@@ -328,13 +376,66 @@ class ProcessGroupFerroccl(_Base):
 
     # torch 2.x asks for the backend of a device (to learn, for example, whether it
     # coalesces point-to-point): as the group itself, this group is its own backend.
+    # It splits (``split_group`` below) where it is the ProcessGroup; as a Backend
+    # under torch's ProcessGroup, torch would split it in C++, which cannot reach it.
     supports_coalescing = False
-    supports_splitting = False
+    supports_splitting = not _AS_BACKEND
 
     if not _AS_BACKEND:
 
         def _get_backend(self, device=None):
             return self
+
+        @property
+        def options(self):
+            """What torch reads of a backend's options (pipelining's per-edge groups
+            take ``_timeout`` for their children)."""
+            return _Options(BACKEND, self._timeout)
+
+        def split_group(
+            self,
+            ranks,
+            timeout=None,
+            opts=None,
+            group_name=None,
+            group_desc=None,
+            device_types=None,
+        ):
+            """torch's ``ProcessGroup.split_group`` (``dist.split_group``, and what
+            builds on it: ``DeviceMesh`` on a group bound to a device, pipelining's
+            per-edge groups): the child of ``ranks`` (ranks of this group, in the
+            child's order), made by every rank of this group at once, each passing
+            its own child's ranks; None on a rank in none. See ``_split``."""
+            child = _split(self, [int(r) for r in ranks], group_name or "")
+            if child is None:
+                return None
+            # The child's own keys on the parent's store (its CUDA side meets there):
+            # under its communicator's id, the same on every member.
+            store = self._store
+            if store is not None:
+                store = dist.PrefixStore(f"ferroccl-split-{child.id:x}/", store)
+            pg = ProcessGroupFerroccl(
+                child, child.rank, child.world_size, store=store, timeout=timeout or self._timeout
+            )
+            if group_name:
+                pg._set_group_name(group_name)
+            if group_desc:
+                pg._set_group_desc(group_desc)
+            return pg
+
+        def perform_nocolor_split(self, device=None) -> None:
+            """``new_group`` on a group bound to a device asks each non-member of the
+            new group to take part in splitting this one (NCCL's ``ncclCommSplit``
+            needs every rank). ferroccl's ``new_group`` is made by its members
+            alone: nothing to do."""
+
+        def eager_connect_single_device(self, device=None) -> None:
+            """``init_process_group(device_id=...)`` asks a backend that splits to
+            connect at once. This group is connected; its CUDA side connects at its
+            first CUDA call, on every rank at the same point."""
+
+        def get_group_store(self):
+            return self._store
 
     # -- plumbing -------------------------------------------------------------------
 
