@@ -17,8 +17,10 @@ communicator torch's group runs on, called directly on the tensor
 method and its Work's ``wait()`` (ferroccl's Python layer); the ``ProcessGroup``'s
 ``allreduce`` and ``wait()`` (torch's dispatch into a Python backend; these two rows
 on torch 2.x only, where a direct call can say it is synchronous); and
-``dist.all_reduce`` (torch's Python function). Each is the median of 5 timings of
-``--iters`` calls, at 1 KiB and 512 KiB, on rank 0.
+``dist.all_reduce`` (torch's Python function). Then the same non-blocking, each call
+waited for at once (``async_op=True`` and ``wait()``, as FSDP2 and DTensor call): the
+communicator, the backend's method, ``dist.all_reduce``. Each is the median of 5
+timings of ``--iters`` calls, at 1 KiB and 512 KiB, on rank 0.
 
 ``floor``: what a C++ backend could save. At world size 1 (a file store, no peer),
 ``dist.all_reduce`` of 256 float32 on ``"ferroccl"`` against torch's
@@ -98,6 +100,12 @@ def layers_rank(a) -> None:
     sync = hasattr(opts, "asyncOp")
     if sync:
         opts.asyncOp = False
+    # The same layers of a non-blocking call waited for at once (async_op=True, then
+    # wait(): FSDP2's and DTensor's pattern); a direct call to the backend is
+    # non-blocking on both torches here.
+    aopts = dist.AllreduceOptions()
+    if sync:
+        aopts.asyncOp = True
     rows = []
     for size in (1024, 512 << 10):
         t = torch.ones(size // 4)
@@ -110,6 +118,11 @@ def layers_rank(a) -> None:
                 ("+ torch's ProcessGroup dispatch", lambda t=t: pg.allreduce([t], opts).wait())
             )
         layer.append(("+ dist.all_reduce", lambda t=t: dist.all_reduce(t)))
+        layer += [
+            ("async: binding", lambda t=t: comm.all_reduce(t, async_op=True).wait()),
+            ("async: + Python backend", lambda t=t: backend.allreduce([t], aopts).wait()),
+            ("async: + dist.all_reduce", lambda t=t: dist.all_reduce(t, async_op=True).wait()),
+        ]
         for name, call in layer:
             for _ in range(a.warmup * 4):
                 call()
@@ -126,8 +139,9 @@ def layers_rank(a) -> None:
         print(f"# {'size':>7} {'layer':32} {'us':>7} {'+us':>6}")
         last = {}
         for size, name, us in rows:
-            extra = us - last[size] if size in last else 0.0
-            last[size] = us
+            chain = (size, name.startswith("async"))
+            extra = us - last[chain] if chain in last else 0.0
+            last[chain] = us
             print(f"  {size:>7} {name:32} {us:7.1f} {extra:6.1f}")
     dist.destroy_process_group()
 
