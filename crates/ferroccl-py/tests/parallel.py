@@ -278,6 +278,36 @@ def mesh_disagrees(rank, n, how, tmp):
     return {"type": None, "after": time.monotonic() - start}
 
 
+def compiled(rank, n, how, tmp, backend, steps=3):
+    """``torch.compile`` (Dynamo, ``aot_eager``) over DDP: the reducer calls the
+    backend from C++ inside the compiled forward, where Dynamo intercepts every Python
+    frame; and a compiled function calling ``dist.all_reduce`` itself."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    init(rank, n, how, tmp, backend=backend)
+    torch.manual_seed(1)
+    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    fast = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(steps):
+        loss = fast(torch.randn(4, 8, generator=g)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+
+    def summed(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    out = torch.compile(summed, backend="aot_eager")(torch.ones(4) * (rank + 1))
+    dist.destroy_process_group()
+    return losses, [p.detach() for p in model.parameters()], out.tolist()
+
+
 def split(rank, n, how, tmp, backend):
     """``dist.split_group`` of 4 ranks into [0, 2] and [3, 1] (rank 3 first: a split
     keeps the order given), then each child's all-reduce, its ranks, and a group

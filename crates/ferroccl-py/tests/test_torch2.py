@@ -177,3 +177,11 @@ def test_ranks_given_different_splits_raise_mismatch_not_hang():
         assert res[r]["after"] < 30, res
     for r in (2, 3):
         assert res[r]["type"] is None and res[r]["sum"] == 2.0, res
+
+
+def test_torch_compile_over_ddp_and_c10d_calls_trains_as_over_gloo():
+    res = both(2, "compiled")
+    for r in range(2):
+        (l1, p1, o1), (l2, p2, o2) = res["ferroccl"][r], res["gloo"][r]
+        assert_close((l1, p1), (l2, p2), f"compiled DDP rank {r}")
+        assert o1 == o2 == [7.0] * 4, (o1, o2)

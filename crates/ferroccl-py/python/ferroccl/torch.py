@@ -1072,4 +1072,32 @@ def _register() -> None:
         dist.Backend.register_backend(BACKEND, create, extended_api=True)
 
 
+def _eager_under_compile(*classes) -> None:
+    """Marks the methods of ``classes`` to run as they are under ``torch.compile``.
+
+    While a compiled region runs, Dynamo intercepts every Python frame entered, those
+    torch's C++ enters too (DDP's reducer broadcasting its bucket order from a
+    compiled forward): it would trace this backend's methods, where a
+    ``ProcessGroup`` is an opaque object it refuses to look into (a hard error,
+    "unregistered member on an OpaqueObject"); gloo's methods are C++ and never
+    traced. The mark is Dynamo's own ``skip_code`` strategy, made recursive (what the
+    methods call runs as it is too), set through ``torch._C`` so that importing
+    ``torch._dynamo`` (about a second) is not paid by every job. A torch without that
+    interface (1.13) has nothing to mark."""
+    try:
+        from torch._C._dynamo import eval_frame as ef
+
+        strategy = ef._FrameExecStrategy(ef._FrameAction.SKIP, ef._FrameAction.SKIP)
+        mark = ef.set_code_exec_strategy
+    except (ImportError, AttributeError, TypeError):
+        return
+    for cls in classes:
+        for attr in vars(cls).values():
+            for fn in (attr, getattr(attr, "fget", None)):
+                code = getattr(fn, "__code__", None)
+                if code is not None:
+                    mark(code, strategy)
+
+
+_eager_under_compile(ProcessGroupFerroccl, Work)
 _register()
