@@ -137,3 +137,45 @@ def test_blocking_calls_make_no_work_that_torch_would_drop():
             assert got["by_dist"] == 0, got
         else:
             assert got["guarded"] == [] and got["by_dist"] == 11, got
+
+
+RESTARTED = """
+import datetime, os, sys
+import ferroccl.torch
+import torch, torch.distributed as dist
+
+dist.init_process_group("ferroccl", timeout=datetime.timedelta(seconds=30))
+r, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+t = torch.ones(4) * (r + 1)
+for step in range(5):
+    dist.all_reduce(t)
+    if attempt == 0 and r == 1 and step == 2:
+        os._exit(3)
+g = dist.new_group([1, 0])
+u = torch.ones(1)
+dist.all_reduce(u, group=g)
+print(f"rank {r} attempt {attempt}: {t[0].item()} {u.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_restarts_a_job_that_lost_a_rank_on_the_same_store(tmp_path):
+    """torchrun --max-restarts starts every worker again on the store of the attempt
+    that failed, its keys still set: the restarted ranks meet as this attempt's, not at
+    the dead ones' addresses (gloo's restarted ranks do, on torch 2.15)."""
+    import subprocess
+    import sys
+
+    from torch.distributed.elastic.multiprocessing.api import Std
+
+    if Std.from_str("0") is None:
+        pytest.skip("this torch's torchrun cannot start on this Python (1.13 on 3.11)")
+    script = tmp_path / "restarted.py"
+    script.write_text(RESTARTED)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    cmd += ["--max_restarts", "1", "--master_port", str(ranks.free_port()), str(script)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    for r in range(2):
+        assert f"rank {r} attempt 1: 48.0 2.0" in out, out[-4000:]

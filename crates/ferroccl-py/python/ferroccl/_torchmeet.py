@@ -30,6 +30,17 @@ def _advertise() -> str:
     return socket.gethostname()
 
 
+def _attempt(store):
+    """``store`` as this attempt of the job sees it. torchrun restarts every worker of
+    a job that lost one (``--max-restarts``) on the same store, where the keys the
+    last attempt left are still set: read as this attempt's, they send a restarted
+    rank to a dead one's address (gloo's restarted ranks fail so). ferroccl's keys go
+    under the attempt's number (``TORCHELASTIC_RESTART_COUNT``, the same on every
+    worker of an attempt)."""
+    n = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
+    return dist.PrefixStore(f"ferroccl-attempt-{n}/", store) if n else store
+
+
 def _get(store, key: str, timeout: timedelta) -> bytes:
     store.wait([key], timeout)
     return bytes(store.get(key))
@@ -97,7 +108,7 @@ def _agree(store, rank: int, ranks: list[int], timeout: timedelta) -> None:
     member waiting in the first round for one that will never come (it raised in
     another group, and said so on the default group's store) raises at once, and says
     "no" in the second round, so no member connects to it."""
-    world = dist.distributed_c10d._get_default_store()
+    world = _attempt(dist.distributed_c10d._get_default_store())
     deadline = time.monotonic() + timeout.total_seconds()
     me = ranks[rank]
 

@@ -55,7 +55,7 @@ from . import Communicator, InvalidArgumentError, MismatchError, UnsupportedErro
 from . import TimeoutError as FerrocclTimeout
 from . import buffer as _buffer
 from ._torchcuda import CudaSide, device_of
-from ._torchmeet import _agree, _meet, _nonce
+from ._torchmeet import _agree, _attempt, _meet, _nonce
 from ._torchwork import _LIVE, _LOCK, Work, _caller_waits, _none_ok
 
 BACKEND = "ferroccl"
@@ -1025,7 +1025,7 @@ def create(opts, options=None) -> ProcessGroupFerroccl:
     ``opts`` says the group's store, rank, size, timeout, name and the world's ranks
     of its members)."""
     global _DEFAULT
-    store, rank, size = opts.store, opts.group_rank, opts.group_size
+    store, rank, size = _attempt(opts.store), opts.group_rank, opts.group_size
     timeout = opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
