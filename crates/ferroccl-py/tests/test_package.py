@@ -86,6 +86,13 @@ def test_bad_buffers_are_refused_before_any_traffic():
         c.all_reduce(ro)
     with pytest.raises(ferroccl.UnsupportedError, match="bxor"):
         c.all_reduce(np.ones(3, dtype=np.float32), op="bxor")
+    # A float32 in the other byte order would be summed as garbage; dtypes that share
+    # a supported one's letter code (datetimes of other units) are no float32 either.
+    swapped = ">f4" if np.little_endian else "<f4"
+    with pytest.raises(ferroccl.UnsupportedError, match="byte order"):
+        c.all_reduce(np.ones(3, dtype=swapped))
+    with pytest.raises(ferroccl.UnsupportedError, match="datetime64"):
+        c.all_reduce(np.zeros(3, dtype="M8[s]"))
     # The checks above happen before the communicator sees the call: it still works.
     x = np.ones(3, dtype=np.float32)
     c.all_reduce(x)
