@@ -291,7 +291,7 @@ def _split(pg, ranks: list[int], name: str):
     group, the color a hash of the list itself, each member keyed by its place in it.
     Members given different lists thus never form one child: a child that is not the
     list this rank was given (a member passed another, or none) is a
-    :class:`ferroccl.MismatchError` naming both, on each rank it reaches. A list that
+    :class:`ferroccl.MismatchError` naming the list, on each rank it reaches. A list that
     is no split of the group (a rank twice or out of range) is refused, after this
     rank took part as a non-member so that the others are not left waiting."""
     me, size = pg.rank(), pg.size()
@@ -304,8 +304,8 @@ def _split(pg, ranks: list[int], name: str):
     child = pg.comm.split(color, ranks.index(me) if member else 0)
     if bad:
         raise InvalidArgumentError(
-            f"split_group {name or ''}: {ranks} is no split of a group of {size} ranks (a "
-            "rank twice or out of range)"
+            f"split_group{' ' + name if name else ''}: {ranks} is no split of a group of "
+            f"{size} ranks (a rank twice or out of range)"
         )
     if child is None:
         return None
@@ -376,8 +376,9 @@ class ProcessGroupFerroccl(_Base):
 
     # torch 2.x asks for the backend of a device (to learn, for example, whether it
     # coalesces point-to-point): as the group itself, this group is its own backend.
-    # It splits (``split_group`` below) where it is the ProcessGroup; as a Backend
-    # under torch's ProcessGroup, torch would split it in C++, which cannot reach it.
+    # It splits (``split_group`` below) where it is the ProcessGroup. As a Backend
+    # under torch's ProcessGroup it would be torch's C++ that splits, through
+    # ``Backend.split``, which this class does not implement: there torch refuses.
     supports_coalescing = False
     supports_splitting = not _AS_BACKEND
 
