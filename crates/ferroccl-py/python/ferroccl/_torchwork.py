@@ -21,10 +21,14 @@ _WorkBase = getattr(dist, "_Work", None) or dist.Work
 
 # Works are Python objects that C++ (DDP's reducer, `_broadcast_coalesced`) holds by a
 # C++ reference only: if the Python object were collected, C++ would fall back to the
-# base class's wait, which never returns. Hold every Work until it is over, and the
-# latest completed ones a while longer (C++ waits on them right after they return).
+# base class's wait, which never returns. Hold every Work until it is over, and, on a
+# torch older than 2.7, the latest completed ones a while longer (C++ waits on them
+# right after they return). From 2.7 on, torch's C++ holds the Python object of a Work
+# a Python backend returns as long as it holds the Work (its ``PyWorkHolder``), and
+# keeping 4,096 finished Works only fed Python's collector: 5-8 us of a 30 us
+# ``async_op=True`` call and its ``wait()`` (world size 1, 3 interleaved runs).
 _LIVE: set = set()
-_RECENT: collections.deque = collections.deque(maxlen=4096)
+_RECENT: collections.deque = collections.deque(maxlen=0 if torch.__version__ >= "2.7" else 4096)
 _LOCK = threading.Lock()
 
 
