@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from . import Communicator, MismatchError
+from . import Communicator, InvalidArgumentError, MismatchError
 from . import TimeoutError as FerrocclTimeout
 
 # How many groups of each list of members this rank made (``_nonce``), since the
@@ -161,3 +161,36 @@ def _nonce(ranks: list[int], name: str) -> int:
     n = _NONCES[key]
     _NONCES[key] += 1
     return n
+
+
+def _split(pg, ranks: list[int], name: str):
+    """This rank's share of ``pg.split_group(ranks)``: ferroccl's ``split`` over the
+    group, the color a hash of the list itself, each member keyed by its place in it.
+    Members given different lists thus never form one child: a child that is not the
+    list this rank was given (a member passed another, or none) is a
+    :class:`ferroccl.MismatchError` naming the list, on each rank it reaches. A list that
+    is no split of the group (a rank twice or out of range) is refused, after this
+    rank took part as a non-member so that the others are not left waiting."""
+    me, size = pg.rank(), pg.size()
+    bad = len(set(ranks)) != len(ranks) or any(not 0 <= r < size for r in ranks)
+    member = me in ranks and not bad
+    color = None
+    if member:
+        digest = hashlib.sha256(json.dumps(ranks).encode()).digest()
+        color = int.from_bytes(digest[:4], "little")
+    child = pg.comm.split(color, ranks.index(me) if member else 0)
+    if bad:
+        raise InvalidArgumentError(
+            f"split_group{' ' + name if name else ''}: {ranks} is no split of a group of "
+            f"{size} ranks (a rank twice or out of range)"
+        )
+    if child is None:
+        return None
+    if child.world_size != len(ranks) or child.rank != ranks.index(me):
+        child.close()
+        raise MismatchError(
+            f"rank {me} of the group: split_group was given the child {ranks}, but "
+            f"{child.world_size} rank(s) of the group gave that list: the ranks passed "
+            "different splits"
+        )
+    return child
