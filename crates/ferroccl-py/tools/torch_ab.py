@@ -4,6 +4,7 @@
     python3 crates/ferroccl-py/tools/torch_ab.py ddp [--ranks 2] [--reps 3] [--steps 20]
     python3 crates/ferroccl-py/tools/torch_ab.py layers [--ranks 2] [--iters 300]
     python3 crates/ferroccl-py/tools/torch_ab.py floor [--reps 3]
+    python3 crates/ferroccl-py/tools/torch_ab.py cache [--reps 3]
 
 ``binding``: the binding's cost. In-place all-reduce of float32 torch tensors through
 ``dist.all_reduce`` on the backend ``"ferroccl"``, against ``ferroccl bench``'s in-place
@@ -29,6 +30,15 @@ backend costs through ``dist.all_reduce``) and gloo, each in its own process,
 ``--reps`` times interleaved; medians of 7 timings of 20,000 calls. ferroccl's row less
 the fake one is all that moving ferroccl's Python into C++ could remove (the
 library's own work included).
+
+``cache``: ``floor`` with cold caches, what the mid sizes of ``binding`` pay beyond the
+per-call cost. The same three backends at world size 1; before each timed
+``dist.all_reduce`` of 256 float32 a tensor copy of S bytes streams through the caches,
+as a collective of S bytes does (1 MiB in place on two-shot reads and writes about
+3 MiB), evicting the interpreter's and torch's state, which the call then fetches
+again. Medians of 2,000 calls per S, ``--reps`` times interleaved; the copy itself is
+not timed. A row's ``fake`` column is what any backend pays there through
+``dist.all_reduce``; ``ferroccl - fake`` what a C++ backend could save at that size.
 
 ``ddp``: ``examples/ddp_resnet.py`` over ferroccl and over gloo, alternating; the medians
 of communication time per step, images/s and the largest difference between the loss
@@ -244,22 +254,38 @@ def binding(a) -> None:
             )
 
 
+def _init_alone(backend: str) -> None:
+    """The default group at world size 1 on ``backend`` (ferroccl, gloo or fake)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if backend == "fake":
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    else:
+        if backend == "ferroccl":
+            import ferroccl.torch  # noqa: F401
+        with tempfile.TemporaryDirectory() as tmp:
+            store = f"file://{tmp}/store"
+            dist.init_process_group(backend, init_method=store, rank=0, world_size=1)
+
+
+def _floor_backends() -> list:
+    """ferroccl, torch's fake backend where this torch has one, and gloo."""
+    import importlib.util
+
+    have_fake = importlib.util.find_spec("torch.testing._internal.distributed.fake_pg")
+    return ["ferroccl", *(["fake"] if have_fake is not None else []), "gloo"]
+
+
 def floor_rank(a) -> None:
     """One process of ``floor``: prints ``backend us``."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    if a.backend == "fake":
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
-    else:
-        if a.backend == "ferroccl":
-            import ferroccl.torch  # noqa: F401
-        with tempfile.TemporaryDirectory() as tmp:
-            store = f"file://{tmp}/store"
-            dist.init_process_group(a.backend, init_method=store, rank=0, world_size=1)
+    _init_alone(a.backend)
     t = torch.ones(256)
     calls = 20_000 if a.backend != "gloo" else 2_000
     for _ in range(calls // 10):
@@ -275,14 +301,11 @@ def floor_rank(a) -> None:
 
 
 def floor(a) -> None:
-    import importlib.util
-
     import torch
 
-    res = {"ferroccl": [], "fake": [], "gloo": []}
-    if importlib.util.find_spec("torch.testing._internal.distributed.fake_pg") is None:
+    res = {b: [] for b in _floor_backends()}
+    if "fake" not in res:
         print(f"# torch {torch.__version__} has no FakeProcessGroup: no floor to measure")
-        del res["fake"]
     for _ in range(a.reps):
         for backend, times in res.items():
             out = run([sys.executable, __file__, "_floor", "--backend", backend])
@@ -296,6 +319,58 @@ def floor(a) -> None:
     if "fake" in res:
         gap = statistics.median(res["ferroccl"]) - statistics.median(res["fake"])
         print(f"  ferroccl - fake: {gap:.2f} us per call, the most a C++ backend could save")
+
+
+CACHE_SIZES = (0, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+
+def cache_rank(a) -> None:
+    """One process of ``cache``: prints ``backend S:us ...``."""
+    import torch
+    import torch.distributed as dist
+
+    _init_alone(a.backend)
+    t = torch.ones(256)
+    out = []
+    for nbytes in CACHE_SIZES:
+        src = torch.ones(max(nbytes // 4, 1))
+        dst = torch.empty_like(src)
+        times = []
+        for i in range(2_200):
+            if nbytes:
+                dst.copy_(src)
+            start = time.perf_counter_ns()
+            dist.all_reduce(t)
+            if i >= 200:
+                times.append(time.perf_counter_ns() - start)
+        out.append(f"{nbytes}:{statistics.median(times) / 1e3:.3f}")
+    print(a.backend, " ".join(out))
+    dist.destroy_process_group()
+
+
+def cache(a) -> None:
+    import torch
+
+    res = {b: {s: [] for s in CACHE_SIZES} for b in _floor_backends()}
+    for _ in range(a.reps):
+        for backend, by_size in res.items():
+            out = run([sys.executable, __file__, "_cache", "--backend", backend])
+            for item in out.split()[1:]:
+                s, us = item.split(":")
+                by_size[int(s)].append(float(us))
+    print(
+        f"# torch {torch.__version__}, world size 1, dist.all_reduce of 256 float32 after a "
+        f"copy of S bytes (S = 0: no copy), {a.reps} interleaved repetitions: medians of "
+        "the repetitions' medians, us"
+    )
+    names = list(res)
+    head = "".join(f"{b:>10}" for b in names)
+    print(f"  {'S':>9}{head}" + ("  ferroccl - fake" if "fake" in res else ""))
+    for s in CACHE_SIZES:
+        med = {b: statistics.median(res[b][s]) for b in names}
+        row = "".join(f"{med[b]:10.2f}" for b in names)
+        gap = f"  {med['ferroccl'] - med['fake']:16.2f}" if "fake" in med else ""
+        print(f"  {s:>9}{row}{gap}")
 
 
 def ddp(a) -> None:
@@ -376,7 +451,18 @@ def size(v: str) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
-        "mode", choices=["binding", "ddp", "layers", "floor", "_rank", "_layers", "_floor"]
+        "mode",
+        choices=[
+            "binding",
+            "ddp",
+            "layers",
+            "floor",
+            "cache",
+            "_rank",
+            "_layers",
+            "_floor",
+            "_cache",
+        ],
     )
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--reps", type=int, default=3)
@@ -399,8 +485,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     a = p.parse_args()
     a.ranks = [int(x) for x in a.ranks.split(",")]
-    modes = {"binding": binding, "ddp": ddp, "layers": layers, "floor": floor}
+    modes = {"binding": binding, "ddp": ddp, "layers": layers, "floor": floor, "cache": cache}
     modes.update({"_rank": rank_main, "_layers": layers_rank, "_floor": floor_rank})
+    modes["_cache"] = cache_rank
     modes[a.mode](a)
 
 
