@@ -21,6 +21,17 @@
 //!   [`crate::Error::Mismatch`] and never a read of a peer's memory in the wrong shape.
 //!   (The memory peers' plans only ever read ring neighbours.)
 //!
+//! - **Device order.** Where the peers order on the device
+//!   ([`MemPeers::device_order`]: stream memory operations), each of those waits is one
+//!   enqueued [`MemPeers::wait_for`] instead ([`Engine::after`]): the host enqueues the
+//!   whole plan without waiting on any peer, then polls for completion under the
+//!   deadline, and a timeout names the first wait not met ([`Engine::finish`]). Only
+//!   the previous call's readers are still awaited on the host, before the workspace
+//!   may grow. A call that fails lets its device's waits pass, so nothing hangs on
+//!   them, marking its rank failed first ([`MemPeers::release`]); a device that a
+//!   failed rank let through computes garbage and publishes it on, so before it
+//!   returns every rank looks at every rank's mark, not only those it waited on.
+//!
 //! Every rank's counter advances by the same `span` per call (the longest plan of the
 //! call, plus its copy-in), so counters stay comparable across calls of any kind.
 //! Waits go through the [`Pacer`]: the communicator's timeout on its clock, and the
@@ -179,6 +190,10 @@ fn copy_in(mem: &mut dyn MemPeers, me: &Plan, call: &PullCall) -> Result<()> {
 /// ([`MemPeers::gone`]).
 const GONE_EVERY: u32 = 64;
 
+/// How long a rank whose device a failed peer let through waits for that peer's
+/// notice (sent right after it released its device) before it names the peer alone.
+const RELEASE_NOTICE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// State the pull executor keeps between calls.
 #[derive(Default)]
 pub(crate) struct PullState {
@@ -188,6 +203,9 @@ pub(crate) struct PullState {
     pub consumers: Vec<usize>,
     /// Slot calls so far (`slot.rs`: their turns alternate; equal on every rank).
     pub slot_calls: u64,
+    /// Device order: the waits enqueued in the call so far, `(peer, progress)`, to
+    /// say which one the device is stuck on.
+    pub device_waits: Vec<(usize, u64)>,
 }
 
 impl Engine {
@@ -269,13 +287,12 @@ impl Engine {
                     ))
                 })?;
             let ready = base + 1 + o.after_recv.map_or(0, |d| d as u64 + 1);
-            self.wait_progress(mem, &mut pacer, fp, p, ready, || {
+            self.after(mem, &mut pacer, fp, p, ready, || {
                 format!(
                     "rank {p} to finish the data this rank reads (step {}, segment {})",
                     i.step, i.seg
                 )
             })?;
-            mem.order_after(p)?;
             if let Some(s) = i.after_send {
                 let sent: &Out = &me.outs[s];
                 let q = sent.peer;
@@ -287,13 +304,12 @@ impl Engine {
                             sent.step, sent.seg
                         ))
                     })?;
-                self.wait_progress(mem, &mut pacer, fp, q, base + 2 + j as u64, || {
+                self.after(mem, &mut pacer, fp, q, base + 2 + j as u64, || {
                     format!(
                         "rank {q} to read what this rank sent (step {}, segment {})",
                         sent.step, sent.seg
                     )
                 })?;
-                mem.order_after(q)?;
             }
             // Final bytes go to the output too: fused with the combine when the whole
             // frame is output, copied after it when only part is.
@@ -338,7 +354,7 @@ impl Engine {
         if (me.ins.len() as u64) + 1 < span {
             mem.publish(base + span)?;
         }
-        mem.end()?;
+        self.finish(mem, &mut pacer, fp)?;
         self.pull.base = base + span;
         let mut consumers: Vec<usize> = me.outs.iter().map(|o| o.peer).collect();
         consumers.sort_unstable();
@@ -360,6 +376,21 @@ impl Engine {
         })?;
         self.trace_begin(fp);
         let r = run(self, &mut *mem);
+        if r.is_err() && mem.device_order() {
+            // Waits the device may never see met (a peer gone, the deadline passed, an
+            // abort): let them pass, so that the stream drains rather than hangs
+            // whatever synchronises with it later. Always, and marking this rank
+            // failed: what its stream published may come from a failed peer's garbage,
+            // and the engine is poisoned after any failure anyway.
+            mem.release();
+            if let Err(e) = mem.end() {
+                tracing::warn!(
+                    "rank {}: draining the device after {fp} failed: {e}",
+                    self.rank
+                );
+            }
+        }
+        self.pull.device_waits.clear();
         self.mem = Some(mem);
         self.locate_on_timeout(r, fp, peers)
     }
@@ -422,6 +453,137 @@ impl Engine {
             })?;
         }
         Ok(prev)
+    }
+
+    /// Orders this rank's later work after `peer`'s progress `at_least`: a wait on the
+    /// host, then [`MemPeers::order_after`]; in device order one enqueued
+    /// [`MemPeers::wait_for`], remembered for [`Engine::finish`]. `what` describes it
+    /// for a timeout on the host.
+    pub(super) fn after(
+        &mut self,
+        mem: &mut dyn MemPeers,
+        pacer: &mut Pacer,
+        fp: &Fingerprint,
+        peer: usize,
+        at_least: u64,
+        what: impl Fn() -> String,
+    ) -> Result<()> {
+        if mem.device_order() {
+            self.pull.device_waits.push((peer, at_least));
+            return mem.wait_for(peer, at_least);
+        }
+        self.wait_progress(mem, pacer, fp, peer, at_least, what)?;
+        mem.order_after(peer)
+    }
+
+    /// Ends a call on the memory peers once everything enqueued has completed. In
+    /// device order the host polls [`MemPeers::done`] first, under the call's deadline
+    /// and abort flag, and a timeout names the first enqueued wait whose peer has not
+    /// published its value: where the device is stuck.
+    pub(super) fn finish(
+        &mut self,
+        mem: &mut dyn MemPeers,
+        pacer: &mut Pacer,
+        fp: &Fingerprint,
+    ) -> Result<()> {
+        if mem.device_order() {
+            self.await_device(mem, pacer, fp)?;
+        }
+        mem.end()
+    }
+
+    fn await_device(
+        &mut self,
+        mem: &mut dyn MemPeers,
+        pacer: &mut Pacer,
+        fp: &Fingerprint,
+    ) -> Result<()> {
+        let total = |mem: &dyn MemPeers, waits: &[(usize, u64)]| -> u64 {
+            waits
+                .iter()
+                .fold(0u64, |s, &(q, _)| s.wrapping_add(mem.progress(q)))
+        };
+        // Any rank, not only those waited on: garbage travels. A rank whose device a
+        // failed rank let through publishes what it computed from it before its own
+        // host knows; the failed rank marked itself before any of that.
+        let (rank, n) = (self.rank, self.world_size);
+        let failed = |mem: &dyn MemPeers| (0..n).find(|&q| q != rank && mem.failed(q));
+        let mut seen = total(mem, &self.pull.device_waits);
+        let mut rounds = 0u32;
+        loop {
+            // A peer that failed let its device run on unordered: whatever of it this
+            // rank's device has read may be garbage, done or not.
+            if let Some(q) = failed(mem) {
+                return Err(self.released_peer(q, fp));
+            }
+            if mem.done()? {
+                break;
+            }
+            let stuck = self
+                .pull
+                .device_waits
+                .iter()
+                .copied()
+                .find(|&(q, v)| mem.progress(q) < v);
+            rounds = rounds.wrapping_add(1);
+            if let Some((q, v)) = stuck {
+                if rounds.is_multiple_of(GONE_EVERY) && mem.gone(q) && mem.progress(q) < v {
+                    return Err(self.gone_peer(q, fp));
+                }
+            }
+            let m: &dyn MemPeers = mem;
+            pacer.idle_poll(self.rank, fp, || match stuck {
+                Some((q, v)) => format!(
+                    "rank {q} to publish progress {v}, which this rank's device work waits \
+                     for (its progress is {})",
+                    m.progress(q)
+                ),
+                None => "this rank's device work to complete".into(),
+            })?;
+            let now = total(mem, &self.pull.device_waits);
+            if now != seen {
+                pacer.moved();
+                seen = now;
+            }
+        }
+        // Its release comes before the values that let this device through.
+        if let Some(q) = failed(mem) {
+            return Err(self.released_peer(q, fp));
+        }
+        self.pull.device_waits.clear();
+        Ok(())
+    }
+
+    /// The error for `peer`, which failed in this call and let its device run on
+    /// ([`MemPeers::release`]): the notice it sends right after, once it is there (a
+    /// moment), else a failure that names it.
+    fn released_peer(&mut self, peer: usize, fp: &Fingerprint) -> Error {
+        let rank = self.rank;
+        let end = std::time::Instant::now() + RELEASE_NOTICE_WAIT;
+        if let Some(link) = self.links[super::ch_index(Channel::Collective)][peer].as_mut() {
+            loop {
+                if let Some(e) = crate::wire::find_notice(link) {
+                    return super::pacer::frame_error(rank, e, link, peer, fp);
+                }
+                if std::time::Instant::now() >= end {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        Error::PeerFailed {
+            rank,
+            peer,
+            origin: peer,
+            cause: Box::new(Error::Remote {
+                kind: "Unknown".into(),
+                message: format!(
+                    "rank {peer} failed during {fp} with device work left, and let it run \
+                     unordered (its notice did not come)"
+                ),
+            }),
+            op: fp.to_string(),
+        }
     }
 
     /// Waits until `peer`'s published progress reaches `at_least`.

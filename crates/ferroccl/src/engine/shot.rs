@@ -121,8 +121,7 @@ impl Engine {
         what: &str,
     ) -> Result<()> {
         for &q in peers {
-            self.wait_progress(mem, pacer, fp, q, at_least, || format!("rank {q} {what}"))?;
-            mem.order_after(q)?;
+            self.after(mem, pacer, fp, q, at_least, || format!("rank {q} {what}"))?;
             pacer.moved();
         }
         Ok(())
@@ -167,7 +166,7 @@ impl Engine {
             mem.combine(out, None, a, at(q), len, q == n - 1)?;
         }
         mem.publish(base + 2)?;
-        mem.end()?;
+        self.finish(mem, &mut pacer, fp)?;
         self.pull.base = base + 2;
         self.pull.consumers = peers;
         Ok(())
@@ -231,16 +230,15 @@ impl Engine {
             }
             for &q in &peers {
                 let c = chunk(q, b);
-                self.wait_progress(mem, &mut pacer, fp, q, at + 2, || {
+                self.after(mem, &mut pacer, fp, q, at + 2, || {
                     format!("rank {q} to reduce its chunk")
                 })?;
-                mem.order_after(q)?;
                 mem.copy(Region::Output(c.start), Region::Peer(q, c.start), c.len())?;
                 pacer.moved();
             }
         }
         mem.publish(base + 2 * k + 1)?;
-        mem.end()?;
+        self.finish(mem, &mut pacer, fp)?;
         self.pull.base = base + 2 * k + 1;
         self.pull.consumers = peers;
         Ok(())

@@ -10,16 +10,26 @@
 //! or reads a peer without ordering after it, reads stale bytes here and computes a
 //! wrong result — which the tests check bit for bit.
 //!
+//! With [`SimMemParams::device_order`] the peers model stream memory operations
+//! instead ([`MemPeers::device_order`]): a publish enqueues a write of the value's low
+//! 32 bits into each peer's *inbox* word for this rank, run by the stream once the work
+//! before it has; a wait is an operation of the stream that holds it until this rank's
+//! inbox word for the peer reaches the value (compared cyclically, as a GPU's `GEQ`
+//! wait does), or until [`MemPeers::release`] lets every wait pass. Nothing orders
+//! through records then: a rank reads a peer only once the peer's stream has written
+//! the value after the work it covers.
+//!
 //! [`group`] links `n` ranks: in-process pipes for fingerprints, status queries and
 //! point-to-point, plus these memory peers, which read host buffers (so the host
 //! collectives run on the pull executor).
 
-use super::{local, CallMem, Links, MemPeers, Region};
+use super::{local, reached, widen_progress, CallMem, Links, MemPeers, Region};
 use crate::error::{Error, Result};
 use crate::reduce::{kernels, ReduceOp};
 use crate::sync::{lock, wait, wait_timeout_while};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -34,6 +44,8 @@ pub struct SimMemParams {
     /// after the fingerprints were exchanged and before it publishes anything (to test
     /// waits on a peer that does not come).
     pub stall: Option<(usize, Duration)>,
+    /// Device order (the module docs): waits and published values run on the stream.
+    pub device_order: bool,
 }
 
 impl Default for SimMemParams {
@@ -42,12 +54,12 @@ impl Default for SimMemParams {
             max_delay: Duration::from_micros(200),
             seed: 1,
             stall: None,
+            device_order: false,
         }
     }
 }
 
 /// One rank's shared state.
-#[derive(Default)]
 struct Slot {
     /// The workspace, as u64 words (aligned for every element type).
     ws: Mutex<Vec<u64>>,
@@ -57,6 +69,23 @@ struct Slot {
     records: AtomicU64,
     /// Event records the stream has executed.
     completed: AtomicU64,
+    /// Device order: what each rank last published to this one (low 32 bits).
+    inbox: Vec<AtomicU32>,
+    /// Device order: every wait of this rank's stream passes ([`MemPeers::release`]).
+    released: AtomicBool,
+}
+
+impl Slot {
+    fn new(n: usize) -> Self {
+        Slot {
+            ws: Mutex::default(),
+            counter: AtomicU64::new(0),
+            records: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            inbox: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            released: AtomicBool::new(false),
+        }
+    }
 }
 
 struct Fabric {
@@ -95,6 +124,17 @@ enum Op {
         peer: usize,
         record: u64,
     },
+    /// Device order: `value` into the inbox word for this rank of each of `to`.
+    WriteValue {
+        to: Vec<usize>,
+        value: u32,
+    },
+    /// Device order: holds the stream until this rank's inbox word for `peer` reaches
+    /// `at_least` (or the waits are released).
+    WaitValue {
+        peer: usize,
+        at_least: u64,
+    },
     /// Signals that everything before it has run.
     Flush(Arc<(Mutex<bool>, Condvar)>),
     Stop,
@@ -105,6 +145,9 @@ struct Queue {
     ops: VecDeque<Op>,
     /// The first failure of an operation (reported at the next `end`).
     failed: Option<String>,
+    /// Operations enqueued, and run by the stream: equal once it has drained.
+    pushed: u64,
+    ran: u64,
 }
 
 /// One rank's memory peers over the simulated fabric.
@@ -116,6 +159,14 @@ pub(crate) struct SimMem {
     call: Option<CallMem>,
     /// A stall still to come at the next `begin`.
     stall: Option<Duration>,
+    /// Device order (module docs).
+    device: bool,
+    /// Device order: the peers of the call in progress (where a publish goes).
+    peers: Vec<usize>,
+    /// Device order: the last value published (anchors peers' 32-bit progress).
+    published: u64,
+    /// Device order: the waits were released; every later call is refused.
+    broken: bool,
 }
 
 impl SimMem {
@@ -134,13 +185,33 @@ impl SimMem {
 
     fn push(&self, op: Op) {
         let (q, cv) = &*self.queue;
-        lock(q).ops.push_back(op);
+        let mut g = lock(q);
+        g.ops.push_back(op);
+        g.pushed += 1;
+        drop(g);
         cv.notify_all();
     }
 }
 
+/// Workspace bytes `off..off + len` of `ws`, or why not (a stream that reads a peer's
+/// workspace before the peer has grown it: after a release, or an executor's bug).
+fn ws_range(
+    ws: &[u64],
+    r: usize,
+    off: usize,
+    len: usize,
+) -> std::result::Result<Range<usize>, String> {
+    let have = ws.len() * 8;
+    match off.checked_add(len) {
+        Some(end) if end <= have => Ok(off..end),
+        _ => Err(format!(
+            "memsim: bytes {off}..+{len} of rank {r}'s workspace, which holds {have}"
+        )),
+    }
+}
+
 /// Reads `len` bytes at `l` into aligned words.
-fn read(f: &Fabric, l: Loc, len: usize) -> Vec<u64> {
+fn read(f: &Fabric, l: Loc, len: usize) -> std::result::Result<Vec<u64>, String> {
     let mut v = vec![0u64; len.div_ceil(8)];
     let dst = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..len];
     match l {
@@ -152,13 +223,14 @@ fn read(f: &Fabric, l: Loc, len: usize) -> Vec<u64> {
         }
         Loc::Ws(r, off) => {
             let ws = lock(&f.slots[r].ws);
-            dst.copy_from_slice(&bytemuck::cast_slice::<u64, u8>(&ws)[off..off + len]);
+            let at = ws_range(&ws, r, off, len)?;
+            dst.copy_from_slice(&bytemuck::cast_slice::<u64, u8>(&ws)[at]);
         }
     }
-    v
+    Ok(v)
 }
 
-fn write(f: &Fabric, l: Loc, src: &[u8]) {
+fn write(f: &Fabric, l: Loc, src: &[u8]) -> std::result::Result<(), String> {
     match l {
         Loc::User(addr) => {
             // SAFETY: as in `read`; the call's buffers are writable for its length.
@@ -167,16 +239,18 @@ fn write(f: &Fabric, l: Loc, src: &[u8]) {
         }
         Loc::Ws(r, off) => {
             let mut ws = lock(&f.slots[r].ws);
-            bytemuck::cast_slice_mut::<u64, u8>(&mut ws)[off..off + src.len()].copy_from_slice(src);
+            let at = ws_range(&ws, r, off, src.len())?;
+            bytemuck::cast_slice_mut::<u64, u8>(&mut ws)[at].copy_from_slice(src);
         }
     }
+    Ok(())
 }
 
-fn run_op(f: &Fabric, op: Op) -> std::result::Result<(), String> {
+fn run_op(f: &Fabric, rank: usize, op: Op) -> std::result::Result<(), String> {
     match op {
         Op::Copy { dst, src, len } => {
-            let v = read(f, src, len);
-            write(f, dst, &bytemuck::cast_slice::<u64, u8>(&v)[..len]);
+            let v = read(f, src, len)?;
+            write(f, dst, &bytemuck::cast_slice::<u64, u8>(&v)[..len])?;
         }
         Op::Combine {
             dst,
@@ -188,7 +262,7 @@ fn run_op(f: &Fabric, op: Op) -> std::result::Result<(), String> {
             call,
         } => {
             let op = call.op.ok_or("memsim: combine without an operator")?;
-            let (mut x, y) = (read(f, a, len), read(f, b, len));
+            let (mut x, y) = (read(f, a, len)?, read(f, b, len)?);
             let xb = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut x)[..len];
             kernels::reduce_bytes(
                 call.dtype,
@@ -199,9 +273,9 @@ fn run_op(f: &Fabric, op: Op) -> std::result::Result<(), String> {
             if finish && op == ReduceOp::Avg {
                 kernels::scale_bytes(call.dtype, xb, call.world_size);
             }
-            write(f, dst, xb);
+            write(f, dst, xb)?;
             if let Some(o) = also {
-                write(f, o, xb);
+                write(f, o, xb)?;
             }
         }
         Op::Wait { peer, record } => {
@@ -213,7 +287,27 @@ fn run_op(f: &Fabric, op: Op) -> std::result::Result<(), String> {
                 |_| f.slots[peer].completed.load(Ordering::Acquire) < record,
             ));
         }
-        // Run by the stream loop itself, which knows its rank.
+        Op::WriteValue { to, value } => {
+            for q in to {
+                f.slots[q].inbox[rank].store(value, Ordering::Release);
+            }
+            *lock(&f.bell) += 1;
+            f.cv.notify_all();
+        }
+        Op::WaitValue { peer, at_least } => {
+            let me = &f.slots[rank];
+            let g = lock(&f.bell);
+            drop(wait_timeout_while(
+                &f.cv,
+                g,
+                Duration::from_secs(3600),
+                |_| {
+                    !me.released.load(Ordering::Acquire)
+                        && !reached(me.inbox[peer].load(Ordering::Acquire), at_least)
+                },
+            ));
+        }
+        // Run by the stream loop itself.
         Op::Record(_) | Op::Flush(_) | Op::Stop => {}
     }
     Ok(())
@@ -257,11 +351,12 @@ fn stream(rank: usize, f: Arc<Fabric>, q: Arc<(Mutex<Queue>, Condvar)>, p: SimMe
                 f.cv.notify_all();
             }
             op => {
-                if let Err(e) = run_op(&f, op) {
+                if let Err(e) = run_op(&f, rank, op) {
                     lock(&q.0).failed.get_or_insert(e);
                 }
             }
         }
+        lock(&q.0).ran += 1;
     }
 }
 
@@ -270,7 +365,14 @@ impl MemPeers for SimMem {
         true
     }
 
-    fn begin(&mut self, mem: &CallMem, bytes: usize, _peers: &[usize]) -> Result<()> {
+    fn begin(&mut self, mem: &CallMem, bytes: usize, peers: &[usize]) -> Result<()> {
+        if self.broken {
+            return Err(Error::InvalidArgument(
+                "memsim: an earlier call failed with device waits released; these memory \
+                 peers take no more calls"
+                    .into(),
+            ));
+        }
         if mem.space != 0 {
             return Err(Error::InvalidArgument(format!(
                 "memsim: memory space {} is not host memory",
@@ -289,6 +391,7 @@ impl MemPeers for SimMem {
             lock(&self.fabric.slots[self.rank].ws).resize(words, 0);
         }
         self.call = Some(mem.clone());
+        self.peers = peers.to_vec();
         Ok(())
     }
 
@@ -329,6 +432,14 @@ impl MemPeers for SimMem {
     }
 
     fn publish(&mut self, value: u64) -> Result<()> {
+        if self.device {
+            self.published = value;
+            self.push(Op::WriteValue {
+                to: self.peers.clone(),
+                value: value as u32,
+            });
+            return Ok(());
+        }
         let slot = &self.fabric.slots[self.rank];
         let id = slot.records.fetch_add(1, Ordering::AcqRel) + 1;
         self.push(Op::Record(id));
@@ -337,10 +448,18 @@ impl MemPeers for SimMem {
     }
 
     fn progress(&self, peer: usize) -> u64 {
+        if self.device {
+            let low = self.fabric.slots[self.rank].inbox[peer].load(Ordering::Acquire);
+            return widen_progress(self.published, low);
+        }
         self.fabric.slots[peer].counter.load(Ordering::Acquire)
     }
 
     fn order_after(&mut self, peer: usize) -> Result<()> {
+        if self.device {
+            // A value a peer's stream wrote covers its work already.
+            return Ok(());
+        }
         // Read after the counter the caller has seen: at least the record published
         // with it.
         let record = self.fabric.slots[peer].records.load(Ordering::Acquire);
@@ -352,6 +471,33 @@ impl MemPeers for SimMem {
         self.drain()?;
         self.call = None;
         Ok(())
+    }
+
+    fn device_order(&self) -> bool {
+        self.device
+    }
+
+    fn wait_for(&mut self, peer: usize, at_least: u64) -> Result<()> {
+        self.push(Op::WaitValue { peer, at_least });
+        Ok(())
+    }
+
+    fn done(&mut self) -> Result<bool> {
+        let g = lock(&self.queue.0);
+        Ok(g.ran == g.pushed)
+    }
+
+    fn failed(&self, peer: usize) -> bool {
+        self.fabric.slots[peer].released.load(Ordering::Acquire)
+    }
+
+    fn release(&mut self) {
+        self.broken = true;
+        self.fabric.slots[self.rank]
+            .released
+            .store(true, Ordering::Release);
+        *lock(&self.fabric.bell) += 1;
+        self.fabric.cv.notify_all();
     }
 }
 
@@ -384,7 +530,7 @@ impl Drop for SimMem {
 /// memory paced by `p`.
 pub fn group(n: usize, p: SimMemParams) -> Result<Vec<Links>> {
     let fabric = Arc::new(Fabric {
-        slots: (0..n).map(|_| Slot::default()).collect(),
+        slots: (0..n).map(|_| Slot::new(n)).collect(),
         bell: Mutex::new(0),
         cv: Condvar::new(),
     });
@@ -405,6 +551,10 @@ pub fn group(n: usize, p: SimMemParams) -> Result<Vec<Links>> {
                 stream: Some(stream),
                 call: None,
                 stall: p.stall.filter(|&(rank, _)| rank == r).map(|(_, d)| d),
+                device: p.device_order,
+                peers: Vec::new(),
+                published: 0,
+                broken: false,
             })))
         })
         .collect()

@@ -600,6 +600,61 @@ pub trait MemPeers: Send {
     fn slots(&mut self) -> Option<&mut dyn Slots> {
         None
     }
+
+    /// Whether ordering across ranks runs on the device (*device order*, stream memory
+    /// operations): [`MemPeers::publish`] then enqueues, after the work before it, a
+    /// write of the value into the memory of each peer of the call ([`MemPeers::begin`]'s
+    /// `peers`), which [`MemPeers::progress`] reads there; and the executor, instead of
+    /// waiting on the host and ordering by events, enqueues [`MemPeers::wait_for`], so a
+    /// call is enqueued whole with no host round trip per step, then polls
+    /// [`MemPeers::done`] under its deadline. `false` (the default): host waits.
+    fn device_order(&self) -> bool {
+        false
+    }
+
+    /// Device order: enqueues a wait until `peer`'s published progress reaches
+    /// `at_least`; this rank's later work runs after the work `peer` had enqueued
+    /// before publishing it.
+    fn wait_for(&mut self, peer: usize, at_least: u64) -> crate::error::Result<()> {
+        Err(crate::error::Error::InvalidArgument(format!(
+            "internal: memory peers without device order asked to wait for rank {peer} \
+             ({at_least}) on the device"
+        )))
+    }
+
+    /// Device order: whether everything enqueued so far has completed (never blocks).
+    fn done(&mut self) -> crate::error::Result<bool> {
+        Ok(true)
+    }
+
+    /// Device order, after a call failed with waits enqueued that may never be met
+    /// (a peer gone, a timeout, an abort): lets every one of them pass, so that the
+    /// stream drains instead of hanging whatever later synchronises with it. What the
+    /// rest of the call computes is garbage (the call fails), the counters no longer
+    /// mean anything, and these peers refuse every later call. It marks this rank
+    /// [`failed`](MemPeers::failed) first: the values its stream still publishes cover
+    /// unordered work, and a peer whose device they let through must fail too.
+    fn release(&mut self) {}
+
+    /// Device order: whether `peer` has released its waits ([`MemPeers::release`]).
+    fn failed(&self, _peer: usize) -> bool {
+        false
+    }
+}
+
+/// Where a peer's published progress is, from the low 32 bits of it (what a device
+/// writes and waits on: 32-bit stream memory operations, compared cyclically as the
+/// device does) and `anchor`, a full value within 2^31 of it (this rank's own last
+/// published value: no peer is ever more than a call ahead or behind).
+pub fn widen_progress(anchor: u64, low: u32) -> u64 {
+    let delta = low.wrapping_sub(anchor as u32) as i32;
+    anchor.wrapping_add_signed(i64::from(delta))
+}
+
+/// Whether progress `low` (32 bits, as [`widen_progress`]) has reached `at_least`, as a
+/// device's `GEQ` wait compares: `(int32_t)(low - at_least) >= 0`.
+pub fn reached(low: u32, at_least: u64) -> bool {
+    low.wrapping_sub(at_least as u32) as i32 >= 0
 }
 
 /// Small-message slots beside memory peers' workspaces (symmetric shared memory's,
@@ -650,4 +705,38 @@ pub trait Slots {
         op: ReduceOp,
         out: &mut [u8],
     ) -> crate::error::Result<()>;
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::{reached, widen_progress};
+
+    /// A peer's 32-bit progress read back as the full value it stands for, ahead of
+    /// the anchor or behind it, across the wrap of the low 32 bits too.
+    #[test]
+    fn progress_widens_across_the_32_bit_wrap() {
+        let wrap = 1u64 << 32;
+        for anchor in [0u64, 5, 1 << 20, wrap - 3, wrap, wrap + 7, 7 * wrap - 1] {
+            for d in [-1000i64, -3, -1, 0, 1, 2, 9, 1000] {
+                let Some(v) = anchor.checked_add_signed(d) else {
+                    continue;
+                };
+                assert_eq!(widen_progress(anchor, v as u32), v, "{anchor} {d}");
+            }
+        }
+    }
+
+    /// The device's cyclic `GEQ`: reached at and past the value, not before it, across
+    /// the wrap.
+    #[test]
+    fn reached_compares_as_the_device_does() {
+        let wrap = 1u64 << 32;
+        for at in [1u64, 100, wrap - 2, wrap, wrap + 1, 3 * wrap + 5] {
+            assert!(reached(at as u32, at));
+            assert!(reached((at + 1) as u32, at));
+            assert!(reached((at + 1000) as u32, at));
+            assert!(!reached(at.wrapping_sub(1) as u32, at));
+            assert!(!reached(at.wrapping_sub(1000) as u32, at), "{at}");
+        }
+    }
 }

@@ -14,13 +14,19 @@ use ferroccl::testing::SimMemParams;
 use ferroccl::{DataType, ReduceOp};
 use std::time::Duration;
 
-fn nets() -> [Net; 2] {
+fn nets() -> [Net; 3] {
+    let sim = SimMemParams {
+        max_delay: Duration::from_micros(20),
+        seed: 5,
+        stall: None,
+        device_order: false,
+    };
     [
         Net::Local,
+        Net::MemSim(sim),
         Net::MemSim(SimMemParams {
-            max_delay: Duration::from_micros(20),
-            seed: 5,
-            stall: None,
+            device_order: true,
+            ..sim
         }),
     ]
 }

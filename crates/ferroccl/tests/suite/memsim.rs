@@ -1,7 +1,8 @@
 //! The pull executor — what CUDA IPC runs on a GPU — over simulated memory peers: host
 //! memory shared by threads, each rank's copies and combines run late and in random
 //! order of time on a simulated stream, ordered across ranks only by published counters
-//! and event waits ([`ferroccl::testing::SimMemParams`]). Every collective computes its
+//! and event waits ([`ferroccl::testing::SimMemParams`]), or, in device order, by
+//! waits and counter writes that run on the streams themselves. Every collective computes its
 //! definition and bitwise the same bytes as the push path; a mismatched call is
 //! reported; a wait on a peer that does not come is interrupted by the abort handle and
 //! by the timeout.
@@ -28,11 +29,13 @@ fn any_op() -> impl Strategy<Value = ReduceOp> {
     prop::sample::select(ReduceOp::ALL.to_vec())
 }
 
+/// Random stream delays, host or device order.
 fn any_sim() -> impl Strategy<Value = SimMemParams> {
-    (0u64..150, any::<u64>()).prop_map(|(us, seed)| SimMemParams {
+    (0u64..150, any::<u64>(), any::<bool>()).prop_map(|(us, seed, device_order)| SimMemParams {
         max_delay: Duration::from_micros(us),
         seed,
         stall: None,
+        device_order,
     })
 }
 
@@ -106,12 +109,23 @@ fn pulled_ring_equals_pushed_ring_bitwise() {
             Ok((v, h))
         };
         let pushed = run(n, Net::Local, &cfg, Duration::from_secs(60), body).unwrap();
-        let sim = SimMemParams {
-            max_delay: Duration::from_micros(50),
-            seed: n as u64,
-            stall: None,
-        };
-        let pulled = run(n, Net::MemSim(sim), &cfg, Duration::from_secs(60), body).unwrap();
+        for device_order in [false, true] {
+            let sim = SimMemParams {
+                max_delay: Duration::from_micros(50),
+                seed: n as u64,
+                stall: None,
+                device_order,
+            };
+            let pulled = run(n, Net::MemSim(sim), &cfg, Duration::from_secs(60), body).unwrap();
+            same_bits(n, &pulled, &pushed, device_order);
+        }
+    }
+}
+
+type Sums = (Vec<f32>, Vec<half::bf16>);
+
+fn same_bits(n: usize, pulled: &[Sums], pushed: &[Sums], device_order: bool) {
+    {
         for r in 0..n {
             assert!(
                 pulled[r]
@@ -119,7 +133,7 @@ fn pulled_ring_equals_pushed_ring_bitwise() {
                     .iter()
                     .zip(&pushed[r].0)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "n={n} rank {r}: f32 avg differs"
+                "n={n} rank {r} (device order {device_order}): f32 avg differs"
             );
             assert!(
                 pulled[r]
@@ -127,7 +141,7 @@ fn pulled_ring_equals_pushed_ring_bitwise() {
                     .iter()
                     .zip(&pushed[r].1)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "n={n} rank {r}: bf16 sum differs"
+                "n={n} rank {r} (device order {device_order}): bf16 sum differs"
             );
         }
     }
@@ -137,12 +151,18 @@ fn pulled_ring_equals_pushed_ring_bitwise() {
 /// different lengths, and a workspace that grows mid-job is re-read correctly.
 #[test]
 fn mixed_calls_reuse_and_grow_the_workspace() {
+    for device_order in [false, true] {
+        mixed_calls(SimMemParams {
+            max_delay: Duration::from_micros(30),
+            seed: 3,
+            stall: None,
+            device_order,
+        });
+    }
+}
+
+fn mixed_calls(sim: SimMemParams) {
     let n = 4;
-    let sim = SimMemParams {
-        max_delay: Duration::from_micros(30),
-        seed: 3,
-        stall: None,
-    };
     let out = run(
         n,
         Net::MemSim(sim),
@@ -232,10 +252,16 @@ fn a_mismatched_call_is_reported_over_memory_peers() {
 /// never moves).
 #[test]
 fn abort_interrupts_a_wait_on_a_peer_s_memory() {
-    let sim = SimMemParams {
-        stall: Some((1, Duration::from_secs(2))),
-        ..SimMemParams::default()
-    };
+    for device_order in [false, true] {
+        abort_interrupts(SimMemParams {
+            stall: Some((1, Duration::from_secs(2))),
+            device_order,
+            ..SimMemParams::default()
+        });
+    }
+}
+
+fn abort_interrupts(sim: SimMemParams) {
     let mut cfg = test_config();
     cfg.tuning.clock = Clock::manual();
     let done = Arc::new(AtomicBool::new(false));
@@ -273,7 +299,51 @@ fn abort_interrupts_a_wait_on_a_peer_s_memory() {
         },
     );
     let e = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
-    assert!(matches!(e, Error::Aborted { .. }), "{e}");
+    assert!(matches!(e, Error::Aborted { .. }), "{sim:?}: {e}");
+}
+
+/// Device order: a rank that fails lets its device run on unordered (so nothing hangs
+/// on it), and what that device then publishes must not pass for data. Rank 2 stalls,
+/// rank 0 is aborted while its device waits: no rank returns Ok, on the ring's plan
+/// and in two-shot, and rank 0's error is the abort.
+#[test]
+fn a_failed_rank_s_released_device_never_passes_garbage_for_data() {
+    for algo in [AllReduceAlgo::Ring, AllReduceAlgo::TwoShot] {
+        let sim = SimMemParams {
+            stall: Some((2, Duration::from_secs(1))),
+            device_order: true,
+            ..SimMemParams::default()
+        };
+        let mut cfg = test_config();
+        cfg.tuning.clock = Clock::manual();
+        cfg.tuning.all_reduce_algo = algo;
+        let out = run_all(
+            3,
+            Net::MemSim(sim),
+            &cfg,
+            Duration::from_secs(30),
+            move |c| {
+                let killer = (c.rank() == 0).then(|| {
+                    let h = c.abort_handle();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(100));
+                        h.abort();
+                    })
+                });
+                let r = c.all_reduce(&mut vec![1.0f32; 5000], ReduceOp::Sum);
+                if let Some(k) = killer {
+                    k.join().unwrap();
+                }
+                Ok(r.err())
+            },
+        );
+        for (rank, r) in out.iter().enumerate() {
+            let e = r.as_ref().unwrap().as_ref().unwrap().as_ref();
+            assert!(e.is_some(), "{algo:?}: rank {rank} returned Ok");
+        }
+        let e = out[0].as_ref().unwrap().as_ref().unwrap().as_ref().unwrap();
+        assert!(matches!(e, Error::Aborted { .. }), "{algo:?}: {e}");
+    }
 }
 
 /// The same wait ends with a timeout that says which rank it waited for and how far
@@ -281,16 +351,33 @@ fn abort_interrupts_a_wait_on_a_peer_s_memory() {
 /// and in one-shot.
 #[test]
 fn a_wait_on_a_silent_peer_s_memory_times_out_naming_it() {
-    for (algo, waiting) in [
+    for (algo, device_order, waiting) in [
         (
             AllReduceAlgo::Ring,
+            false,
             "rank 1 to finish the data this rank reads",
         ),
+        // In device order the host waits for its device, which waits on rank 1.
+        (
+            AllReduceAlgo::Ring,
+            true,
+            "rank 1 to publish progress 1, which this rank's device work waits for",
+        ),
         // One-shot: the stalled rank has yet to send its fingerprint.
-        (AllReduceAlgo::OneShot, "rank 1 to start the same call"),
+        (
+            AllReduceAlgo::OneShot,
+            false,
+            "rank 1 to start the same call",
+        ),
+        (
+            AllReduceAlgo::OneShot,
+            true,
+            "rank 1 to start the same call",
+        ),
     ] {
         let sim = SimMemParams {
             stall: Some((1, Duration::from_secs(1))),
+            device_order,
             ..SimMemParams::default()
         };
         let mut cfg = test_config();
