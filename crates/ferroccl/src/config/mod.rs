@@ -33,7 +33,8 @@ mod transport;
 
 pub use cost::{CostModel, CostModelSpec};
 pub use transport::{
-    RdmaOptions, ShmOptions, TcpCongestion, TcpOptions, TransportKind, TransportOptions,
+    CudaIpcOptions, RdmaOptions, ShmOptions, TcpCongestion, TcpOptions, TransportKind,
+    TransportOptions,
 };
 
 /// Default for [`Tuning::timeout`].
@@ -348,7 +349,8 @@ impl Config {
     /// `FERROCCL_RDMA_GID_INDEX` [`RdmaOptions::gid_index`], `FERROCCL_TRACE_CAPACITY`
     /// [`Tuning::trace_capacity`], `FERROCCL_BUSY_POLL_US` [`Tuning::busy_poll`] (in
     /// microseconds), `FERROCCL_TRANSPORT` [`TransportOptions::kind`],
-    /// `FERROCCL_TCP_CONGESTION` [`TcpOptions::congestion`].
+    /// `FERROCCL_TCP_CONGESTION` [`TcpOptions::congestion`], `FERROCCL_CUDA_ORDER`
+    /// (`host` or `device`) [`CudaIpcOptions::device_order`].
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -409,6 +411,17 @@ impl Config {
         if let Some(v) = &env.shm_symmetric {
             c.transport.shm.symmetric =
                 on_off(v).map_err(|e| Error::Env(format!("FERROCCL_SHM_SYMMETRIC: {e}")))?;
+        }
+        if let Some(v) = &env.cuda_order {
+            c.transport.cuda_ipc.device_order = match v.as_str() {
+                "device" => true,
+                "host" => false,
+                _ => {
+                    return Err(Error::Env(format!(
+                        "FERROCCL_CUDA_ORDER: {v:?}: expected host or device"
+                    )))
+                }
+            };
         }
         if let Some(t) = &env.tcp_congestion {
             c.transport.tcp.congestion = TcpCongestion::parse(t)

@@ -4,11 +4,12 @@
 use super::*;
 
 /// Every variable the launcher environment is read from.
-const ENV_VARS: [&str; 40] = [
+const ENV_VARS: [&str; 41] = [
     "FERROCCL_ALGO",
     "FERROCCL_BIND",
     "FERROCCL_BUSY_POLL_US",
     "FERROCCL_COST_MODEL",
+    "FERROCCL_CUDA_ORDER",
     "FERROCCL_JOB_ID",
     "FERROCCL_RDMA_GID_INDEX",
     "FERROCCL_SHM_SINGLE_COPY",
@@ -97,6 +98,39 @@ fn busy_poll_comes_from_the_environment_in_microseconds() {
     let e = Config::from_lookup(env("1ms")).unwrap_err().to_string();
     assert!(
         e.contains("FERROCCL_BUSY_POLL_US") && e.contains("microseconds"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cuda_order_comes_from_the_environment() {
+    let env = |v: &'static str| {
+        move |k: &str| match k {
+            "RANK" => Some("0".to_string()),
+            "WORLD_SIZE" => Some("1".to_string()),
+            "FERROCCL_CUDA_ORDER" => Some(v.to_string()),
+            _ => None,
+        }
+    };
+    let default = Config::from_lookup(|k| env("host")(k).filter(|_| k != "FERROCCL_CUDA_ORDER"));
+    assert!(!default.unwrap().transport.cuda_ipc.device_order);
+    assert!(
+        Config::from_lookup(env(" device "))
+            .unwrap()
+            .transport
+            .cuda_ipc
+            .device_order
+    );
+    assert!(
+        !Config::from_lookup(env("host"))
+            .unwrap()
+            .transport
+            .cuda_ipc
+            .device_order
+    );
+    let e = Config::from_lookup(env("gpu")).unwrap_err().to_string();
+    assert!(
+        e.contains("FERROCCL_CUDA_ORDER") && e.contains("host or device"),
         "{e}"
     );
 }

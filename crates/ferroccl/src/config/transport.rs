@@ -15,6 +15,22 @@ pub struct TransportOptions {
     pub rdma: RdmaOptions,
     /// Shared-memory links (`shm`, and `auto` between ranks of one host).
     pub shm: ShmOptions,
+    /// CUDA IPC's memory peers.
+    pub cuda_ipc: CudaIpcOptions,
+}
+
+/// Options of the `cuda-ipc` transport's memory peers.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct CudaIpcOptions {
+    /// Order the ranks' steps on the device (`FERROCCL_CUDA_ORDER=device`): a step
+    /// waits for a peer with a stream wait on a counter the peer's stream writes
+    /// (`cuStreamWaitValue32`/`cuStreamWriteValue32` on registered host memory), so a
+    /// collective is enqueued whole, with no host round trip per step. Default off
+    /// (`host`: the host waits for each peer's counter, then orders by its event):
+    /// device order has run only on the simulated stream so far, not yet on a GPU.
+    /// Every rank must agree; one that differs fails the first device call.
+    pub device_order: bool,
 }
 
 /// Options of shared-memory links.

@@ -62,6 +62,9 @@ pub struct LaunchEnv {
     /// memory when the whole job is on one host (`on`/`off`), checked by
     /// `Config::from_env`.
     pub shm_symmetric: Option<String>,
+    /// `FERROCCL_CUDA_ORDER`: where CUDA IPC orders the ranks' steps (`host` or
+    /// `device`), checked by `Config::from_env`.
+    pub cuda_order: Option<String>,
     /// `FERROCCL_BIND`: whether each rank binds to its share of the host's CPUs
     /// (`on`/`off`), checked by `Config::from_env`.
     pub bind: Option<String>,
@@ -307,6 +310,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             tcp_congestion: var("FERROCCL_TCP_CONGESTION").map(|v| v.trim().to_string()),
             shm_single_copy: var("FERROCCL_SHM_SINGLE_COPY").map(|v| v.trim().to_string()),
             shm_symmetric: var("FERROCCL_SHM_SYMMETRIC").map(|v| v.trim().to_string()),
+            cuda_order: var("FERROCCL_CUDA_ORDER").map(|v| v.trim().to_string()),
             bind: var("FERROCCL_BIND").map(|v| v.trim().to_string()),
         }));
     }
@@ -378,6 +382,7 @@ mod tests {
             ("FERROCCL_TCP_CONGESTION", "cubic\n"),
             ("FERROCCL_SHM_SINGLE_COPY", " off"),
             ("FERROCCL_SHM_SYMMETRIC", "off "),
+            ("FERROCCL_CUDA_ORDER", " device\n"),
             ("FERROCCL_BIND", " on"),
         ])
         .unwrap()
@@ -386,6 +391,7 @@ mod tests {
         assert_eq!(e.tcp_congestion.as_deref(), Some("cubic"));
         assert_eq!(e.shm_single_copy.as_deref(), Some("off"));
         assert_eq!(e.shm_symmetric.as_deref(), Some("off"));
+        assert_eq!(e.cuda_order.as_deref(), Some("device"));
         assert_eq!(e.bind.as_deref(), Some("on"));
     }
 
@@ -416,6 +422,7 @@ mod tests {
             tcp_congestion: None,
             shm_single_copy: None,
             shm_symmetric: None,
+            cuda_order: None,
             bind: None,
         }
     }

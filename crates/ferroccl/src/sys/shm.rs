@@ -142,6 +142,13 @@ impl ShmSegment {
         unsafe { &*self.ptr.cast::<AtomicU64>().add(i) }
     }
 
+    /// The mapping's first byte (page-aligned), for registering it with a device
+    /// driver; valid for the lifetime of `self`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.cast()
+    }
+
     /// Gives up removing the name on drop (a creator's segment whose name someone
     /// else removes, [`unlink_name`]).
     pub fn disown(&mut self) {

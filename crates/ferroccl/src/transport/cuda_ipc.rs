@@ -30,6 +30,24 @@
 //! record; waiting for later work is conservative and cannot deadlock, because every
 //! stream wait names a record enqueued before it.
 //!
+//! # Device order (`FERROCCL_CUDA_ORDER=device`, off by default)
+//! The same protocol with the waits on the device ([`MemPeers::device_order`]): each
+//! rank's counter segment (one page) also holds an *inbox* word per rank and a
+//! *failed* word, and is registered with the driver (`cuMemHostRegister`, mapped into
+//! the device's address space) in every rank's process. A publish enqueues, after the
+//! work before it, `cuStreamWriteValue32` of the value's low 32 bits into the inbox
+//! word for this rank in each peer's segment (the default flags fence the work's
+//! writes before it); a wait is `cuStreamWaitValue32(GEQ)` on this rank's own inbox
+//! word for the peer. So a call is enqueued whole, with no host round trip per step,
+//! and the host only polls `cuStreamQuery` under the timeout. A failed call sets its
+//! failed word and then stores a value past every pending wait into its own inbox
+//! words, so its stream drains rather than holds up whatever synchronises with the
+//! device later; every rank reads every rank's failed word before it returns
+//! (`engine/pull.rs` says why). Every rank must run the same order: the mode travels
+//! with the handles, and a rank that differs fails the first device call. Not yet
+//! run on a GPU (the simulated stream runs the protocol in the tests); `tools/gpu-check
+//! all` measures it beside host order.
+//!
 //! # Bandwidth limit with n ranks on one GPU
 //! Every byte moved is HBM traffic of the same GPU. Per rank and per all-reduce of `S`
 //! bytes: copy-in reads and writes `S` (`2S`); each of the `n-1` reduce-scatter steps
@@ -48,9 +66,12 @@
 //! the measured busbw. A fused copy-to-two-places kernel for the all-gather steps would
 //! lower `T` to `S·(8n - 5)`.
 
-use super::{tcp, CallMem, Joined, Links, MemPeers, Region, Transport};
+use super::{tcp, widen_progress, CallMem, Joined, Links, MemPeers, Region, Transport};
 use crate::config::Config;
-use crate::cuda::ipc::{IpcEvent, IpcMapping, IpcMemHandle};
+use crate::cuda::ipc::{
+    host_register_supported, stream_done, wait_value32, write_value32, HostRegistration, IpcEvent,
+    IpcMapping, IpcMemHandle,
+};
 use crate::cuda::mem::{dtod, DeviceAlloc};
 use crate::cuda::{Device, DeviceReducer};
 use crate::error::{Error, Result};
@@ -87,11 +108,20 @@ impl Transport for CudaIpc {
         // Handles are traded through the store later (at the first device call), on a
         // connection of its own.
         let store = job.store_connection()?;
+        let device_order = job.config.transport.cuda_ipc.device_order;
+        if device_order && job.world_size() > MAX_INBOXES {
+            return Err(Error::InvalidArgument(format!(
+                "FERROCCL_CUDA_ORDER=device takes at most {MAX_INBOXES} ranks, not {}",
+                job.world_size()
+            )));
+        }
         let peers = IpcPeers {
             store,
             comm_id: job.comm_id,
             rank: job.rank(),
+            world_size: job.world_size(),
             timeout: job.config.tuning.timeout,
+            device_order,
             dev: None,
             call: None,
         };
@@ -99,8 +129,23 @@ impl Transport for CudaIpc {
     }
 }
 
-/// Bytes of a progress-counter segment.
-const COUNTER_BYTES: usize = 64;
+/// Bytes of a progress-counter segment: one page (what the driver registers).
+const COUNTER_BYTES: usize = 4096;
+
+/// Words of a counter segment: host order's progress; device order's failed mark
+/// ([`MemPeers::release`]) and, from [`INBOX_WORD`], one inbox word per rank (what
+/// that rank last published to this one, in the low 32 bits).
+const PROGRESS_WORD: usize = 0;
+const FAILED_WORD: usize = 1;
+const INBOX_WORD: usize = 8;
+
+/// The most ranks device order takes (inbox words in a segment).
+const MAX_INBOXES: usize = COUNTER_BYTES / 8 - INBOX_WORD;
+
+/// Byte offset of the inbox word for rank `q` in a counter segment.
+fn inbox_offset(q: usize) -> u64 {
+    ((INBOX_WORD + q) * 8) as u64
+}
 
 fn counter_name(comm_id: u64, rank: usize) -> String {
     format!("/ferroccl-{comm_id:016x}-{rank}")
@@ -118,8 +163,24 @@ struct Peer {
     ws: Option<(u64, IpcMapping)>,
 }
 
+/// Device order's registrations and state (module docs). Dropped before the segments
+/// it registers (a field of [`DeviceSide`] declared ahead of them).
+struct Order {
+    /// This rank's own counter segment, as the device sees it.
+    own: HostRegistration,
+    /// Each peer's counter segment, as the device sees it (where this rank's stream
+    /// writes what it publishes to that peer).
+    peers: HashMap<usize, HostRegistration>,
+    /// The peers of the call in progress: where a publish goes.
+    call_peers: Vec<usize>,
+    /// The waits were released after a failure: no more calls.
+    broken: bool,
+}
+
 /// This rank's device side, built at the first device call on the buffer's device.
 struct DeviceSide {
+    /// Device order, where it is on.
+    order: Option<Order>,
     red: DeviceReducer,
     ws: DeviceAlloc,
     epoch: u64,
@@ -135,7 +196,10 @@ pub(crate) struct IpcPeers {
     store: StoreClient,
     comm_id: u64,
     rank: usize,
+    world_size: usize,
     timeout: Duration,
+    /// `FERROCCL_CUDA_ORDER=device` (module docs).
+    device_order: bool,
     dev: Option<DeviceSide>,
     call: Option<CallMem>,
 }
@@ -185,11 +249,34 @@ impl IpcPeers {
         let red = DeviceReducer::new(Device::shared(ordinal)?)?;
         red.device().bind()?;
         let ctx = red.device().context().clone();
+        let counter = ShmSegment::create(&counter_name(self.comm_id, self.rank), COUNTER_BYTES)?;
+        let order = if self.device_order {
+            if !host_register_supported(ordinal)? {
+                return Err(Error::Cuda {
+                    call: "cuDeviceGetAttribute(HOST_REGISTER_SUPPORTED)".into(),
+                    detail: format!(
+                        "GPU {ordinal} cannot map host memory, which FERROCCL_CUDA_ORDER=device \
+                         needs (unset it for host order)"
+                    ),
+                });
+            }
+            Some(Order {
+                // SAFETY: the segment's mapping is COUNTER_BYTES long and outlives the
+                // registration (`order` drops first, module docs of `Order`).
+                own: unsafe { HostRegistration::new(&ctx, counter.as_mut_ptr(), COUNTER_BYTES)? },
+                peers: HashMap::new(),
+                call_peers: Vec::new(),
+                broken: false,
+            })
+        } else {
+            None
+        };
         self.dev = Some(DeviceSide {
+            order,
             ws: DeviceAlloc::new(&ctx, 0)?,
             epoch: 0,
             event: IpcEvent::new(&ctx)?,
-            counter: ShmSegment::create(&counter_name(self.comm_id, self.rank), COUNTER_BYTES)?,
+            counter,
             peers: HashMap::new(),
             published: 0,
             red,
@@ -206,11 +293,27 @@ impl MemPeers for IpcPeers {
     fn begin(&mut self, mem: &CallMem, bytes: usize, peers: &[usize]) -> Result<()> {
         self.ensure_device(mem.space)?;
         let (comm_id, rank, timeout) = (self.comm_id, self.rank, self.timeout);
+        let mode = u8::from(self.device_order);
+        // Device order maps every rank: a publish writes into the call's peers, and
+        // every rank's failed word is read before a call returns.
+        let all: Vec<usize> = (0..self.world_size).filter(|&q| q != rank).collect();
         let store = &mut self.store;
         let Some(side) = self.dev.as_mut() else {
             return Err(Error::InvalidArgument(
                 "cuda-ipc: device side missing".into(),
             ));
+        };
+        if side.order.as_ref().is_some_and(|o| o.broken) {
+            return Err(Error::InvalidArgument(
+                "cuda-ipc: an earlier call failed with device waits released; these memory \
+                 peers take no more calls"
+                    .into(),
+            ));
+        }
+        let mapped = if side.order.is_some() {
+            &all[..]
+        } else {
+            peers
         };
         let dev = side.red.device().clone();
         dev.bind()?;
@@ -225,9 +328,10 @@ impl MemPeers for IpcPeers {
             side.epoch += 1;
             let mut value = IpcMemHandle::of(side.ws.ptr())?.0.to_vec();
             value.extend_from_slice(&side.event.handle()?);
+            value.push(mode);
             store.set(&key(comm_id, side.epoch, rank), &value)?;
         }
-        for &q in peers {
+        for &q in mapped {
             let stale = side
                 .peers
                 .get(&q)
@@ -235,7 +339,7 @@ impl MemPeers for IpcPeers {
             if !stale {
                 continue;
             }
-            let (mh, eh) = get_handles(store, comm_id, side.epoch, q, timeout)?;
+            let (mh, eh) = get_handles(store, comm_id, side.epoch, q, timeout, mode)?;
             let mapping = IpcMapping::open(dev.context(), &mh)?;
             match side.peers.get_mut(&q) {
                 Some(p) => {
@@ -244,16 +348,32 @@ impl MemPeers for IpcPeers {
                     p.ws = Some((side.epoch, mapping));
                 }
                 None => {
+                    let counter = ShmSegment::open(&counter_name(comm_id, q), COUNTER_BYTES)?;
+                    if let Some(o) = side.order.as_mut() {
+                        // SAFETY: the peer's segment is mapped COUNTER_BYTES long here
+                        // and outlives the registration (`order` drops first).
+                        let reg = unsafe {
+                            HostRegistration::new(
+                                dev.context(),
+                                counter.as_mut_ptr(),
+                                COUNTER_BYTES,
+                            )?
+                        };
+                        o.peers.insert(q, reg);
+                    }
                     side.peers.insert(
                         q,
                         Peer {
                             event: IpcEvent::open(dev.context(), &eh)?,
-                            counter: ShmSegment::open(&counter_name(comm_id, q), COUNTER_BYTES)?,
+                            counter,
                             ws: Some((side.epoch, mapping)),
                         },
                     );
                 }
             }
+        }
+        if let Some(o) = side.order.as_mut() {
+            o.call_peers = peers.to_vec();
         }
         self.call = Some(mem.clone());
         Ok(())
@@ -325,21 +445,51 @@ impl MemPeers for IpcPeers {
                 "cuda-ipc: no device call in progress".into(),
             ));
         };
-        side.event.record(side.red.device().stream())?;
-        side.counter.word(0).store(value, Ordering::Release);
         side.published = value;
+        let stream = side.red.device().stream();
+        if let Some(o) = &side.order {
+            for q in &o.call_peers {
+                let reg = o.peers.get(q).ok_or_else(|| {
+                    Error::InvalidArgument(format!("cuda-ipc: rank {q}'s counters are not mapped"))
+                })?;
+                // SAFETY: a registered page, 4-byte aligned inside it; registrations
+                // outlive the stream's work (`Drop` synchronises first).
+                unsafe {
+                    write_value32(
+                        stream,
+                        reg.dev_ptr() + inbox_offset(self.rank),
+                        value as u32,
+                    )?
+                };
+            }
+            return Ok(());
+        }
+        side.event.record(stream)?;
+        side.counter
+            .word(PROGRESS_WORD)
+            .store(value, Ordering::Release);
         Ok(())
     }
 
     fn progress(&self, peer: usize) -> u64 {
-        self.dev
-            .as_ref()
-            .and_then(|d| d.peers.get(&peer))
-            .map_or(0, |p| p.counter.word(0).load(Ordering::Acquire))
+        let Some(side) = self.dev.as_ref() else {
+            return 0;
+        };
+        if side.order.is_some() {
+            let low = side.counter.word(INBOX_WORD + peer).load(Ordering::Acquire) as u32;
+            return widen_progress(side.published, low);
+        }
+        side.peers
+            .get(&peer)
+            .map_or(0, |p| p.counter.word(PROGRESS_WORD).load(Ordering::Acquire))
     }
 
     fn order_after(&mut self, peer: usize) -> Result<()> {
         let side = self.side()?;
+        if side.order.is_some() {
+            // A value a peer's stream wrote covers its work already.
+            return Ok(());
+        }
         let p = side.peers.get(&peer).ok_or_else(|| {
             Error::InvalidArgument(format!("cuda-ipc: rank {peer} is not a peer of this call"))
         })?;
@@ -349,6 +499,53 @@ impl MemPeers for IpcPeers {
     fn end(&mut self) -> Result<()> {
         self.call = None;
         self.side()?.red.device().synchronize()
+    }
+
+    fn device_order(&self) -> bool {
+        self.device_order
+    }
+
+    fn wait_for(&mut self, peer: usize, at_least: u64) -> Result<()> {
+        let side = self.side()?;
+        let o = side.order.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("cuda-ipc: a device wait without device order".into())
+        })?;
+        let addr = o.own.dev_ptr() + inbox_offset(peer);
+        // SAFETY: as in `publish`; this rank's own registered page.
+        unsafe { wait_value32(side.red.device().stream(), addr, at_least as u32) }
+    }
+
+    fn done(&mut self) -> Result<bool> {
+        let side = self.side()?;
+        side.red.device().bind()?;
+        stream_done(side.red.device().stream())
+    }
+
+    fn release(&mut self) {
+        let Some(side) = self.dev.as_mut() else {
+            return;
+        };
+        let Some(o) = side.order.as_mut() else {
+            return;
+        };
+        o.broken = true;
+        // Failed first: what this stream publishes from here on covers unordered work.
+        side.counter.word(FAILED_WORD).store(1, Ordering::SeqCst);
+        // Past every wait still pending (each within a call of `published`), in the
+        // device's cyclic comparison.
+        let past = u64::from((side.published as u32).wrapping_add(1 << 30));
+        for q in 0..self.world_size {
+            side.counter
+                .word(INBOX_WORD + q)
+                .store(past, Ordering::SeqCst);
+        }
+    }
+
+    fn failed(&self, peer: usize) -> bool {
+        self.dev
+            .as_ref()
+            .and_then(|d| d.peers.get(&peer))
+            .is_some_and(|p| p.counter.word(FAILED_WORD).load(Ordering::Acquire) != 0)
     }
 }
 
@@ -362,7 +559,7 @@ impl Drop for IpcPeers {
         };
         let end = Instant::now() + self.timeout;
         for (q, p) in &side.peers {
-            while p.counter.word(0).load(Ordering::Acquire) < side.published {
+            while self.progress(*q) < side.published {
                 if Instant::now() >= end {
                     tracing::warn!(
                         "cuda-ipc: freeing the workspace without rank {q}'s go-ahead (timeout)"
@@ -371,8 +568,10 @@ impl Drop for IpcPeers {
                 }
                 std::thread::sleep(Duration::from_micros(100));
             }
-            if let Err(e) = p.event.wait_on(side.red.device().stream()) {
-                tracing::warn!("cuda-ipc: cannot order after rank {q}: {e}");
+            if side.order.is_none() {
+                if let Err(e) = p.event.wait_on(side.red.device().stream()) {
+                    tracing::warn!("cuda-ipc: cannot order after rank {q}: {e}");
+                }
             }
         }
         if let Err(e) = side.red.device().synchronize() {
@@ -381,23 +580,35 @@ impl Drop for IpcPeers {
     }
 }
 
+/// Rank `rank`'s workspace and event handles at `epoch`, checking that it runs the
+/// same order (`mode`: 1 for device order) as this rank.
 fn get_handles(
     store: &mut StoreClient,
     comm_id: u64,
     epoch: u64,
     rank: usize,
     timeout: Duration,
+    mode: u8,
 ) -> Result<(IpcMemHandle, [u8; 64])> {
     let v = store.get(&key(comm_id, epoch, rank), timeout)?;
-    if v.len() != 128 {
+    if v.len() != 129 {
         return Err(Error::Rendezvous(format!(
-            "cuda-ipc handles of rank {rank}: expected 128 bytes, got {}",
+            "cuda-ipc handles of rank {rank}: expected 129 bytes, got {}",
             v.len()
+        )));
+    }
+    if v[128] != mode {
+        let name = |m: u8| if m == 1 { "device" } else { "host" };
+        return Err(Error::Config(format!(
+            "rank {rank} runs cuda-ipc with FERROCCL_CUDA_ORDER={}, this rank with {}: every \
+             rank must set the same",
+            name(v[128]),
+            name(mode)
         )));
     }
     let mut m = [0u8; 64];
     let mut e = [0u8; 64];
     m.copy_from_slice(&v[..64]);
-    e.copy_from_slice(&v[64..]);
+    e.copy_from_slice(&v[64..128]);
     Ok((IpcMemHandle(m), e))
 }
