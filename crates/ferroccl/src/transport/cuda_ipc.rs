@@ -142,6 +142,9 @@ const INBOX_WORD: usize = 8;
 /// The most ranks device order takes (inbox words in a segment).
 const MAX_INBOXES: usize = COUNTER_BYTES / 8 - INBOX_WORD;
 
+// The words do not overlap.
+const _: () = assert!(PROGRESS_WORD < FAILED_WORD && FAILED_WORD < INBOX_WORD);
+
 /// Byte offset of the inbox word for rank `q` in a counter segment.
 fn inbox_offset(q: usize) -> u64 {
     ((INBOX_WORD + q) * 8) as u64
@@ -590,7 +593,11 @@ fn get_handles(
     timeout: Duration,
     mode: u8,
 ) -> Result<(IpcMemHandle, [u8; 64])> {
-    let v = store.get(&key(comm_id, epoch, rank), timeout)?;
+    parse_handles(&store.get(&key(comm_id, epoch, rank), timeout)?, rank, mode)
+}
+
+/// What rank `rank` stored: its workspace handle, its event handle and its order.
+fn parse_handles(v: &[u8], rank: usize, mode: u8) -> Result<(IpcMemHandle, [u8; 64])> {
     if v.len() != 129 {
         return Err(Error::Rendezvous(format!(
             "cuda-ipc handles of rank {rank}: expected 129 bytes, got {}",
@@ -611,4 +618,35 @@ fn get_handles(
     m.copy_from_slice(&v[..64]);
     e.copy_from_slice(&v[64..128]);
     Ok((IpcMemHandle(m), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The handles come back as stored; a rank in the other order, or a record of
+    /// another length (an older binary's), is refused naming what differs.
+    #[test]
+    fn handles_carry_the_order_and_a_disagreement_is_refused() {
+        let mut v: Vec<u8> = (0..128).map(|i| i as u8).collect();
+        v.push(1);
+        let (m, e) = parse_handles(&v, 3, 1).unwrap();
+        assert_eq!((m.0[5], e[5]), (5, 69));
+        let err = parse_handles(&v, 3, 0).unwrap_err().to_string();
+        assert!(
+            err.contains("rank 3")
+                && err.contains("FERROCCL_CUDA_ORDER=device")
+                && err.contains("this rank with host"),
+            "{err}"
+        );
+        let err = parse_handles(&v[..128], 3, 0).unwrap_err().to_string();
+        assert!(err.contains("expected 129 bytes, got 128"), "{err}");
+    }
+
+    /// Inbox words fit the page, one per rank up to the limit.
+    #[test]
+    fn inboxes_fit_one_page() {
+        assert_eq!(inbox_offset(0), (INBOX_WORD * 8) as u64);
+        assert!(inbox_offset(MAX_INBOXES - 1) + 8 <= COUNTER_BYTES as u64);
+    }
 }
