@@ -530,7 +530,9 @@ impl Engine {
                 if rounds.is_multiple_of(GONE_EVERY) && mem.gone(q) && mem.progress(q) < v {
                     return Err(self.gone_peer(q, fp));
                 }
+                self.trace_waiting(q);
             }
+            let t0 = std::time::Instant::now();
             let m: &dyn MemPeers = mem;
             pacer.idle_poll(self.rank, fp, || match stuck {
                 Some((q, v)) => format!(
@@ -540,6 +542,11 @@ impl Engine {
                 ),
                 None => "this rank's device work to complete".into(),
             })?;
+            // The flight recorder counts the time against the peer the device waits
+            // on, as a host wait's.
+            if let Some((q, _)) = stuck {
+                self.trace_waited(q, t0.elapsed().as_nanos() as u64);
+            }
             let now = total(mem, &self.pull.device_waits);
             if now != seen {
                 pacer.moved();

@@ -644,8 +644,10 @@ pub trait MemPeers: Send {
 
 /// Where a peer's published progress is, from the low 32 bits of it (what a device
 /// writes and waits on: 32-bit stream memory operations, compared cyclically as the
-/// device does) and `anchor`, a full value within 2^31 of it (this rank's own last
-/// published value: no peer is ever more than a call ahead or behind).
+/// device does) and `anchor`, a full value within 2^31 of it: this rank's own last
+/// published value. A peer is never more than a call ahead of it, and what the peer
+/// last published to this rank is at most a call behind, unless the two ranks met in
+/// no call for 2^31 counter units (some hundred million calls).
 pub fn widen_progress(anchor: u64, low: u32) -> u64 {
     let delta = low.wrapping_sub(anchor as u32) as i32;
     anchor.wrapping_add_signed(i64::from(delta))
