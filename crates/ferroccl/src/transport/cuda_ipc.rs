@@ -555,13 +555,22 @@ impl MemPeers for IpcPeers {
 impl Drop for IpcPeers {
     /// Before the workspace is freed, every peer must have finished reading it: wait
     /// (bounded by the timeout) until each has published what this rank last did, and
-    /// for its work on the GPU too. Failures are logged, never raised.
+    /// for its work on the GPU too. Failures are logged, never raised. In device order
+    /// only the last call's peers publish to this rank (the others' inbox words stay
+    /// where their last common call left them), and only they can have read it.
     fn drop(&mut self) {
         let Some(side) = self.dev.as_ref() else {
             return;
         };
         let end = Instant::now() + self.timeout;
         for (q, p) in &side.peers {
+            if side
+                .order
+                .as_ref()
+                .is_some_and(|o| !o.call_peers.contains(q))
+            {
+                continue;
+            }
             while self.progress(*q) < side.published {
                 if Instant::now() >= end {
                     tracing::warn!(
