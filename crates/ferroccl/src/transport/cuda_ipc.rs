@@ -41,8 +41,9 @@
 //! word for the peer. So a call is enqueued whole, with no host round trip per step,
 //! and the host only polls `cuStreamQuery` under the timeout. A failed call sets its
 //! failed word and then stores a value past every pending wait into its own inbox
-//! words, so its stream drains rather than holds up whatever synchronises with the
-//! device later; every rank reads every rank's failed word before it returns
+//! words, again each round until its stream has drained (a peer's stream may write
+//! its own value over one first), so the stream does not hold up whatever
+//! synchronises with the device later; every rank reads every rank's failed word before it returns
 //! (`engine/pull.rs` says why). Every rank must run the same order: the mode travels
 //! with the handles, and a rank that differs fails the first device call. Not yet
 //! run on a GPU (the simulated stream runs the protocol in the tests); `tools/gpu-check
@@ -501,6 +502,14 @@ impl MemPeers for IpcPeers {
 
     fn end(&mut self) -> Result<()> {
         self.call = None;
+        if self
+            .dev
+            .as_ref()
+            .and_then(|d| d.order.as_ref())
+            .is_some_and(|o| o.broken)
+        {
+            self.drain_released()?;
+        }
         self.side()?.red.device().synchronize()
     }
 
@@ -534,8 +543,24 @@ impl MemPeers for IpcPeers {
         o.broken = true;
         // Failed first: what this stream publishes from here on covers unordered work.
         side.counter.word(FAILED_WORD).store(1, Ordering::SeqCst);
-        // Past every wait still pending (each within a call of `published`), in the
-        // device's cyclic comparison.
+        self.pass_every_wait();
+    }
+
+    fn failed(&self, peer: usize) -> bool {
+        self.dev
+            .as_ref()
+            .and_then(|d| d.peers.get(&peer))
+            .is_some_and(|p| p.counter.word(FAILED_WORD).load(Ordering::Acquire) != 0)
+    }
+}
+
+impl IpcPeers {
+    /// Stores into each of this rank's inbox words a value past every wait still
+    /// pending (each within a call of `published`), in the device's cyclic comparison.
+    fn pass_every_wait(&self) {
+        let Some(side) = self.dev.as_ref() else {
+            return;
+        };
         let past = u64::from((side.published as u32).wrapping_add(1 << 30));
         for q in 0..self.world_size {
             side.counter
@@ -544,11 +569,29 @@ impl MemPeers for IpcPeers {
         }
     }
 
-    fn failed(&self, peer: usize) -> bool {
-        self.dev
-            .as_ref()
-            .and_then(|d| d.peers.get(&peer))
-            .is_some_and(|p| p.counter.word(FAILED_WORD).load(Ordering::Acquire) != 0)
+    /// After [`MemPeers::release`]: waits until the stream has run everything, storing
+    /// the passing values again each round, because a peer's stream may still write
+    /// its own (smaller) value over one before this stream's wait has read it. Bounded
+    /// by the timeout (a stream stuck in a kernel, not a wait, would never finish).
+    fn drain_released(&mut self) -> Result<()> {
+        let end = Instant::now() + self.timeout;
+        loop {
+            self.pass_every_wait();
+            if self.done()? {
+                return Ok(());
+            }
+            if Instant::now() >= end {
+                return Err(Error::Cuda {
+                    call: "cuStreamQuery".into(),
+                    detail: format!(
+                        "rank {}: the device still has work queued {:?} after its waits were \
+                         released",
+                        self.rank, self.timeout
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 }
 
