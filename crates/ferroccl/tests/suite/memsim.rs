@@ -310,7 +310,9 @@ fn abort_interrupts(sim: SimMemParams) {
 fn a_failed_rank_s_released_device_never_passes_garbage_for_data() {
     for algo in [AllReduceAlgo::Ring, AllReduceAlgo::TwoShot] {
         let sim = SimMemParams {
-            stall: Some((2, Duration::from_secs(1))),
+            // Long against the 100 ms before the abort, so that rank 0 is still
+            // waiting when it comes, however loaded the machine.
+            stall: Some((2, Duration::from_secs(3))),
             device_order: true,
             ..SimMemParams::default()
         };
