@@ -83,16 +83,19 @@ proptest::proptest! {
     }
 }
 
+/// The environment of rank 0 of 1 with `var` set to `v` (none when `var` is empty).
+fn alone_with(var: &'static str, v: &'static str) -> impl Fn(&str) -> Option<String> {
+    move |k: &str| match k {
+        "RANK" => Some("0".to_string()),
+        "WORLD_SIZE" => Some("1".to_string()),
+        _ if !var.is_empty() && k == var => Some(v.to_string()),
+        _ => None,
+    }
+}
+
 #[test]
 fn busy_poll_comes_from_the_environment_in_microseconds() {
-    let env = |v: &'static str| {
-        move |k: &str| match k {
-            "RANK" => Some("0".to_string()),
-            "WORLD_SIZE" => Some("1".to_string()),
-            "FERROCCL_BUSY_POLL_US" => Some(v.to_string()),
-            _ => None,
-        }
-    };
+    let env = |v| alone_with("FERROCCL_BUSY_POLL_US", v);
     let c = Config::from_lookup(env("250")).unwrap();
     assert_eq!(c.tuning.busy_poll, Duration::from_micros(250));
     let e = Config::from_lookup(env("1ms")).unwrap_err().to_string();
@@ -104,15 +107,8 @@ fn busy_poll_comes_from_the_environment_in_microseconds() {
 
 #[test]
 fn cuda_order_comes_from_the_environment() {
-    let env = |v: &'static str| {
-        move |k: &str| match k {
-            "RANK" => Some("0".to_string()),
-            "WORLD_SIZE" => Some("1".to_string()),
-            "FERROCCL_CUDA_ORDER" => Some(v.to_string()),
-            _ => None,
-        }
-    };
-    let default = Config::from_lookup(|k| env("host")(k).filter(|_| k != "FERROCCL_CUDA_ORDER"));
+    let env = |v| alone_with("FERROCCL_CUDA_ORDER", v);
+    let default = Config::from_lookup(alone_with("", ""));
     assert!(!default.unwrap().transport.cuda_ipc.device_order);
     assert!(
         Config::from_lookup(env(" device "))
